@@ -1,0 +1,164 @@
+//! The seam every engine implements: load a model, run a prompt plus decode
+//! steps, and hand back the tensors of the stages that were tapped. The runner
+//! and the checks only ever see this trait.
+
+pub mod cpu;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::error::Result;
+use crate::model::ModelConfig;
+use crate::sampling::Sampling;
+use crate::stage::{Stage, Step};
+use crate::tensor::Tensor;
+
+/// Whether an engine can run on this machine. Trials of an unavailable engine are
+/// reported as skipped with the reason, never as passed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    Available,
+    Unavailable(String),
+}
+
+/// The engines touchstone knows by name (`--engine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EngineKind {
+    Cpu,
+    Cuda,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 2] = [EngineKind::Cpu, EngineKind::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Cpu => "cpu",
+            EngineKind::Cuda => "cuda",
+        }
+    }
+
+    /// Checked before loading anything, so an unavailable engine costs nothing.
+    pub fn availability(self) -> Availability {
+        match self {
+            EngineKind::Cpu => Availability::Available,
+            EngineKind::Cuda => Availability::Unavailable(
+                "the CUDA engine is not implemented yet (it arrives with the CUDA engine issue); \
+                 nothing was run on a GPU"
+                    .into(),
+            ),
+        }
+    }
+
+    /// Loads `model` (an HF folder) into this engine.
+    pub fn load(self, model: &Path) -> Result<Box<dyn Engine>> {
+        match self {
+            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load(model)?)),
+            EngineKind::Cuda => Err(crate::error::Error::engine(
+                "cuda",
+                match self.availability() {
+                    Availability::Unavailable(r) => r,
+                    Availability::Available => unreachable!("cuda is never available yet"),
+                },
+            )),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRequest {
+    /// Prompt token ids, processed in one prefill step.
+    pub prompt: Vec<u32>,
+    /// Single-token decode steps after the prefill.
+    pub decode_steps: usize,
+    pub sampling: Sampling,
+    /// Seed of the sampling RNG (unused by greedy sampling).
+    pub seed: u64,
+    /// Teacher forcing: when set, decode step n is fed `forced[n-1]` instead of
+    /// the token sampled from the previous step (the sampled tokens are still
+    /// reported). This keeps decode-step comparisons against a golden meaningful
+    /// even when one sampled token differs.
+    pub forced: Option<Vec<u32>>,
+}
+
+/// Which stages to capture (the same set at every step). Capturing nothing costs
+/// nothing: an engine asks `contains` before copying anything out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TapSet {
+    stages: BTreeSet<Stage>,
+}
+
+impl TapSet {
+    pub fn none() -> TapSet {
+        TapSet::default()
+    }
+    pub fn all(n_layers: usize) -> TapSet {
+        TapSet {
+            stages: Stage::all(n_layers).into_iter().collect(),
+        }
+    }
+    pub fn contains(&self, stage: Stage) -> bool {
+        self.stages.contains(&stage)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+    pub fn insert(&mut self, stage: Stage) {
+        self.stages.insert(stage);
+    }
+    pub fn iter(&self) -> impl Iterator<Item = Stage> + '_ {
+        self.stages.iter().copied()
+    }
+}
+
+impl FromIterator<Stage> for TapSet {
+    fn from_iter<I: IntoIterator<Item = Stage>>(iter: I) -> Self {
+        TapSet {
+            stages: iter.into_iter().collect(),
+        }
+    }
+}
+
+/// Tapped tensors of one run, keyed by (step, stage), in canonical layouts
+/// (see DESIGN.md: row-major, no batch dimension).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Captures {
+    map: BTreeMap<(Step, Stage), Tensor>,
+}
+
+impl Captures {
+    pub fn insert(&mut self, step: Step, stage: Stage, t: Tensor) {
+        self.map.insert((step, stage), t);
+    }
+    pub fn get(&self, step: Step, stage: Stage) -> Option<&Tensor> {
+        self.map.get(&(step, stage))
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&(Step, Stage), &Tensor)> {
+        self.map.iter()
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The result of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOutput {
+    pub captures: Captures,
+    /// One token per step: sampled from the last row of that step's logits.
+    /// `sampled[0]` comes from the prefill; with teacher forcing off, `sampled[n]`
+    /// is what decode step n+1 was fed.
+    pub sampled: Vec<u32>,
+    /// Absolute positions processed by each step (prefill 0..T, then one each).
+    pub positions: Vec<Vec<usize>>,
+}
+
+pub trait Engine: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn config(&self) -> &ModelConfig;
+    fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput>;
+}

@@ -1,0 +1,16 @@
+//! touchstone: a golden-reference conformance harness for LLM inference engines.
+//!
+//! Data flows one way: a YAML spec is parsed into a plan of check instances; an
+//! engine runs the spec's prompt with taps on the canonical stages; captures are
+//! checked against invariants and golden tensors; outcomes go to a report.
+
+pub mod checks;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod sampling;
+pub mod stage;
+pub mod tensor;
+pub mod tensor_io;
+
+pub use error::{Error, Result};

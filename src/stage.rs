@@ -1,0 +1,218 @@
+//! The canonical stage vocabulary shared by every engine and golden source, in
+//! execution order, and the steps of a run (prefill, decode1, decode2, ...).
+//! Keys in captures and golden files are `<step>/<stage>`. The order defined
+//! here is what "first divergence" means, so it lives in one place.
+
+use std::fmt;
+
+/// Per-block stages in execution order, with their canonical suffix.
+pub const BLOCK_STAGES: [(&str, BlockStage); 16] = [
+    ("attn_norm", BlockStage::AttnNorm),
+    ("q", BlockStage::Q),
+    ("k", BlockStage::K),
+    ("v", BlockStage::V),
+    ("q_rope", BlockStage::QRope),
+    ("k_rope", BlockStage::KRope),
+    ("attn_probs", BlockStage::AttnProbs),
+    ("attn_ctx", BlockStage::AttnCtx),
+    ("attn_out", BlockStage::AttnOut),
+    ("ffn_inp", BlockStage::FfnInp),
+    ("ffn_norm", BlockStage::FfnNorm),
+    ("ffn_gate", BlockStage::FfnGate),
+    ("ffn_up", BlockStage::FfnUp),
+    ("ffn_act", BlockStage::FfnAct),
+    ("ffn_out", BlockStage::FfnOut),
+    ("out", BlockStage::Out),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BlockStage {
+    AttnNorm,
+    Q,
+    K,
+    V,
+    QRope,
+    KRope,
+    AttnProbs,
+    AttnCtx,
+    AttnOut,
+    FfnInp,
+    FfnNorm,
+    FfnGate,
+    FfnUp,
+    FfnAct,
+    FfnOut,
+    Out,
+}
+
+impl BlockStage {
+    pub fn name(self) -> &'static str {
+        BLOCK_STAGES
+            .iter()
+            .find(|(_, s)| *s == self)
+            .map(|(n, _)| *n)
+            .expect("every block stage is in BLOCK_STAGES")
+    }
+    pub fn parse(s: &str) -> Option<BlockStage> {
+        BLOCK_STAGES.iter().find(|(n, _)| *n == s).map(|(_, b)| *b)
+    }
+}
+
+/// One canonical stage. The derived `Ord` is execution order: embed, then each
+/// block's stages layer by layer, then output_norm, then logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stage {
+    Embed,
+    Block(usize, BlockStage),
+    OutputNorm,
+    Logits,
+}
+
+impl Stage {
+    /// Every stage of a model with `n_layers` blocks, in execution order.
+    pub fn all(n_layers: usize) -> Vec<Stage> {
+        let mut v = vec![Stage::Embed];
+        for l in 0..n_layers {
+            v.extend(BLOCK_STAGES.iter().map(|(_, b)| Stage::Block(l, *b)));
+        }
+        v.push(Stage::OutputNorm);
+        v.push(Stage::Logits);
+        v
+    }
+
+    pub fn parse(s: &str) -> Option<Stage> {
+        match s {
+            "embed" => Some(Stage::Embed),
+            "output_norm" => Some(Stage::OutputNorm),
+            "logits" => Some(Stage::Logits),
+            _ => {
+                let rest = s.strip_prefix("blk.")?;
+                let (layer, name) = rest.split_once('.')?;
+                if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                Some(Stage::Block(layer.parse().ok()?, BlockStage::parse(name)?))
+            }
+        }
+    }
+
+    pub fn layer(self) -> Option<usize> {
+        match self {
+            Stage::Block(l, _) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The stage name with the layer replaced by `*` (`blk.*.q`), used for
+    /// patterns and "did you mean" suggestions.
+    pub fn generic_name(self) -> String {
+        match self {
+            Stage::Block(_, b) => format!("blk.*.{}", b.name()),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stage::Embed => f.write_str("embed"),
+            Stage::Block(l, b) => write!(f, "blk.{l}.{}", b.name()),
+            Stage::OutputNorm => f.write_str("output_norm"),
+            Stage::Logits => f.write_str("logits"),
+        }
+    }
+}
+
+/// Every generic stage name (`embed`, `blk.*.q`, ..., `logits`).
+pub fn generic_stage_names() -> Vec<String> {
+    let mut v = vec!["embed".to_string()];
+    v.extend(BLOCK_STAGES.iter().map(|(n, _)| format!("blk.*.{n}")));
+    v.push("output_norm".into());
+    v.push("logits".into());
+    v
+}
+
+/// A forward pass of a run: the prompt (`prefill`) or the n-th single-token
+/// decode step (`decode1`, `decode2`, ...). Ordered in execution order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Step {
+    Prefill,
+    Decode(usize),
+}
+
+impl Step {
+    pub fn parse(s: &str) -> Option<Step> {
+        if s == "prefill" {
+            return Some(Step::Prefill);
+        }
+        let n = s.strip_prefix("decode")?;
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        match n.parse().ok()? {
+            0 => None,
+            n => Some(Step::Decode(n)),
+        }
+    }
+    /// prefill, decode1, ..., decode{n}.
+    pub fn sequence(decode_steps: usize) -> Vec<Step> {
+        std::iter::once(Step::Prefill)
+            .chain((1..=decode_steps).map(Step::Decode))
+            .collect()
+    }
+    /// Index in the run: prefill = 0, decodeN = N.
+    pub fn index(self) -> usize {
+        match self {
+            Step::Prefill => 0,
+            Step::Decode(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Prefill => f.write_str("prefill"),
+            Step::Decode(n) => write!(f, "decode{n}"),
+        }
+    }
+}
+
+/// `<step>/<stage>`: the key of a tensor in captures and golden files.
+pub fn key(step: Step, stage: Stage) -> String {
+    format!("{step}/{stage}")
+}
+
+/// Parses a `<step>/<stage>` key.
+pub fn parse_key(k: &str) -> Option<(Step, Stage)> {
+    let (s, st) = k.split_once('/')?;
+    Some((Step::parse(s)?, Stage::parse(st)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_in_execution_order() {
+        let all = Stage::all(2);
+        assert_eq!(all.len(), 1 + 2 * 16 + 2);
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(all, sorted, "derived Ord must be execution order");
+        for s in all {
+            assert_eq!(Stage::parse(&s.to_string()), Some(s));
+        }
+        assert_eq!(Stage::parse("blk.x.q"), None);
+        assert_eq!(Stage::parse("blk.0.nope"), None);
+    }
+
+    #[test]
+    fn steps_parse_and_order() {
+        assert_eq!(Step::parse("decode12"), Some(Step::Decode(12)));
+        assert_eq!(Step::parse("decode0"), None);
+        assert!(Step::Prefill < Step::Decode(1));
+        assert_eq!(parse_key("decode2/blk.1.attn_probs"), Some((Step::Decode(2), Stage::Block(1, BlockStage::AttnProbs))));
+    }
+}

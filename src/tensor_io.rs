@@ -1,0 +1,179 @@
+//! Reading tensor files (safetensors, .npy) into host tensors, with errors that
+//! name the file and the tensor. Floating tensors become `Tensor` (values in f32,
+//! storage dtype kept); integer tensors (token ids, positions) are kept as i64.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+
+/// Everything in one tensor file.
+#[derive(Debug, Default)]
+pub struct TensorFile {
+    pub path: PathBuf,
+    pub floats: BTreeMap<String, Tensor>,
+    pub ints: BTreeMap<String, (Vec<usize>, Vec<i64>)>,
+    /// safetensors `__metadata__` (empty for .npy).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl TensorFile {
+    /// Reads a `.safetensors` or `.npy` file, chosen by extension.
+    pub fn read(path: &Path) -> Result<TensorFile> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("safetensors") => read_safetensors(path),
+            Some("npy") => read_npy(path),
+            _ => Err(Error::tensor_file(
+                path,
+                "unknown tensor file type (expected .safetensors or .npy)",
+            )),
+        }
+    }
+}
+
+fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only and dropped before this function's caller
+    // returns; a concurrent writer truncating the file is outside our contract
+    // (goldens are replaced by atomic rename, never rewritten in place).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
+    let map = map_file(path)?;
+    let bad = |msg: String| Error::tensor_file(path, msg);
+    let (_, meta) = SafeTensors::read_metadata(&map[..])
+        .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&map[..])
+        .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let mut out = TensorFile {
+        path: path.to_path_buf(),
+        metadata: meta
+            .metadata()
+            .clone()
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let bytes = view.data();
+        match view.dtype() {
+            StDtype::F32 => {
+                out.floats
+                    .insert(name, Tensor::new(shape, le_f32(bytes)).with_dtype(DType::F32));
+            }
+            StDtype::F16 => {
+                let v = bytes
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                out.floats.insert(name, Tensor::new(shape, v).with_dtype(DType::F16));
+            }
+            StDtype::BF16 => {
+                let v = bytes
+                    .chunks_exact(2)
+                    .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                out.floats.insert(name, Tensor::new(shape, v).with_dtype(DType::BF16));
+            }
+            StDtype::I64 => {
+                let v = bytes
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+                    .collect();
+                out.ints.insert(name, (shape, v));
+            }
+            StDtype::I32 => {
+                let v = bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().expect("4-byte chunk")) as i64)
+                    .collect();
+                out.ints.insert(name, (shape, v));
+            }
+            other => {
+                return Err(bad(format!(
+                    "tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16, I64, I32"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn le_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4-byte chunk")))
+        .collect()
+}
+
+/// Reads one `.npy` array; the tensor is named after the file stem.
+pub fn read_npy(path: &Path) -> Result<TensorFile> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bad = |msg: String| Error::tensor_file(path, msg);
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| bad(format!("not a valid .npy file: {e}")))?;
+    if npy.order() != npyz::Order::C {
+        return Err(bad("Fortran-ordered arrays are not supported".into()));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("array")
+        .to_string();
+    let expected: usize = shape.iter().product();
+    let dtype = npy.dtype();
+    let descr = match &dtype {
+        npyz::DType::Plain(ts) => ts.to_string(),
+        other => return Err(bad(format!("unsupported structured dtype {other:?}"))),
+    };
+    let mut out = TensorFile {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    let short = |got: usize| bad(format!("truncated: header says {expected} values, file has {got}"));
+    match descr.trim_start_matches(['<', '|', '=']) {
+        "f4" => {
+            let v: Vec<f32> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            if v.len() != expected {
+                return Err(short(v.len()));
+            }
+            out.floats.insert(name, Tensor::new(shape, v));
+        }
+        "f2" => {
+            let v: Vec<f16> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            if v.len() != expected {
+                return Err(short(v.len()));
+            }
+            let v = v.into_iter().map(f16::to_f32).collect();
+            out.floats.insert(name, Tensor::new(shape, v).with_dtype(DType::F16));
+        }
+        "f8" => {
+            let v: Vec<f64> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            if v.len() != expected {
+                return Err(short(v.len()));
+            }
+            out.floats.insert(name, Tensor::new(shape, v.into_iter().map(|x| x as f32).collect()));
+        }
+        "i8" | "i4" => {
+            let v: Vec<i64> = if descr.ends_with("i8") {
+                npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?
+            } else {
+                let v: Vec<i32> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+                v.into_iter().map(i64::from).collect()
+            };
+            if v.len() != expected {
+                return Err(short(v.len()));
+            }
+            out.ints.insert(name, (shape, v));
+        }
+        _ => return Err(bad(format!("unsupported .npy dtype `{descr}` (supported: f4, f2, f8, i4, i8)"))),
+    }
+    Ok(out)
+}
