@@ -5,11 +5,19 @@
 //! checked against invariants and golden tensors; outcomes go to a report.
 
 pub mod checks;
+pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod golden;
+pub mod inspect;
 pub mod model;
+pub mod plan;
+pub mod report;
+pub mod runner;
 pub mod sampling;
+pub mod spec;
 pub mod stage;
+pub mod suggest;
 pub mod tensor;
 pub mod tensor_io;
 

@@ -1,1 +1,25 @@
-fn main(){}
+//! The `touchstone` binary: parse arguments, run, map the result to an exit code.
+use std::process::ExitCode;
+
+use clap::Parser;
+use touchstone::cli::{execute, Cli, Outcome};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are not errors; clap prints them itself.
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match execute(cli) {
+        Ok(Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(Outcome::Failed) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("touchstone: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -177,3 +177,36 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
     }
     Ok(out)
 }
+
+/// Writes float tensors (as F32), integer tensors (as I64) and metadata to a
+/// safetensors file, atomically: a temp file beside it, then a rename.
+pub fn write_safetensors(
+    path: &Path,
+    floats: &BTreeMap<String, Tensor>,
+    ints: &BTreeMap<String, (Vec<usize>, Vec<i64>)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    use safetensors::tensor::TensorView;
+    let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, t) in floats {
+        let bytes = t.data().iter().flat_map(|x| x.to_le_bytes()).collect();
+        buffers.push((name.clone(), StDtype::F32, t.shape().to_vec(), bytes));
+    }
+    for (name, (shape, v)) in ints {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        buffers.push((name.clone(), StDtype::I64, shape.clone(), bytes));
+    }
+    let views = buffers
+        .iter()
+        .map(|(n, d, s, b)| {
+            TensorView::new(*d, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| Error::tensor_file(path, format!("tensor `{n}`: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta: std::collections::HashMap<String, String> = metadata.clone().into_iter().collect();
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::serialize_to_file(views, Some(meta), &tmp)
+        .map_err(|e| Error::tensor_file(&tmp, format!("cannot write: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}

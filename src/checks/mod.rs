@@ -3,6 +3,7 @@
 //! runner turns verdicts into report outcomes.
 
 pub mod invariants;
+pub mod run;
 
 use std::collections::BTreeMap;
 

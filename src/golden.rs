@@ -1,0 +1,119 @@
+//! Golden sets: the tensors one reference (HF transformers, llama.cpp, ...)
+//! recorded for every (step, stage), the token ids it fed at each step, and its
+//! provenance. A golden is validated when loaded — unknown keys, NaN/Inf values
+//! and missing provenance are errors naming the file — so a check never compares
+//! against a broken reference.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::stage::{parse_key, Stage, Step};
+use crate::tensor::Tensor;
+use crate::tensor_io::read_safetensors;
+
+/// The format tag the recorders write into the safetensors metadata.
+pub const FORMAT: &str = "touchstone-golden/1";
+
+#[derive(Debug)]
+pub struct GoldenSet {
+    pub source: String,
+    pub path: PathBuf,
+    tensors: BTreeMap<(Step, Stage), Tensor>,
+    /// Token ids fed at each step (`<step>/tokens`).
+    pub tokens: BTreeMap<Step, Vec<u32>>,
+    /// The recorder's provenance JSON (library versions, prompt, model hash, ...).
+    pub provenance: Value,
+}
+
+impl GoldenSet {
+    pub fn load(source: &str, path: &Path) -> Result<GoldenSet> {
+        let file = read_safetensors(path)?;
+        let bad = |msg: String| Error::golden(path, msg);
+        match file.metadata.get("format").map(String::as_str) {
+            Some(FORMAT) => {}
+            Some(other) => return Err(bad(format!("golden format `{other}` is not supported (expected `{FORMAT}`)"))),
+            None => return Err(bad(format!("no `format` metadata: not a touchstone golden (expected `{FORMAT}`)"))),
+        }
+        let provenance: Value = file
+            .metadata
+            .get("provenance")
+            .ok_or_else(|| bad("no `provenance` metadata: every golden must say how it was recorded".into()))
+            .and_then(|p| serde_json::from_str(p).map_err(|e| bad(format!("`provenance` metadata is not JSON: {e}"))))?;
+
+        let mut tensors = BTreeMap::new();
+        for (key, t) in file.floats {
+            let Some((step, stage)) = parse_key(&key) else {
+                return Err(bad(format!("tensor `{key}` is not a `<step>/<stage>` key of the canonical vocabulary")));
+            };
+            if let Some(i) = t.data().iter().position(|x| !x.is_finite()) {
+                return Err(bad(format!(
+                    "tensor `{key}` holds {} at index {:?}: a golden must be finite",
+                    t.data()[i],
+                    t.unravel(i)
+                )));
+            }
+            tensors.insert((step, stage), t);
+        }
+        let mut tokens = BTreeMap::new();
+        for (key, (_shape, values)) in file.ints {
+            let (step, what) = key
+                .split_once('/')
+                .and_then(|(s, w)| Some((Step::parse(s)?, w)))
+                .ok_or_else(|| bad(format!("integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`")))?;
+            match what {
+                "tokens" => {
+                    let ids = values
+                        .iter()
+                        .map(|&v| u32::try_from(v).map_err(|_| bad(format!("`{key}` holds token id {v}"))))
+                        .collect::<Result<Vec<u32>>>()?;
+                    tokens.insert(step, ids);
+                }
+                "positions" => {}
+                _ => return Err(bad(format!("integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"))),
+            }
+        }
+        if !tokens.contains_key(&Step::Prefill) {
+            return Err(bad("no `prefill/tokens`: the golden does not say which prompt it was recorded with".into()));
+        }
+        Ok(GoldenSet { source: source.to_string(), path: path.to_path_buf(), tensors, tokens, provenance })
+    }
+
+    pub fn get(&self, step: Step, stage: Stage) -> Option<&Tensor> {
+        self.tensors.get(&(step, stage))
+    }
+
+    /// Decode steps recorded (`decode1` .. `decodeN` all present in `tokens`).
+    pub fn decode_steps(&self) -> usize {
+        (1..).take_while(|n| self.tokens.contains_key(&Step::Decode(*n))).count()
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[&Step::Prefill]
+    }
+
+    /// Tokens fed at decode steps 1..=n (teacher forcing), if recorded.
+    pub fn forced(&self, n: usize) -> Option<Vec<u32>> {
+        (1..=n)
+            .map(|i| self.tokens.get(&Step::Decode(i)).and_then(|t| t.first().copied()))
+            .collect()
+    }
+
+    /// `greedy_ids` from the provenance: the token the reference picked at each step.
+    pub fn greedy_ids(&self) -> Result<Vec<u32>> {
+        self.provenance
+            .get("greedy_ids")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect())
+            .ok_or_else(|| Error::golden(&self.path, "provenance has no `greedy_ids` list"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}

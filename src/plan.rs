@@ -1,0 +1,243 @@
+//! A plan: a spec expanded against its model into concrete check instances, one
+//! per (step, stage, check) plus the run checks, each with its canonical id
+//! (`prefill/blk.0.attn_probs::softmax_rows`, `run::determinism`). Building a plan
+//! reads the model's config and the golden files, so every reference the spec
+//! makes is resolved before any engine runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::golden::GoldenSet;
+use crate::model::ModelConfig;
+use crate::spec::{RunCheck, Spec, StageCheck};
+use crate::stage::{BlockStage, Stage, Step};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    Stage { step: Step, stage: Stage },
+    Run,
+}
+
+/// A stage check with every default resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageCheckKind {
+    Finite,
+    Shape,
+    SoftmaxRows { tol: f64 },
+    Causal,
+    Rope { input: Stage, style: crate::checks::invariants::RopeStyle, tol: f64 },
+    Golden { source: String, atol: Option<f64>, rtol: Option<f64> },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckKind {
+    Stage(StageCheckKind),
+    Run(RunCheck),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckInstance {
+    /// `<step>/<stage>::<check>` or `run::<check>`; unique within a plan.
+    pub id: String,
+    pub target: Target,
+    pub kind: CheckKind,
+}
+
+impl CheckInstance {
+    pub fn check_name(&self) -> &str {
+        self.id.rsplit("::").next().unwrap_or(&self.id)
+    }
+}
+
+#[derive(Debug)]
+pub struct Plan {
+    pub spec: Spec,
+    /// The model the plan runs (the spec's, or `--model`).
+    pub model: PathBuf,
+    pub config: ModelConfig,
+    pub goldens: BTreeMap<String, Arc<GoldenSet>>,
+    pub prompt: Vec<u32>,
+    pub decode_steps: usize,
+    /// Tokens fed at decode steps (teacher forcing) when the prompt comes from a golden.
+    pub forced: Option<Vec<u32>>,
+    pub checks: Vec<CheckInstance>,
+}
+
+impl Plan {
+    pub fn build(spec: Spec, model_override: Option<&Path>) -> Result<Plan> {
+        let model = model_override.map(Path::to_path_buf).unwrap_or_else(|| spec.model.clone());
+        if !model.exists() {
+            return Err(Error::model(&model, "model not found (no such file or folder)"));
+        }
+        let config = ModelConfig::from_hf_dir(&model)?;
+        let mut goldens = BTreeMap::new();
+        for (source, path) in &spec.goldens {
+            goldens.insert(source.clone(), Arc::new(GoldenSet::load(source, path)?));
+        }
+        let invalid = |msg: String| Error::SpecInvalid { path: spec.path.clone(), msg };
+
+        let (prompt, decode_steps, forced) = match (&spec.prompt.tokens, &spec.prompt.golden) {
+            (Some(tokens), _) => (tokens.clone(), spec.prompt.decode_steps.unwrap_or(0), None),
+            (None, Some(src)) => {
+                let g = &goldens[src];
+                let recorded = g.decode_steps();
+                let n = spec.prompt.decode_steps.unwrap_or(recorded);
+                if n > recorded {
+                    return Err(invalid(format!(
+                        "prompt.decode_steps is {n} but golden `{src}` ({}) recorded only {recorded}",
+                        g.path.display()
+                    )));
+                }
+                let forced = g.forced(n).ok_or_else(|| invalid(format!("golden `{src}` lacks decode-step tokens")))?;
+                (g.prompt().to_vec(), n, Some(forced))
+            }
+            (None, None) => unreachable!("Spec::parse requires tokens or golden"),
+        };
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
+            return Err(invalid(format!("prompt token {bad} is outside the model's vocabulary of {}", config.vocab)));
+        }
+
+        let stages = Stage::all(config.layers);
+        for (pattern, _) in &spec.stages {
+            if let Some(l) = pattern.named_layer() {
+                if l >= config.layers {
+                    return Err(invalid(format!(
+                        "stage pattern `{}` names layer {l}, but the model has {} layers (0..{})",
+                        pattern.as_str(),
+                        config.layers,
+                        config.layers - 1
+                    )));
+                }
+            }
+        }
+
+        // (stage, check id) -> kind; a later rule replaces an earlier one.
+        let mut per_stage: BTreeMap<Stage, Vec<(String, StageCheckKind)>> = BTreeMap::new();
+        for (pattern, checks) in &spec.stages {
+            for &stage in stages.iter().filter(|s| pattern.matches(**s)) {
+                for check in checks {
+                    for kind in resolve(check, stage, &spec).map_err(invalid)? {
+                        let id = stage_check_id(&kind);
+                        let list = per_stage.entry(stage).or_default();
+                        match list.iter_mut().find(|(i, _)| *i == id) {
+                            Some(slot) => slot.1 = kind,
+                            None => list.push((id, kind)),
+                        }
+                    }
+                }
+            }
+        }
+        let mut checks = Vec::new();
+        for step in Step::sequence(decode_steps) {
+            for (stage, list) in &per_stage {
+                for (id, kind) in list {
+                    checks.push(CheckInstance {
+                        id: format!("{step}/{stage}::{id}"),
+                        target: Target::Stage { step, stage: *stage },
+                        kind: CheckKind::Stage(kind.clone()),
+                    });
+                }
+            }
+        }
+        for rc in &spec.run_checks {
+            let rc = match rc {
+                RunCheck::GreedyTokens { source: None } => RunCheck::GreedyTokens {
+                    source: spec.goldens.keys().next().cloned(),
+                },
+                other => other.clone(),
+            };
+            let id = format!("run::{}", rc.id());
+            if checks.iter().any(|c| c.id == id) {
+                return Err(invalid(format!("run check `{}` is listed twice", rc.id())));
+            }
+            checks.push(CheckInstance { id, target: Target::Run, kind: CheckKind::Run(rc) });
+        }
+        Ok(Plan { spec, model, config, goldens, prompt, decode_steps, forced, checks })
+    }
+
+    /// Tokens in a step and KV positions after it: (T, S).
+    pub fn step_dims(&self, step: Step) -> (usize, usize) {
+        let p = self.prompt.len();
+        match step {
+            Step::Prefill => (p, p),
+            Step::Decode(n) => (1, p + n),
+        }
+    }
+
+    /// The canonical shape of a stage at a step (DESIGN.md's table).
+    pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
+        let c = &self.config;
+        let (t, s) = self.step_dims(step);
+        match stage {
+            Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
+            Stage::Logits => vec![t, c.vocab],
+            Stage::Block(_, b) => match b {
+                BlockStage::Q | BlockStage::QRope => vec![t, c.heads, c.head_dim],
+                BlockStage::K | BlockStage::V | BlockStage::KRope => vec![t, c.kv_heads, c.head_dim],
+                BlockStage::AttnProbs => vec![c.heads, t, s],
+                BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
+                BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
+                BlockStage::AttnNorm
+                | BlockStage::AttnOut
+                | BlockStage::FfnInp
+                | BlockStage::FfnNorm
+                | BlockStage::FfnOut
+                | BlockStage::Out => vec![t, c.hidden],
+            },
+        }
+    }
+
+    /// Absolute positions processed by a step.
+    pub fn positions(&self, step: Step) -> Vec<usize> {
+        let (t, s) = self.step_dims(step);
+        (s - t..s).collect()
+    }
+}
+
+fn stage_check_id(kind: &StageCheckKind) -> String {
+    match kind {
+        StageCheckKind::Finite => "finite".into(),
+        StageCheckKind::Shape => "shape".into(),
+        StageCheckKind::SoftmaxRows { .. } => "softmax_rows".into(),
+        StageCheckKind::Causal => "causal".into(),
+        StageCheckKind::Rope { .. } => "rope".into(),
+        StageCheckKind::Golden { source, .. } => format!("golden:{source}"),
+    }
+}
+
+/// Resolves a spec check for one stage: `golden` without a source becomes one
+/// check per declared source; `rope` without an input reads the pre-RoPE stage.
+fn resolve(check: &StageCheck, stage: Stage, spec: &Spec) -> std::result::Result<Vec<StageCheckKind>, String> {
+    Ok(match check {
+        StageCheck::Finite => vec![StageCheckKind::Finite],
+        StageCheck::Shape => vec![StageCheckKind::Shape],
+        StageCheck::SoftmaxRows { tol } => vec![StageCheckKind::SoftmaxRows { tol: *tol }],
+        StageCheck::Causal => {
+            if !matches!(stage, Stage::Block(_, BlockStage::AttnProbs)) {
+                return Err(format!("`causal` applies to blk.*.attn_probs, not `{stage}`"));
+            }
+            vec![StageCheckKind::Causal]
+        }
+        StageCheck::Rope { input, style, tol } => {
+            let input = match (input, stage) {
+                (Some(t), Stage::Block(l, _)) => t.resolve(l).ok_or_else(|| format!("rope input `{}` does not resolve for layer {l}", t.as_str()))?,
+                (None, Stage::Block(l, BlockStage::QRope)) => Stage::Block(l, BlockStage::Q),
+                (None, Stage::Block(l, BlockStage::KRope)) => Stage::Block(l, BlockStage::K),
+                _ => return Err(format!("`rope` on `{stage}` needs `input:` (the pre-RoPE stage, e.g. `blk.{{i}}.q`)")),
+            };
+            vec![StageCheckKind::Rope { input, style: *style, tol: *tol }]
+        }
+        StageCheck::Golden { source, atol, rtol } => {
+            let sources: Vec<String> = match source {
+                Some(s) => vec![s.clone()],
+                None => spec.goldens.keys().cloned().collect(),
+            };
+            sources
+                .into_iter()
+                .map(|source| StageCheckKind::Golden { source, atol: *atol, rtol: *rtol })
+                .collect()
+        }
+    })
+}

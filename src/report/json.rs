@@ -1,0 +1,69 @@
+//! The machine-readable report (`--json FILE`): top-level `passed`,
+//! `first_divergence` (of the first run that has one), per-run summaries, and
+//! every check outcome with its metrics, message and rerun command.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{Counts, Divergence, Outcome, Report};
+use crate::error::{Error, Result};
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    passed: bool,
+    summary: Counts,
+    first_divergence: Option<JsonDivergence<'a>>,
+    runs: Vec<JsonRun<'a>>,
+    checks: Vec<&'a Outcome>,
+}
+
+#[derive(Serialize)]
+struct JsonDivergence<'a> {
+    spec: &'a str,
+    engine: &'a str,
+    #[serde(flatten)]
+    at: &'a Divergence,
+}
+
+#[derive(Serialize)]
+struct JsonRun<'a> {
+    spec: &'a str,
+    spec_path: &'a str,
+    engine: &'a str,
+    passed: bool,
+    first_divergence: Option<&'a Divergence>,
+    skipped: Option<&'a str>,
+}
+
+pub fn to_string(report: &Report) -> String {
+    let first_divergence = report.runs.iter().find_map(|r| {
+        r.first_divergence.as_ref().map(|at| JsonDivergence { spec: &r.spec, engine: &r.engine, at })
+    });
+    let doc = JsonReport {
+        passed: report.passed(),
+        summary: report.counts(),
+        first_divergence,
+        runs: report
+            .runs
+            .iter()
+            .map(|r| JsonRun {
+                spec: &r.spec,
+                spec_path: &r.spec_path,
+                engine: &r.engine,
+                passed: r.passed,
+                first_divergence: r.first_divergence.as_ref(),
+                skipped: r.skipped.as_deref(),
+            })
+            .collect(),
+        checks: report.runs.iter().flat_map(|r| &r.outcomes).collect(),
+    };
+    serde_json::to_string_pretty(&doc).expect("report is plain data")
+}
+
+/// Writes the report atomically (temp file + rename) so a reader never sees half a file.
+pub fn write(report: &Report, path: &Path) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, to_string(report)).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}

@@ -1,0 +1,182 @@
+//! Outcomes of check instances, grouped per (spec, engine) run, with the first
+//! divergence marked. Rendering lives in `terminal` and `json`; this module only
+//! aggregates, so every sink sees the same facts.
+
+pub mod json;
+pub mod terminal;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::checks::{Status, Verdict};
+use crate::stage::{Stage, Step};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub spec: String,
+    pub engine: String,
+    /// `<step>/<stage>::<check>` or `run::<check>`.
+    pub id: String,
+    pub step: Option<String>,
+    pub stage: Option<String>,
+    pub check: String,
+    pub status: Status,
+    pub metrics: BTreeMap<String, f64>,
+    pub message: String,
+    /// True for the check that is the run's first divergence.
+    pub first_divergence: bool,
+    /// For failures after the first divergence: the `<step>/<stage>` they follow.
+    pub downstream_of: Option<String>,
+    /// The command that reruns exactly this check.
+    pub rerun: String,
+    #[serde(skip)]
+    pub at: Option<(Step, Stage)>,
+}
+
+impl Outcome {
+    pub fn new(spec: &str, engine: &str, id: &str, at: Option<(Step, Stage)>, verdict: Verdict, rerun: String) -> Outcome {
+        Outcome {
+            spec: spec.to_string(),
+            engine: engine.to_string(),
+            id: id.to_string(),
+            step: at.map(|(s, _)| s.to_string()),
+            stage: at.map(|(_, s)| s.to_string()),
+            check: id.rsplit("::").next().unwrap_or(id).to_string(),
+            status: verdict.status,
+            metrics: verdict.metrics,
+            message: verdict.message,
+            first_divergence: false,
+            downstream_of: None,
+            rerun,
+            at,
+        }
+    }
+
+    /// The trial name: `<engine>::<spec>::<id>`.
+    pub fn full_id(&self) -> String {
+        format!("{}::{}::{}", self.engine, self.spec, self.id)
+    }
+
+    pub fn is_golden(&self) -> bool {
+        self.check.starts_with("golden")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Divergence {
+    pub step: String,
+    pub stage: String,
+    pub check: String,
+}
+
+/// One spec run on one engine.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuiteRun {
+    pub spec: String,
+    pub spec_path: String,
+    pub engine: String,
+    pub passed: bool,
+    pub first_divergence: Option<Divergence>,
+    /// Set when the whole run was skipped (engine unavailable).
+    pub skipped: Option<String>,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl SuiteRun {
+    /// Marks the first divergence — the earliest (step, stage), in execution
+    /// order, whose golden check failed — and labels every later failure as
+    /// downstream of it.
+    pub fn new(spec: &str, spec_path: &str, engine: &str, mut outcomes: Vec<Outcome>, skipped: Option<String>) -> SuiteRun {
+        let first = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.status == Status::Fail && o.is_golden())
+            .filter_map(|(i, o)| o.at.map(|at| (at, i)))
+            .min();
+        let mut first_divergence = None;
+        if let Some((at, i)) = first {
+            outcomes[i].first_divergence = true;
+            let label = format!("{}/{}", at.0, at.1);
+            for o in outcomes.iter_mut().filter(|o| o.status == Status::Fail) {
+                if o.at.is_some_and(|a| a > at) {
+                    o.downstream_of = Some(label.clone());
+                }
+            }
+            let o = &outcomes[i];
+            first_divergence = Some(Divergence { step: at.0.to_string(), stage: at.1.to_string(), check: o.check.clone() });
+        }
+        let passed = outcomes.iter().all(|o| o.status != Status::Fail);
+        SuiteRun {
+            spec: spec.to_string(),
+            spec_path: spec_path.to_string(),
+            engine: engine.to_string(),
+            passed,
+            first_divergence,
+            skipped,
+            outcomes,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    pub passed: usize,
+    pub failed: usize,
+    pub skipped: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub runs: Vec<SuiteRun>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.runs.iter().all(|r| r.passed)
+    }
+
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for o in self.runs.iter().flat_map(|r| &r.outcomes) {
+            match o.status {
+                Status::Pass => c.passed += 1,
+                Status::Fail => c.failed += 1,
+                Status::Skip => c.skipped += 1,
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::BlockStage;
+
+    fn o(step: Step, stage: Stage, check: &str, status: Status) -> Outcome {
+        let v = Verdict { status, metrics: BTreeMap::new(), message: String::new() };
+        Outcome::new("s", "cpu", &format!("{step}/{stage}::{check}"), Some((step, stage)), v, String::new())
+    }
+
+    #[test]
+    fn first_divergence_is_the_earliest_failing_golden_and_later_failures_are_downstream() {
+        let q1 = Stage::Block(1, BlockStage::Q);
+        let q0 = Stage::Block(0, BlockStage::Q);
+        let run = SuiteRun::new("s", "s.yaml", "cpu", vec![
+            o(Step::Decode(2), Stage::Logits, "golden:hf", Status::Fail),
+            o(Step::Decode(1), q1, "finite", Status::Fail),
+            o(Step::Decode(1), q1, "golden:hf", Status::Fail),
+            o(Step::Decode(1), q0, "golden:hf", Status::Pass),
+            o(Step::Prefill, Stage::Logits, "softmax_rows", Status::Fail),
+        ], None);
+        let d = run.first_divergence.clone().unwrap();
+        assert_eq!((d.step.as_str(), d.stage.as_str(), d.check.as_str()), ("decode1", "blk.1.q", "golden:hf"));
+        assert!(run.outcomes[2].first_divergence);
+        assert_eq!(run.outcomes[0].downstream_of.as_deref(), Some("decode1/blk.1.q"));
+        // An invariant failing at the same stage is not downstream; one before it neither.
+        assert_eq!(run.outcomes[1].downstream_of, None);
+        assert_eq!(run.outcomes[4].downstream_of, None);
+        assert!(!run.passed);
+    }
+}

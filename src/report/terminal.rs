@@ -1,0 +1,124 @@
+//! The human report: one table row per (step, stage) with the worst golden error
+//! per source, the first divergence marked, then every failure in full (message
+//! and rerun command), then the run checks and a one-line summary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::{Outcome, Report, SuiteRun};
+use crate::checks::Status;
+use crate::stage::{Stage, Step};
+
+/// Failures printed in full beyond the first divergence; the rest are listed by id.
+const FULL_FAILURES: usize = 8;
+
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    for run in &report.runs {
+        render_run(&mut out, run);
+    }
+    let c = report.counts();
+    let verdict = if report.passed() { "PASSED" } else { "FAILED" };
+    let _ = writeln!(out, "touchstone: {verdict}: {} passed, {} failed, {} skipped", c.passed, c.failed, c.skipped);
+    out
+}
+
+fn render_run(out: &mut String, run: &SuiteRun) {
+    let _ = writeln!(out, "== {} on engine {} ({}) ==", run.spec, run.engine, run.spec_path);
+    if let Some(reason) = &run.skipped {
+        let _ = writeln!(out, "skipped: {reason}\n");
+        return;
+    }
+    let sources: Vec<String> = {
+        let mut s: Vec<String> = run.outcomes.iter().filter(|o| o.is_golden()).map(|o| o.check.clone()).collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    let mut rows: BTreeMap<(Step, Stage), Vec<&Outcome>> = BTreeMap::new();
+    for o in &run.outcomes {
+        if let Some(at) = o.at {
+            rows.entry(at).or_default().push(o);
+        }
+    }
+    if !rows.is_empty() {
+        let mut header = format!("{:<8} {:<18} {:<6} {:>6}", "step", "stage", "result", "checks");
+        for s in &sources {
+            let src = s.trim_start_matches("golden:");
+            let _ = write!(header, "  {:>10} {:>10}", format!("max|Δ| {src}"), "cosine");
+        }
+        let _ = writeln!(out, "{header}  note");
+        for ((step, stage), outs) in &rows {
+            let failed = outs.iter().any(|o| o.status == Status::Fail);
+            let all_skipped = outs.iter().all(|o| o.status == Status::Skip);
+            let result = if failed { "FAIL" } else if all_skipped { "skip" } else { "pass" };
+            let passed = outs.iter().filter(|o| o.status == Status::Pass).count();
+            let mut line = format!("{:<8} {:<18} {:<6} {:>6}", step.to_string(), stage.to_string(), result, format!("{passed}/{}", outs.len()));
+            for s in &sources {
+                match outs.iter().find(|o| &o.check == s) {
+                    Some(o) => {
+                        let m = |k: &str| o.metrics.get(k).map_or("-".to_string(), |v| format!("{v:.2e}"));
+                        let cos = o.metrics.get("cosine").map_or("-".to_string(), |v| format!("{v:.7}"));
+                        let _ = write!(line, "  {:>10} {:>10}", m("max_abs"), cos);
+                    }
+                    None => {
+                        let _ = write!(line, "  {:>10} {:>10}", "", "");
+                    }
+                }
+            }
+            let note = if let Some(o) = outs.iter().find(|o| o.first_divergence) {
+                format!("<< FIRST DIVERGENCE ({})", o.check)
+            } else if failed {
+                let names: Vec<&str> = outs.iter().filter(|o| o.status == Status::Fail).map(|o| o.check.as_str()).collect();
+                match outs.iter().find_map(|o| o.downstream_of.as_deref()) {
+                    Some(d) => format!("{} (downstream of {d})", names.join(", ")),
+                    None => names.join(", "),
+                }
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "{}  {note}", line.trim_end());
+        }
+    }
+
+    let run_checks: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.at.is_none()).collect();
+    if !run_checks.is_empty() {
+        let _ = writeln!(out, "\nrun checks:");
+        for o in &run_checks {
+            let status = match o.status {
+                Status::Pass => "pass",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            let first_line = o.message.lines().next().unwrap_or("");
+            let _ = writeln!(out, "  {status:<5} {:<14} {first_line}", o.check);
+        }
+    }
+
+    // Failures in full: the first divergence first, then in execution order.
+    let mut failures: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.status == Status::Fail).collect();
+    failures.sort_by_key(|o| !o.first_divergence);
+    if !failures.is_empty() {
+        let _ = writeln!(out, "\nfailures ({}):", failures.len());
+        for (n, o) in failures.iter().enumerate() {
+            if n > FULL_FAILURES {
+                let rest: Vec<String> = failures[n..].iter().map(|o| o.id.clone()).collect();
+                let _ = writeln!(out, "  ... and {} more: {}", rest.len(), rest.join(", "));
+                break;
+            }
+            let tag = if o.first_divergence {
+                " [FIRST DIVERGENCE]".to_string()
+            } else if let Some(d) = &o.downstream_of {
+                format!(" [downstream of {d}]")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "--- FAIL {}{tag}", o.full_id());
+            for l in o.message.lines() {
+                let _ = writeln!(out, "    {l}");
+            }
+            let _ = writeln!(out, "    rerun: {}", o.rerun);
+        }
+    }
+    let _ = writeln!(out);
+}

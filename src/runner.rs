@@ -1,0 +1,189 @@
+//! Runs a plan on one engine and turns every check instance into an outcome.
+//! The engine runs once with taps on every stage a check reads; stage checks are
+//! then evaluated in parallel; run checks (determinism, KV cache, greedy tokens)
+//! run the engine again as they need.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::checks::{invariants, run as run_checks, Verdict};
+use crate::compare::{compare, Tolerance};
+use crate::engine::{Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
+use crate::error::Result;
+use crate::plan::{CheckInstance, CheckKind, Plan, StageCheckKind, Target};
+use crate::report::{Outcome, SuiteRun};
+use crate::stage::{Stage, Step};
+
+/// Which check instances to run: `None` runs all; otherwise an id must contain
+/// one of the filters (matched against `<engine>::<spec>::<id>`).
+#[derive(Clone, Debug, Default)]
+pub struct Filter(pub Option<Vec<String>>);
+
+impl Filter {
+    pub fn accepts(&self, full_id: &str) -> bool {
+        self.0.as_ref().is_none_or(|fs| fs.iter().any(|f| full_id.contains(f.as_str())))
+    }
+}
+
+/// Runs `plan` on `kind`. `Err` only for bad input (the model cannot be loaded);
+/// an engine failing mid-run fails the affected checks instead.
+pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: Option<&Path>) -> Result<SuiteRun> {
+    let spec_name = plan.spec.name.as_str();
+    let spec_path = plan.spec.path.display().to_string();
+    let selected: Vec<&CheckInstance> = plan
+        .checks
+        .iter()
+        .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", kind.name(), c.id)))
+        .collect();
+    let rerun = |id: &str| rerun_command(&spec_path, kind, id, model_override);
+    let at = |c: &CheckInstance| match c.target {
+        Target::Stage { step, stage } => Some((step, stage)),
+        Target::Run => None,
+    };
+
+    if let Availability::Unavailable(reason) = kind.availability() {
+        let outcomes = selected
+            .iter()
+            .map(|c| Outcome::new(spec_name, kind.name(), &c.id, at(c), Verdict::skip(&reason), rerun(&c.id)))
+            .collect();
+        return Ok(SuiteRun::new(spec_name, &spec_path, kind.name(), outcomes, Some(reason)));
+    }
+    let engine = kind.load(&plan.model)?;
+
+    let mut taps = TapSet::none();
+    for c in &selected {
+        if let (Target::Stage { stage, .. }, CheckKind::Stage(k)) = (&c.target, &c.kind) {
+            taps.insert(*stage);
+            if let StageCheckKind::Rope { input, .. } = k {
+                taps.insert(*input);
+            }
+        }
+    }
+    let main_run = if taps.is_empty() {
+        None
+    } else {
+        let req = RunRequest {
+            prompt: plan.prompt.clone(),
+            decode_steps: plan.decode_steps,
+            sampling: plan.spec.sampling.to_sampling(),
+            seed: plan.spec.seed,
+            forced: plan.forced.clone(),
+        };
+        Some(engine.run(&req, &taps).map_err(|e| e.to_string()))
+    };
+
+    let mut outcomes: Vec<Outcome> = selected
+        .par_iter()
+        .filter(|c| matches!(c.target, Target::Stage { .. }))
+        .map(|c| {
+            let Target::Stage { step, stage } = c.target else { unreachable!("filtered to stage targets") };
+            let CheckKind::Stage(kind) = &c.kind else { unreachable!("stage targets carry stage checks") };
+            let verdict = match main_run.as_ref().expect("stage checks imply taps") {
+                Ok(out) => stage_verdict(plan, out, step, stage, kind),
+                Err(e) => Verdict::fail(format!("the engine failed: {e}")),
+            };
+            Outcome::new(spec_name, engine.name(), &c.id, Some((step, stage)), verdict, rerun(&c.id))
+        })
+        .collect();
+    for c in selected.iter().filter(|c| c.target == Target::Run) {
+        let CheckKind::Run(rc) = &c.kind else { unreachable!("run targets carry run checks") };
+        let verdict = run_checks::evaluate(plan, engine.as_ref(), rc);
+        outcomes.push(Outcome::new(spec_name, engine.name(), &c.id, None, verdict, rerun(&c.id)));
+    }
+    Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None))
+}
+
+fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
+    let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
+    format!("touchstone run {spec_path} --engine {}{model} --only '{id}'", kind.name())
+}
+
+fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &StageCheckKind) -> Verdict {
+    let Some(t) = out.captures.get(step, stage) else {
+        return Verdict::fail(format!("the engine returned no capture for {step}/{stage} although it was tapped"));
+    };
+    let positions = &out.positions[step.index()];
+    match kind {
+        StageCheckKind::Finite => invariants::finite(t),
+        StageCheckKind::Shape => invariants::shape(t, &plan.expected_shape(step, stage)),
+        StageCheckKind::SoftmaxRows { tol } => invariants::softmax_rows(t, *tol),
+        StageCheckKind::Causal => invariants::causal(t, positions),
+        StageCheckKind::Rope { input, style, tol } => match out.captures.get(step, *input) {
+            Some(i) => invariants::rope(i, t, positions, *style, *tol),
+            None => Verdict::fail(format!("the engine returned no capture for the rope input {step}/{input}")),
+        },
+        StageCheckKind::Golden { source, atol, rtol } => golden_verdict(plan, out, step, stage, t, source, *atol, *rtol),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn golden_verdict(
+    plan: &Plan,
+    out: &RunOutput,
+    step: Step,
+    stage: Stage,
+    actual: &crate::tensor::Tensor,
+    source: &str,
+    atol: Option<f64>,
+    rtol: Option<f64>,
+) -> Verdict {
+    let golden = &plan.goldens[source];
+    let file = golden.path.display();
+    let Some(expected) = golden.get(step, stage) else {
+        return Verdict::fail(format!("golden `{source}` ({file}) has no tensor `{step}/{stage}`"));
+    };
+    // A comparison is only meaningful if both sides were fed the same tokens.
+    let fed = fed_tokens(plan, out, step);
+    if let Some(recorded) = golden.tokens.get(&step) {
+        if *recorded != fed {
+            return Verdict::fail(format!(
+                "inputs differ at {step}: the engine was fed tokens {fed:?}, golden `{source}` was recorded with {recorded:?}"
+            ));
+        }
+    }
+    let dtype = actual.dtype().coarser(expected.dtype());
+    let base = plan
+        .spec
+        .tolerance
+        .get(&dtype)
+        .map(|t| Tolerance { atol: t.atol, rtol: t.rtol })
+        .unwrap_or_else(|| Tolerance::default_for(dtype));
+    let tol = Tolerance { atol: atol.unwrap_or(base.atol), rtol: rtol.unwrap_or(base.rtol) };
+    match compare(actual, expected, tol) {
+        Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})"))
+            .metric("shape_mismatch", 1.0),
+        Ok(c) => {
+            let message = if c.passed() {
+                format!("within tolerance of golden `{source}`: {}", c.summary())
+            } else {
+                format!("differs from golden `{source}` ({file}):\n{}", c.explain())
+            };
+            let mut v = Verdict::check(c.passed(), message);
+            v.metrics = c.metrics();
+            v
+        }
+    }
+}
+
+/// Tokens the engine was fed at `step`: the prompt, or the decode token (forced
+/// from the golden, or sampled at the previous step).
+fn fed_tokens(plan: &Plan, out: &RunOutput, step: Step) -> Vec<u32> {
+    match step {
+        Step::Prefill => plan.prompt.clone(),
+        Step::Decode(n) => match &plan.forced {
+            Some(f) => vec![f[n - 1]],
+            None => vec![out.sampled[n - 1]],
+        },
+    }
+}
+
+/// Convenience for callers that want every check of a plan on one engine.
+pub fn run_all(plan: &Plan, kind: EngineKind) -> Result<SuiteRun> {
+    run_plan(plan, kind, &Filter::default(), None)
+}
+
+/// Used by run checks: one engine run, with errors as strings for messages.
+pub(crate) fn run_engine(engine: &dyn Engine, req: &RunRequest, taps: &TapSet) -> std::result::Result<RunOutput, String> {
+    engine.run(req, taps).map_err(|e| e.to_string())
+}

@@ -1,0 +1,308 @@
+//! Specs: YAML files that say, per stage, what must hold, plus checks on whole
+//! runs. Parsing rejects unknown keys, unknown stage and check names (with a
+//! suggestion) and reports every problem as `file:line:col: key.path: message`.
+//! Paths inside a spec are relative to the spec file.
+
+pub mod checks;
+pub mod pattern;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+pub use checks::{DeterminismSpec, KvCacheSpec, RunCheck, StageCheck};
+pub use pattern::{StagePattern, StageTemplate};
+
+use crate::error::{Error, Result};
+use crate::sampling::Sampling;
+use crate::tensor::DType;
+
+/// A parsed, validated spec with paths resolved against the spec's folder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    pub path: PathBuf,
+    /// Display name (default: the file stem), used in trial ids.
+    pub name: String,
+    pub model: PathBuf,
+    /// Golden source name (`hf`, `llama.cpp`, ...) → golden file.
+    pub goldens: BTreeMap<String, PathBuf>,
+    pub prompt: PromptSpec,
+    pub sampling: SamplingSpec,
+    pub seed: u64,
+    /// Per-dtype default golden tolerances overriding the built-in ones.
+    pub tolerance: BTreeMap<DType, TolSpec>,
+    /// Stage rules in file order; for the same check on the same stage a later
+    /// rule replaces an earlier one, so write general rules (`*`) first.
+    pub stages: Vec<(StagePattern, Vec<StageCheck>)>,
+    pub run_checks: Vec<RunCheck>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSpec {
+    /// Explicit prompt token ids.
+    pub tokens: Option<Vec<u32>>,
+    /// Take the prompt, and the tokens fed at each decode step (teacher forcing),
+    /// from this golden source's recording.
+    pub golden: Option<String>,
+    /// Decode steps after the prefill (default: as many as the golden recorded).
+    pub decode_steps: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TolSpec {
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+/// `greedy` or `{temperature: 0.8, top_k: 40, top_p: 0.95}`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SamplingSpec {
+    Greedy,
+    Random { temperature: f32, top_k: Option<usize>, top_p: Option<f32> },
+}
+
+impl SamplingSpec {
+    pub fn to_sampling(&self) -> Sampling {
+        match *self {
+            SamplingSpec::Greedy => Sampling::Greedy,
+            SamplingSpec::Random { temperature, top_k, top_p } => Sampling::Random { temperature, top_k, top_p },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SamplingSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Random {
+            temperature: f32,
+            top_k: Option<usize>,
+            top_p: Option<f32>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SamplingSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`greedy` or a map {temperature, top_k, top_p}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> std::result::Result<SamplingSpec, E> {
+                match s {
+                    "greedy" => Ok(SamplingSpec::Greedy),
+                    other => Err(E::custom(format!("unknown sampling `{other}`: use `greedy` or {{temperature, top_k, top_p}}"))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<SamplingSpec, A::Error> {
+                let r = Random::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                if !(r.temperature.is_finite() && r.temperature >= 0.0) {
+                    return Err(de::Error::custom("temperature must be a finite number >= 0"));
+                }
+                if let Some(p) = r.top_p {
+                    if !(p > 0.0 && p <= 1.0) {
+                        return Err(de::Error::custom("top_p must be in (0, 1]"));
+                    }
+                }
+                if r.top_k == Some(0) {
+                    return Err(de::Error::custom("top_k must be at least 1"));
+                }
+                Ok(SamplingSpec::Random { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    name: Option<String>,
+    model: PathBuf,
+    #[serde(default)]
+    goldens: BTreeMap<String, PathBuf>,
+    prompt: PromptSpec,
+    #[serde(default = "greedy")]
+    sampling: SamplingSpec,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    tolerance: BTreeMap<DTypeKey, TolSpec>,
+    stages: StageRules,
+    #[serde(default)]
+    run_checks: Vec<RunCheck>,
+}
+
+fn greedy() -> SamplingSpec {
+    SamplingSpec::Greedy
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct DTypeKey(DType);
+impl<'de> Deserialize<'de> for DTypeKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        DType::parse(&s)
+            .map(DTypeKey)
+            .ok_or_else(|| de::Error::custom(format!("unknown dtype `{s}` (known: f32, f16, bf16)")))
+    }
+}
+
+/// The `stages:` map, kept in file order (later rules override earlier ones).
+/// Patterns stay text here and are validated in `Spec::parse`: serde_yaml
+/// reports errors on any key after the first at the previous line, so pattern
+/// errors are located by searching the text instead.
+struct StageRules(Vec<(String, Vec<StageCheck>)>);
+
+impl<'de> Deserialize<'de> for StageRules {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StageRules;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map from stage pattern to a list of checks")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<StageRules, A::Error> {
+                let mut rules = Vec::new();
+                while let Some(p) = map.next_key::<String>()? {
+                    let checks: Vec<StageCheck> = map.next_value()?;
+                    rules.push((p, checks));
+                }
+                Ok(StageRules(rules))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Spec {
+    pub fn load(path: &Path) -> Result<Spec> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Spec::parse(path, &text)
+    }
+
+    /// Parses spec text; `path` names the file in errors and anchors relative paths.
+    pub fn parse(path: &Path, text: &str) -> Result<Spec> {
+        let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = raw.name.unwrap_or_else(|| {
+            path.file_stem().and_then(|s| s.to_str()).unwrap_or("spec").to_string()
+        });
+        let mut stages = Vec::with_capacity(raw.stages.0.len());
+        for (text_pattern, checks) in raw.stages.0 {
+            let p = StagePattern::parse(&text_pattern).map_err(|msg| {
+                let quoted = format!("\"{text_pattern}\"");
+                let (line, col) = locate(text, &quoted)
+                    .map(|(l, c)| (l, c + 1))
+                    .or_else(|| locate(text, &format!("{text_pattern}:")))
+                    .unwrap_or((0, 0));
+                if line == 0 {
+                    Error::SpecInvalid { path: path.to_path_buf(), msg: format!("stages: {msg}") }
+                } else {
+                    Error::SpecSyntax { path: path.to_path_buf(), line, col, msg: format!("stages: {msg}") }
+                }
+            })?;
+            stages.push((p, checks));
+        }
+        let spec = Spec {
+            path: path.to_path_buf(),
+            name,
+            model: dir.join(&raw.model),
+            goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
+            prompt: raw.prompt,
+            sampling: raw.sampling,
+            seed: raw.seed,
+            tolerance: raw.tolerance.into_iter().map(|(k, v)| (k.0, v)).collect(),
+            stages,
+            run_checks: raw.run_checks,
+        };
+        spec.validate_references(text)?;
+        Ok(spec)
+    }
+
+    /// Cross-references serde cannot see: golden sources named by checks must be
+    /// declared under `goldens:`. Located by searching the text for the name.
+    fn validate_references(&self, text: &str) -> Result<()> {
+        let declared: Vec<&str> = self.goldens.keys().map(String::as_str).collect();
+        let mut named: Vec<(&str, &str)> = Vec::new();
+        for (_, checks) in &self.stages {
+            for c in checks {
+                match c {
+                    StageCheck::Golden { source: Some(s), .. } => named.push((s, "golden check")),
+                    StageCheck::Golden { source: None, .. } if declared.is_empty() => {
+                        return Err(self.located(text, "golden", "a `golden` check needs a golden source, but the spec declares no `goldens:`".into()))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for rc in &self.run_checks {
+            if let RunCheck::GreedyTokens { source } = rc {
+                match source {
+                    Some(s) => named.push((s, "greedy_tokens check")),
+                    None if declared.len() != 1 => {
+                        return Err(self.located(text, "greedy_tokens", format!(
+                            "greedy_tokens needs `source:` when the spec declares {} golden sources", declared.len()
+                        )))
+                    }
+                    None => {}
+                }
+            }
+        }
+        if let Some(g) = &self.prompt.golden {
+            named.push((g, "prompt"));
+        }
+        for (s, what) in named {
+            if !declared.contains(&s) {
+                let hint = crate::suggest::hint(s, declared.iter().copied());
+                return Err(self.located(text, s, format!(
+                    "{what} names golden source `{s}`, which is not declared under `goldens:`{hint} (declared: {})",
+                    if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
+                )));
+            }
+        }
+        match (&self.prompt.tokens, &self.prompt.golden) {
+            (Some(_), Some(_)) => Err(self.located(text, "prompt", "prompt: give either `tokens` or `golden`, not both".into())),
+            (None, None) => Err(self.located(text, "prompt", "prompt: give `tokens: [ids...]` or `golden: SOURCE`".into())),
+            (Some(t), None) if t.is_empty() => Err(self.located(text, "tokens", "prompt.tokens is empty".into())),
+            (Some(_), None) if self.prompt.decode_steps.is_none() => Err(self.located(
+                text, "prompt", "prompt.decode_steps is required with explicit tokens".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn located(&self, text: &str, needle: &str, msg: String) -> Error {
+        match locate(text, needle) {
+            Some((line, col)) => Error::SpecSyntax { path: self.path.clone(), line, col, msg },
+            None => Error::SpecInvalid { path: self.path.clone(), msg },
+        }
+    }
+}
+
+/// 1-based line and column of the first occurrence of `needle` outside comments.
+fn locate(text: &str, needle: &str) -> Option<(usize, usize)> {
+    text.lines().enumerate().find_map(|(i, line)| {
+        let code = line.split('#').next().unwrap_or("");
+        code.find(needle).map(|c| (i + 1, c + 1))
+    })
+}
+
+/// serde_yaml's message ends in " at line L column C"; we move that to the
+/// front as `file:L:C:` like a compiler does.
+fn yaml_error(path: &Path, e: &serde_yaml::Error) -> Error {
+    let msg = e.to_string();
+    match e.location() {
+        Some(loc) => {
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            let msg = msg.strip_suffix(&suffix).unwrap_or(&msg).to_string();
+            Error::SpecSyntax { path: path.to_path_buf(), line: loc.line(), col: loc.column(), msg }
+        }
+        None => Error::SpecInvalid { path: path.to_path_buf(), msg },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! Stage patterns (`*`, `blk.*.attn_probs`, `blk.1.q`, `logits`) and stage
+//! templates (`blk.{i}.q`, used by a check that reads a second stage of the same
+//! layer). Both are validated when the spec is parsed, so a typo is reported at
+//! its line:col with a suggestion, before any model is loaded.
+
+use crate::stage::{generic_stage_names, Stage};
+use crate::suggest;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagePattern {
+    text: String,
+}
+
+impl StagePattern {
+    pub fn parse(text: &str) -> Result<StagePattern, String> {
+        let p = StagePattern { text: text.to_string() };
+        // A pattern must be able to match something: try it against a model deep
+        // enough to contain any layer index the pattern names.
+        let layers = p.named_layer().map_or(1, |l| l + 1);
+        if Stage::all(layers).into_iter().any(|s| p.matches(s)) {
+            return Ok(p);
+        }
+        let generic = generic_stage_names();
+        let shown = text.replace(|c: char| c.is_ascii_digit(), "*");
+        let hint = suggest::hint(&shown, generic.iter().map(String::as_str));
+        Err(format!(
+            "unknown stage pattern `{text}`{hint} (stages: {}; `*` matches any one part, a bare `*` every stage)",
+            generic.join(", ")
+        ))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Dot-separated parts match one for one; `*` matches any single part; a bare
+    /// `*` matches every stage.
+    pub fn matches(&self, stage: Stage) -> bool {
+        if self.text == "*" {
+            return true;
+        }
+        let name = stage.to_string();
+        let pat: Vec<&str> = self.text.split('.').collect();
+        let parts: Vec<&str> = name.split('.').collect();
+        pat.len() == parts.len() && pat.iter().zip(&parts).all(|(p, s)| *p == "*" || p == s)
+    }
+
+    /// The layer index the pattern names explicitly (`blk.3.q` → 3).
+    pub fn named_layer(&self) -> Option<usize> {
+        let mut it = self.text.split('.');
+        (it.next() == Some("blk")).then_some(())?;
+        it.next()?.parse().ok()
+    }
+}
+
+/// A stage name in which `{i}` stands for the layer of the stage being checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageTemplate {
+    text: String,
+}
+
+impl StageTemplate {
+    pub fn parse(text: &str) -> Result<StageTemplate, String> {
+        let t = StageTemplate { text: text.to_string() };
+        if Stage::parse(&text.replace("{i}", "0")).is_none() {
+            let generic = generic_stage_names();
+            let hint = suggest::hint(&text.replace("{i}", "*"), generic.iter().map(String::as_str));
+            return Err(format!(
+                "`{text}` is not a stage name (use `{{i}}` for the layer, e.g. `blk.{{i}}.q`){hint}"
+            ));
+        }
+        Ok(t)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The stage for layer `layer` (`None` only if the result names no stage,
+    /// which `parse` rules out for valid layers).
+    pub fn resolve(&self, layer: usize) -> Option<Stage> {
+        Stage::parse(&self.text.replace("{i}", &layer.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::BlockStage;
+
+    #[test]
+    fn patterns_match_and_typos_are_suggested() {
+        let p = StagePattern::parse("blk.*.attn_probs").unwrap();
+        assert!(p.matches(Stage::Block(1, BlockStage::AttnProbs)));
+        assert!(!p.matches(Stage::Block(1, BlockStage::Q)));
+        assert!(StagePattern::parse("*").unwrap().matches(Stage::Logits));
+        assert!(StagePattern::parse("blk.*.*").unwrap().matches(Stage::Block(0, BlockStage::Out)));
+        assert_eq!(StagePattern::parse("blk.7.q").unwrap().named_layer(), Some(7));
+        let err = StagePattern::parse("blk.*.attn_prob").unwrap_err();
+        assert!(err.contains("did you mean `blk.*.attn_probs`"), "{err}");
+        let err = StagePattern::parse("blk.2.qrope").unwrap_err();
+        assert!(err.contains("did you mean `blk.*.q_rope`"), "{err}");
+    }
+
+    #[test]
+    fn templates_resolve_per_layer() {
+        let t = StageTemplate::parse("blk.{i}.q").unwrap();
+        assert_eq!(t.resolve(3), Some(Stage::Block(3, BlockStage::Q)));
+        assert!(StageTemplate::parse("blk.{i}.qq").unwrap_err().contains("did you mean"));
+    }
+}

@@ -1,0 +1,102 @@
+use super::*;
+use crate::stage::{BlockStage, Stage};
+
+const GOOD: &str = r#"
+model: ../goldens/qwen2-tiny/model
+goldens:
+  hf: ../goldens/qwen2-tiny/hf.safetensors
+prompt: {golden: hf}
+seed: 7
+tolerance:
+  f32: {atol: 1.0e-5, rtol: 1.3e-6}
+stages:
+  "*": [finite, shape, {golden: hf}]
+  "blk.*.attn_probs": [{softmax_rows: {tol: 1.0e-6}}, causal]
+  "blk.*.q_rope": [{rope: {input: "blk.{i}.q"}}]
+run_checks:
+  - determinism
+  - {kv_cache: {atol: 1.0e-5}}
+  - {greedy_tokens: hf}
+"#;
+
+fn parse(text: &str) -> Result<Spec> {
+    Spec::parse(Path::new("specs/t.yaml"), text)
+}
+
+fn syntax_err(text: &str) -> (usize, usize, String) {
+    match parse(text) {
+        Err(Error::SpecSyntax { line, col, msg, .. }) => (line, col, msg),
+        other => panic!("expected a located spec error, got {other:?}"),
+    }
+}
+
+#[test]
+fn parses_a_full_spec() {
+    let s = parse(GOOD).unwrap();
+    assert_eq!(s.name, "t");
+    assert_eq!(s.model, Path::new("specs/../goldens/qwen2-tiny/model"));
+    assert_eq!(s.stages.len(), 3);
+    assert!(s.stages[1].0.matches(Stage::Block(1, BlockStage::AttnProbs)));
+    assert_eq!(s.stages[1].1[0], StageCheck::SoftmaxRows { tol: 1e-6 });
+    assert_eq!(s.run_checks.len(), 3);
+    assert_eq!(s.tolerance[&DType::F32].rtol, 1.3e-6);
+}
+
+#[test]
+fn malformed_yaml_is_located() {
+    let (line, _, msg) = syntax_err("model: [x\nprompt: {}\n");
+    assert!(line >= 1, "{msg}");
+}
+
+#[test]
+fn unknown_key_is_located_and_named() {
+    let (line, col, msg) = syntax_err(&GOOD.replace("seed: 7", "sede: 7"));
+    assert_eq!((line, col), (6, 1));
+    assert!(msg.contains("unknown field `sede`"), "{msg}");
+}
+
+#[test]
+fn unknown_stage_gets_a_suggestion() {
+    let (line, _, msg) = syntax_err(&GOOD.replace("\"blk.*.attn_probs\"", "\"blk.*.attn_prob\""));
+    assert_eq!(line, 11);
+    assert!(msg.contains("did you mean `blk.*.attn_probs`"), "{msg}");
+}
+
+#[test]
+fn unknown_check_gets_a_suggestion() {
+    let (line, _, msg) = syntax_err(&GOOD.replace("causal]", "casual]"));
+    assert_eq!(line, 11);
+    assert!(msg.contains("did you mean `causal`"), "{msg}");
+    let (_, _, msg) = syntax_err(&GOOD.replace("- determinism", "- determinsm"));
+    assert!(msg.contains("did you mean `determinism`"), "{msg}");
+}
+
+#[test]
+fn bad_parameters_are_located() {
+    let (line, _, msg) = syntax_err(&GOOD.replace("{tol: 1.0e-6}", "{toll: 1.0e-6}"));
+    assert_eq!(line, 11);
+    assert!(msg.contains("unknown field `toll`"), "{msg}");
+    let (_, _, msg) = syntax_err(&GOOD.replace("\"blk.{i}.q\"", "\"blk.{i}.qq\""));
+    assert!(msg.contains("not a stage name"), "{msg}");
+}
+
+#[test]
+fn undeclared_golden_source_is_an_error() {
+    let (line, _, msg) = syntax_err(&GOOD.replace("{greedy_tokens: hf}", "{greedy_tokens: hff}"));
+    assert_eq!(line, 16);
+    assert!(msg.contains("did you mean `hf`"), "{msg}");
+}
+
+#[test]
+fn prompt_needs_tokens_or_golden() {
+    let (_, _, msg) = syntax_err(&GOOD.replace("prompt: {golden: hf}", "prompt: {decode_steps: 2}"));
+    assert!(msg.contains("tokens"), "{msg}");
+}
+
+#[test]
+fn determinism_requires_three_runs_and_temperature() {
+    let (_, _, msg) = syntax_err(&GOOD.replace("- determinism", "- {determinism: {runs: 2}}"));
+    assert!(msg.contains("runs >= 3"), "{msg}");
+    let (_, _, msg) = syntax_err(&GOOD.replace("- determinism", "- {determinism: {sampling: greedy}}"));
+    assert!(msg.contains("temperature > 0"), "{msg}");
+}

@@ -1,0 +1,156 @@
+//! Every kind of bad input gives a typed error naming the file (and line:col for
+//! YAML) and exit 2 — or, for a golden of the wrong shape, a failing check that
+//! prints both shapes — and never a panic (checked in `common::touchstone`).
+
+mod common;
+use common::*;
+
+fn expect_exit2(args: &[&str], needles: &[&str]) -> Output {
+    let o = touchstone(args);
+    assert_eq!(o.code, 2, "expected exit 2 for {args:?}:\n{}", o.all());
+    for n in needles {
+        assert!(o.stderr.contains(n), "stderr lacks {n:?}:\n{}", o.stderr);
+    }
+    o
+}
+
+#[test]
+fn malformed_yaml() {
+    let d = tempfile::tempdir().unwrap();
+    let s = write(d.path(), "bad.yaml", "model: [unclosed\nprompt: {tokens: [1]}\n");
+    let p = s.display().to_string();
+    expect_exit2(&["run", &p], &[&format!("{p}:")]);
+}
+
+#[test]
+fn unknown_key() {
+    let d = tempfile::tempdir().unwrap();
+    let text = spec_text(&model_dir(), &hf_golden()).replace("seed: 1234", "sed: 1234");
+    let s = write(d.path(), "s.yaml", &text);
+    let line = text.lines().position(|l| l.starts_with("sed:")).unwrap() + 1;
+    let p = s.display().to_string();
+    expect_exit2(&["run", &p], &[&format!("{p}:{line}:1:"), "unknown field `sed`"]);
+}
+
+#[test]
+fn unknown_stage_suggests_the_right_one() {
+    let d = tempfile::tempdir().unwrap();
+    let text = spec_text(&model_dir(), &hf_golden()).replace("\"blk.*.q_rope\"", "\"blk.*.qrope\"");
+    let s = write(d.path(), "s.yaml", &text);
+    let p = s.display().to_string();
+    expect_exit2(&["run", &p], &[&p, "unknown stage pattern `blk.*.qrope`", "did you mean `blk.*.q_rope`"]);
+}
+
+#[test]
+fn unknown_check_suggests_the_right_one() {
+    let d = tempfile::tempdir().unwrap();
+    let text = spec_text(&model_dir(), &hf_golden()).replace("causal]", "casual]");
+    let s = write(d.path(), "s.yaml", &text);
+    let p = s.display().to_string();
+    expect_exit2(&["run", &p], &[&p, "unknown check `casual`", "did you mean `causal`"]);
+}
+
+#[test]
+fn layer_past_the_model() {
+    let d = tempfile::tempdir().unwrap();
+    let text = spec_text(&model_dir(), &hf_golden()).replace("\"blk.*.q_rope\"", "\"blk.7.q_rope\"");
+    let s = write(d.path(), "s.yaml", &text);
+    expect_exit2(&["run", &s.display().to_string()], &["names layer 7", "has 2 layers"]);
+}
+
+#[test]
+fn missing_model() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no-such-model");
+    let s = write(d.path(), "s.yaml", &spec_text(&missing, &hf_golden()));
+    expect_exit2(&["run", &s.display().to_string()], &[&missing.display().to_string(), "not found"]);
+    // --model naming a missing folder too.
+    expect_exit2(&["run", "--model", &missing.display().to_string()], &[&missing.display().to_string()]);
+}
+
+#[test]
+fn missing_golden_file() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("nope.safetensors");
+    let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &missing));
+    expect_exit2(&["run", &s.display().to_string()], &[&missing.display().to_string()]);
+}
+
+#[test]
+fn missing_spec_file() {
+    expect_exit2(&["run", "specs/does-not-exist.yaml"], &["specs/does-not-exist.yaml"]);
+}
+
+#[test]
+fn truncated_golden() {
+    let d = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(hf_golden()).unwrap();
+    let g = d.path().join("hf.safetensors");
+    std::fs::write(&g, &bytes[..bytes.len() / 2]).unwrap();
+    let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
+    expect_exit2(&["run", &s.display().to_string()], &[&g.display().to_string(), "not a valid safetensors file"]);
+}
+
+#[test]
+fn truncated_model_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("model");
+    std::fs::create_dir(&m).unwrap();
+    for e in std::fs::read_dir(model_dir()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), m.join(e.file_name())).unwrap();
+    }
+    let w = m.join("model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() - 1000]).unwrap();
+    let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
+    expect_exit2(&["run", &s.display().to_string()], &[&w.display().to_string()]);
+}
+
+#[test]
+fn nan_in_golden() {
+    let d = tempfile::tempdir().unwrap();
+    let g = d.path().join("hf.safetensors");
+    altered_golden(&g, |t| t.get_mut("decode1/blk.0.v").unwrap().data_mut()[3] = f32::NAN);
+    let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
+    expect_exit2(&["run", &s.display().to_string()], &[&g.display().to_string(), "decode1/blk.0.v", "NaN"]);
+}
+
+#[test]
+fn golden_of_the_wrong_shape_fails_the_check_with_both_shapes() {
+    let d = tempfile::tempdir().unwrap();
+    let g = d.path().join("hf.safetensors");
+    altered_golden(&g, |t| {
+        let old = t.remove("prefill/blk.1.ffn_up").unwrap();
+        let (rows, cols) = (old.shape()[0], old.shape()[1]);
+        let data = old.data()[..(rows - 1) * cols].to_vec();
+        t.insert("prefill/blk.1.ffn_up".into(), touchstone::tensor::Tensor::new(vec![rows - 1, cols], data));
+    });
+    let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
+    let o = touchstone(&["run", &s.display().to_string(), "--only", "prefill/blk.1.ffn_up::golden"]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(o.stdout.contains("shape mismatch"), "{}", o.stdout);
+    assert!(o.stdout.contains("[7, 128]") || o.stdout.contains("128]"), "{}", o.stdout);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let o = touchstone(&["run", "--engine", "tpu"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    let o = touchstone(&["frobnicate"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    let o = touchstone(&["run", "--only", "no-such-check-id"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("touchstone list"), "{}", o.stderr);
+}
+
+#[test]
+fn inspect_bad_files() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "x.safetensors", "garbage");
+    expect_exit2(&["inspect", &p.display().to_string()], &[&p.display().to_string()]);
+    let p = write(d.path(), "x.npy", "\u{93}NUMPY garbage");
+    expect_exit2(&["inspect", &p.display().to_string()], &[&p.display().to_string()]);
+    let p = write(d.path(), "x.bin", "");
+    expect_exit2(&["inspect", &p.display().to_string()], &["unknown tensor file type"]);
+}

@@ -1,0 +1,77 @@
+//! Helpers shared by the integration tests: run the binary, make a scratch copy
+//! of the default spec pointing at (possibly altered) goldens.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use touchstone::tensor::Tensor;
+use touchstone::tensor_io::{read_safetensors, write_safetensors};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn model_dir() -> PathBuf {
+    root().join("goldens/qwen2-tiny/model")
+}
+
+pub fn hf_golden() -> PathBuf {
+    root().join("goldens/qwen2-tiny/hf.safetensors")
+}
+
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs the touchstone binary; asserts it never panicked, whatever the input.
+pub fn touchstone(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_touchstone"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("the touchstone binary runs");
+    let o = Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!o.all().contains("panicked"), "touchstone panicked:\n{}", o.all());
+    o
+}
+
+/// The default spec's text with its model and golden replaced by absolute paths.
+pub fn spec_text(model: &Path, golden: &Path) -> String {
+    let text = std::fs::read_to_string(root().join("specs/qwen2-tiny.yaml")).unwrap();
+    assert!(text.contains("../goldens/qwen2-tiny/model") && text.contains("../goldens/qwen2-tiny/hf.safetensors"));
+    text.replace("../goldens/qwen2-tiny/model", &model.display().to_string())
+        .replace("../goldens/qwen2-tiny/hf.safetensors", &golden.display().to_string())
+}
+
+/// Writes `text` as `name` in `dir` and returns its path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Copies the HF golden to `dst`, letting `edit` change float tensors by key.
+pub fn altered_golden(dst: &Path, mut edit: impl FnMut(&mut BTreeMap<String, Tensor>)) {
+    let f = read_safetensors(&hf_golden()).unwrap();
+    let mut floats = f.floats;
+    edit(&mut floats);
+    write_safetensors(dst, &floats, &f.ints, &f.metadata).unwrap();
+}
+
+pub fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
