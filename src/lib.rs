@@ -5,6 +5,7 @@
 //! checked against invariants and golden tensors; outcomes go to a report.
 
 pub mod checks;
+pub mod compare;
 pub mod engine;
 pub mod error;
 pub mod model;
