@@ -6,6 +6,7 @@
 
 pub mod checks;
 pub mod cli;
+pub mod compare;
 pub mod engine;
 pub mod error;
 pub mod golden;

@@ -1,1 +1,379 @@
-//! placeholder
+//! Invariants: properties a single capture must have whatever the reference
+//! says (finite values, the declared shape, softmax rows that are
+//! distributions, causal zeros, RoPE as a norm-preserving rotation). They need
+//! no golden, so they catch the classic hand-written-engine bugs ("do the
+//! attention weights sum to 1?", "did RoPE change Q?") even before goldens
+//! exist, and they localise a bug that a golden diff only shows downstream.
+//!
+//! Every function is pure and returns a `Verdict` whose message says where
+//! (multi-index) and which values, so a failure can be acted on without a debugger.
+
+use crate::checks::Verdict;
+use crate::compare::sci;
+use crate::tensor::Tensor;
+
+/// Row-major multi-index of `flat` within `shape` (for row indices of a prefix shape).
+fn unravel(shape: &[usize], mut flat: usize) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for (d, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[d] = flat % n;
+            flat /= n;
+        }
+    }
+    idx
+}
+
+/// Positions for messages: a prefill's `0..=511` rather than 512 numbers.
+fn describe_positions(p: &[usize]) -> String {
+    match p {
+        [] => "[]".into(),
+        [one] => format!("[{one}]"),
+        _ if p.windows(2).all(|w| w[1] == w[0] + 1) => format!("{}..={}", p[0], p[p.len() - 1]),
+        _ if p.len() <= 8 => format!("{p:?}"),
+        _ => format!("{:?}... ({} rows)", &p[..8], p.len()),
+    }
+}
+
+/// No NaN and no ±Inf. Counts each kind and names the first offender.
+pub fn finite(t: &Tensor) -> Verdict {
+    let (mut nan, mut pos_inf, mut neg_inf, mut first) = (0usize, 0usize, 0usize, None);
+    for (i, &x) in t.data().iter().enumerate() {
+        if x.is_finite() {
+            continue;
+        }
+        if x.is_nan() {
+            nan += 1;
+        } else if x > 0.0 {
+            pos_inf += 1;
+        } else {
+            neg_inf += 1;
+        }
+        first.get_or_insert((i, x));
+    }
+    let bad = nan + pos_inf + neg_inf;
+    let v = match first {
+        None => Verdict::pass(format!("all {} values finite", t.numel())),
+        Some((i, x)) => Verdict::fail(format!(
+            "{bad} of {} values non-finite ({nan} NaN, {pos_inf} +Inf, {neg_inf} -Inf); first at index {:?} ({x})",
+            t.numel(),
+            t.unravel(i)
+        )),
+    };
+    v.metric("non_finite", bad as f64)
+        .metric("nan", nan as f64)
+        .metric("pos_inf", pos_inf as f64)
+        .metric("neg_inf", neg_inf as f64)
+}
+
+/// The capture has exactly the shape the stage table promises.
+pub fn shape(t: &Tensor, expected: &[usize]) -> Verdict {
+    let v = if t.shape() == expected {
+        Verdict::pass(format!("shape {expected:?}"))
+    } else {
+        Verdict::fail(format!("shape mismatch: actual {:?} vs expected {expected:?}", t.shape()))
+    };
+    v.metric("rank", t.shape().len() as f64)
+}
+
+/// Every row over the last dim is a distribution: finite entries in [0, 1] and
+/// |Σ - 1| <= tol. The upper bound is 1 + tol, not 1: engines that multiply by
+/// a reciprocal (`e * (1/s)`) legitimately give 1 + 1 ulp for a one-hot row,
+/// such as the first row of causal attention. Negative values have no such
+/// excuse (exp is never negative), so 0 is a hard bound.
+pub fn softmax_rows(probs: &Tensor, tol: f64) -> Verdict {
+    let shape = probs.shape();
+    let Some((&n, lead)) = shape.split_last() else {
+        return Verdict::fail("softmax_rows: a scalar (shape []) has no rows");
+    };
+    let rows: usize = lead.iter().product();
+    if rows == 0 {
+        return Verdict::skip(format!("softmax_rows: no rows to check (shape {shape:?})"));
+    }
+    if n == 0 {
+        return Verdict::fail(format!("softmax_rows: rows are empty (shape {shape:?}); an empty row cannot sum to 1"));
+    }
+    let (mut bad_rows, mut out_of_range, mut first_oor) = (0usize, 0usize, None);
+    let mut worst = (f64::NEG_INFINITY, 0usize, 0.0f64); // (|Σ-1|, row, Σ); ties keep the lowest row
+    for (r, row) in probs.data().chunks(n).enumerate() {
+        let mut sum = 0.0f64;
+        let mut ok = true;
+        for (j, &p) in row.iter().enumerate() {
+            sum += p as f64;
+            // Written so that NaN fails too.
+            if !(p >= 0.0 && (p as f64) <= 1.0 + tol) {
+                out_of_range += 1;
+                ok = false;
+                first_oor.get_or_insert((r * n + j, p));
+            }
+        }
+        let err = (sum - 1.0).abs();
+        let err = if err.is_nan() { f64::INFINITY } else { err };
+        ok &= err <= tol;
+        bad_rows += !ok as usize;
+        if err > worst.0 {
+            worst = (err, r, sum);
+        }
+    }
+    let (max_err, worst_row, worst_sum) = worst;
+    let v = if bad_rows == 0 {
+        Verdict::pass(format!(
+            "all {rows} rows of {n} sum to 1 within {} (tol {tol:e}); entries in [0, 1]",
+            sci(max_err)
+        ))
+    } else {
+        let mut msg = format!(
+            "{bad_rows} of {rows} rows are not distributions (tol {tol:e}): worst row {:?} sums to {} (|Σ-1| = {})",
+            unravel(lead, worst_row),
+            worst_sum as f32, // f32 digits: the f64 tail is only the inputs' rounding
+            sci(max_err)
+        );
+        if let Some((i, p)) = first_oor {
+            msg += &format!(
+                "; {out_of_range} entries outside [0, 1], first at index {:?}: {p}",
+                probs.unravel(i)
+            );
+        }
+        Verdict::fail(msg)
+    };
+    v.metric("rows", rows as f64)
+        .metric("bad_rows", bad_rows as f64)
+        .metric("max_row_err", max_err)
+        .metric("out_of_range", out_of_range as f64)
+}
+
+/// Attention probabilities [H, T, S] put exactly 0 on the future: entry
+/// (h, t, s) with s > positions[t] (the query row's absolute position). Exactly
+/// 0, not "small": a masked logit is -inf and exp(-inf) is 0 in every format, so
+/// anything else means the mask is missing or misplaced.
+pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
+    let &[h, t, s] = probs.shape() else {
+        return Verdict::fail(format!(
+            "causal: attention probabilities must be [H, T, S], got shape {:?}",
+            probs.shape()
+        ));
+    };
+    if positions.len() != t {
+        return Verdict::fail(format!(
+            "causal: {} positions given for T = {t} query rows (shape {:?})",
+            positions.len(),
+            probs.shape()
+        ));
+    }
+    if let Some((row, &p)) = positions.iter().enumerate().find(|(_, &p)| p >= s) {
+        return Verdict::fail(format!(
+            "causal: query row {row} is at position {p}, outside the S = {s} cache positions (shape {:?})",
+            probs.shape()
+        ));
+    }
+    let future = h * positions.iter().map(|&p| s - 1 - p).sum::<usize>();
+    let where_ = format!("positions {}, S = {s}", describe_positions(positions));
+    if future == 0 {
+        // Honest about vacuity: a decode row sees the whole cache, nothing to test.
+        return Verdict::skip(format!(
+            "causal: not applicable: every query row is at the last cache position ({where_}), so no entry is in the future"
+        ))
+        .metric("future_entries", 0.0);
+    }
+    let data = probs.data();
+    let (mut nonzero, mut next_only, mut first, mut max_abs) = (0usize, 0usize, None, 0.0f32);
+    for hh in 0..h {
+        for (tt, &p) in positions.iter().enumerate() {
+            let row = &data[(hh * t + tt) * s..][..s];
+            for (ss, &x) in row.iter().enumerate().skip(p + 1) {
+                if x != 0.0 {
+                    nonzero += 1;
+                    next_only += (ss == p + 1) as usize;
+                    first.get_or_insert((hh, tt, ss, x, p));
+                    max_abs = max_abs.max(x.abs());
+                }
+            }
+        }
+    }
+    let v = match first {
+        None => Verdict::pass(format!(
+            "all {future} future entries are exactly 0 over {h} heads x {t} rows ({where_})"
+        )),
+        Some((hh, tt, ss, x, p)) => {
+            let mut msg = format!(
+                "{nonzero} of {future} future entries are not 0 ({where_}); first at [h, t, s] = [{hh}, {tt}, {ss}] \
+                 (query row {tt} is at position {p}): {x}; largest |prob| {max_abs}"
+            );
+            if next_only == nonzero {
+                msg += "; all offenders are at s = position + 1: is the mask off by one?";
+            }
+            Verdict::fail(msg)
+        }
+    };
+    v.metric("future_entries", future as f64)
+        .metric("future_nonzero", nonzero as f64)
+        .metric("future_max_abs", max_abs as f64)
+}
+
+/// How a head's D dims are paired for rotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeStyle {
+    /// GPT-NeoX / HF "rotate_half": pairs (j, j + D/2).
+    Neox,
+    /// GPT-J / llama.cpp "normal" mode: pairs (2j, 2j + 1).
+    Interleaved,
+}
+
+impl RopeStyle {
+    fn pair(self, j: usize, d: usize) -> (usize, usize) {
+        match self {
+            RopeStyle::Neox => (j, j + d / 2),
+            RopeStyle::Interleaved => (2 * j, 2 * j + 1),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            RopeStyle::Neox => "neox",
+            RopeStyle::Interleaved => "interleaved",
+        }
+    }
+}
+
+/// RoPE is a rotation of each dim pair by position·θ_j. Without knowing θ (base,
+/// scaling) we can still demand what every rotation satisfies: (1) at position
+/// 0 it is the identity; (2) at positions > 0 it changes the vector (catches
+/// "RoPE not applied"); (3) it preserves every pair's norm, which also catches
+/// the wrong pairing (Neox vs interleaved) and scaling bugs.
+/// `input`/`output` are [T, N, D]; positions[t] is the absolute position of row t.
+pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64) -> Verdict {
+    if input.shape() != output.shape() {
+        return Verdict::fail(format!(
+            "rope: input shape {:?} vs output shape {:?}: both must be the same [T, N, D]",
+            input.shape(),
+            output.shape()
+        ));
+    }
+    let &[t, n, d] = input.shape() else {
+        return Verdict::fail(format!("rope: expected [T, N, D], got shape {:?}", input.shape()));
+    };
+    if d % 2 != 0 {
+        return Verdict::fail(format!("rope: head dim D = {d} is odd; RoPE rotates pairs of dims"));
+    }
+    if positions.len() != t {
+        return Verdict::fail(format!("rope: {} positions given for T = {t} rows", positions.len()));
+    }
+    for (name, x) in [("input", input), ("output", output)] {
+        if let Some(i) = x.data().iter().position(|v| !v.is_finite()) {
+            return Verdict::fail(format!(
+                "rope: {name} has non-finite value {} at index {:?}; rotation properties need finite values",
+                x.data()[i],
+                x.unravel(i)
+            ));
+        }
+    }
+    let (a, b) = (input.data(), output.data());
+    let pair_text = |tt: usize, hh: usize, j: usize| {
+        let (i0, i1) = style.pair(j, d);
+        let base = (tt * n + hh) * d;
+        format!(
+            "[t, head, pair] = [{tt}, {hh}, {j}] (dims {i0}, {i1}, position {}): input ({}, {}) output ({}, {})",
+            positions[tt], a[base + i0], a[base + i1], b[base + i0], b[base + i1]
+        )
+    };
+    let (mut pos0_rows, mut id_bad, mut id_max, mut id_first) = (0usize, 0usize, 0.0f64, None);
+    let (mut checked, mut unrotated, mut skipped, mut unrot_first) = (0usize, 0usize, 0usize, None);
+    let (mut norm_bad, mut norm_max, mut norm_first) = (0usize, 0.0f64, None);
+    for (tt, &p) in positions.iter().enumerate() {
+        pos0_rows += (p == 0) as usize;
+        for hh in 0..n {
+            let base = (tt * n + hh) * d;
+            let (mut vec_diff, mut all_zero) = (0.0f64, true);
+            for j in 0..d / 2 {
+                let (i0, i1) = style.pair(j, d);
+                let (x0, x1) = (a[base + i0] as f64, a[base + i1] as f64);
+                let (y0, y1) = (b[base + i0] as f64, b[base + i1] as f64);
+                let (nin, nout) = (x0.hypot(x1), y0.hypot(y1));
+                let err = (nout - nin).abs() / nin.max(1.0);
+                norm_max = norm_max.max(err);
+                if err > tol {
+                    norm_bad += 1;
+                    norm_first.get_or_insert((tt, hh, j, nin, nout));
+                }
+                all_zero &= nin <= tol;
+                let diff = (y0 - x0).abs().max((y1 - x1).abs());
+                vec_diff = vec_diff.max(diff);
+                if p == 0 && diff > tol {
+                    id_bad += 1;
+                    id_first.get_or_insert((tt, hh, j));
+                }
+            }
+            if p == 0 {
+                id_max = id_max.max(vec_diff);
+            } else if all_zero {
+                skipped += 1; // a ~0 vector rotates to ~0: nothing observable
+            } else {
+                checked += 1;
+                if vec_diff <= tol {
+                    unrotated += 1;
+                    unrot_first.get_or_insert((tt, hh, vec_diff));
+                }
+            }
+        }
+    }
+
+    let mut failures = Vec::new();
+    if let Some((tt, hh, j)) = id_first {
+        failures.push(format!(
+            "(1) not the identity at position 0: {id_bad} pairs differ by more than tol (max |Δ| {}); first {}",
+            sci(id_max),
+            pair_text(tt, hh, j)
+        ));
+    }
+    if let Some((tt, hh, diff)) = unrot_first {
+        failures.push(format!(
+            "(2) not rotated: {unrotated} of {checked} vectors at positions > 0 equal their input within tol; \
+             first [t, head] = [{tt}, {hh}] at position {} (max |Δ| {}); e.g. {}",
+            positions[tt],
+            sci(diff),
+            pair_text(tt, hh, 0)
+        ));
+    }
+    if let Some((tt, hh, j, nin, nout)) = norm_first {
+        failures.push(format!(
+            "(3) pair norm not preserved: {norm_bad} pairs (max relative change {}); first {} \
+             has norm {nin:.6} -> {nout:.6}{}",
+            sci(norm_max),
+            pair_text(tt, hh, j),
+            if id_bad == 0 && unrotated == 0 { "; wrong pairing (neox vs interleaved) or a scaled output?" } else { "" }
+        ));
+    }
+    let identity = if pos0_rows == 0 {
+        "(1) identity at position 0: not applicable, no row at position 0 (decode step)".to_string()
+    } else {
+        format!("(1) identity at position 0: max |Δ| {} over {pos0_rows} rows", sci(id_max))
+    };
+    let head = format!("rope ({}) on {:?}, positions {}, tol {tol:e}", style.name(), input.shape(), describe_positions(positions));
+    let v = if failures.is_empty() {
+        let rotated = if checked == 0 {
+            format!("(2) no nonzero vector at a position > 0 to check ({skipped} skipped as ~0)")
+        } else {
+            format!("(2) all {checked} vectors at positions > 0 rotated ({skipped} skipped as ~0)")
+        };
+        Verdict::pass(format!(
+            "{head}: {identity}; {rotated}; (3) pair norms preserved within {} relative",
+            sci(norm_max)
+        ))
+    } else {
+        if pos0_rows == 0 {
+            failures.push(identity);
+        }
+        Verdict::fail(format!("{head}:\n{}", failures.join("\n")))
+    };
+    v.metric("pos0_rows", pos0_rows as f64)
+        .metric("pos0_max_abs", id_max)
+        .metric("identity_violations", id_bad as f64)
+        .metric("rotated_checked", checked as f64)
+        .metric("unrotated", unrotated as f64)
+        .metric("skipped_zero", skipped as f64)
+        .metric("norm_violations", norm_bad as f64)
+        .metric("max_norm_err", norm_max)
+}
+
+#[cfg(test)]
+mod tests;
