@@ -133,6 +133,11 @@ impl Plan {
         for step in Step::sequence(decode_steps) {
             for (stage, list) in &per_stage {
                 for (id, kind) in list {
+                    // A single-token step has no future positions: `causal` would
+                    // check nothing there, so it is not planned (never a vacuous pass).
+                    if *kind == StageCheckKind::Causal && step != Step::Prefill {
+                        continue;
+                    }
                     checks.push(CheckInstance {
                         id: format!("{step}/{stage}::{id}"),
                         target: Target::Stage { step, stage: *stage },

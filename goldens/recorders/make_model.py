@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Build the tiny random-weight Qwen2 model the goldens are recorded from.
+
+usage: make_model.py OUT_DIR [--initializer-range R]
+
+Writes a complete HF model folder into OUT_DIR: config.json,
+generation_config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json. Everything is built offline and deterministically:
+the same pinned packages (requirements.txt) give byte-identical files.
+
+Architecture: Qwen2, hidden 64, FFN 128, 2 layers, 4 query heads sharing
+2 KV heads (GQA group of 2), head_dim 16, vocab 512, untied LM head, QKV
+biases, RMSNorm eps 1e-6, RoPE theta 10000, float32. Small enough that the
+model and its goldens stay well under 2 MB, yet every code path a real Qwen2
+takes (GQA, biases, untied head, NEOX RoPE) is exercised.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+# Never reach the Hub: everything here is built locally, and a network lookup
+# could only make the result depend on something outside the repository.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 512
+
+# Seeds, recorded in the goldens' provenance (record_hf.py imports SEEDS).
+# WEIGHT_SEED drives HF's own initialisation of every weight matrix;
+# BIAS_NORM_SEED drives a separate generator for biases and norm weights, so
+# changing how those are randomised never shifts the weight matrices.
+WEIGHT_SEED = 0
+BIAS_NORM_SEED = 1
+SEEDS = {"weights": WEIGHT_SEED, "biases_and_norms": BIAS_NORM_SEED}
+
+# Std of HF's normal initialisation of every Linear and the embedding.
+# Chosen by measurement: record_hf.py prints attention statistics, and the
+# sweep over 0.02 .. 0.3 is in README.md. Each attention row is compared with
+# its own uniform value 1/n_keys (causal row t sees t+1 keys; comparing with
+# 1/S instead flatters: HF's default 0.02 then "scores" 3.3x while being
+# uniform to within 4%). Default prompt (14 tokens) + 3 decode steps, mean of
+# row max x n_keys over prefill rows / decode rows:
+#   0.02 (HF default): 1.04x / 1.05x, normalised entropy 1.00: flat, so a
+#        broken mask, scale or softmax would barely move the goldens.
+#   0.10 (the lab's value): 1.9x / 2.3x, entropy 0.93 / 0.95: still mild.
+#   0.15 (chosen): 3.6x / 4.8x (medians 3.1x / 4.5x), entropy 0.72 / 0.79,
+#        3 of 128 rows with max > 0.9; |logits| <= 4.8 and finite; KV cache
+#        vs full recompute 4.1e-6.
+#   0.20: 4.9x / 8.7x but 25 of 128 rows above 0.9 (up to 0.996): near
+#        one-hot rows hide errors in all the other scores of the row.
+# 0.15 is clearly non-uniform (>= 3x) yet stays away from saturation.
+INITIALIZER_RANGE = 0.15
+
+# Byte-level BPE with exactly Qwen2's pre-tokenizer regex. This is the
+# pipeline transformers' Qwen2 tokenizer uses and llama.cpp calls "qwen2",
+# so HF, tokenizer.json readers and llama.cpp all tokenize identically.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# A few KB of text written for this purpose: no downloads, and the corpus is
+# part of the source so the trained merges are reproducible.
+CORPUS_LINES = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "A tiny model with random weights is still a deterministic function.",
+    "Golden tensors let an inference engine check every stage of a forward pass.",
+    "Embedding, normalization, attention, feed forward, and logits are compared in order.",
+    "Rotary position embeddings rotate pairs of query and key features by an angle.",
+    "The key value cache keeps past keys and values so decoding is incremental.",
+    "Softmax turns attention scores into probabilities that sum to one.",
+    "Residual connections add the sublayer output back to the stream.",
+    "RMS normalization divides by the root mean square and scales by a weight.",
+    "SiLU gates the up projection before the down projection in the MLP.",
+    "Rust code reads safetensors files and compares them with a tolerance.",
+    "Numbers like 0 1 2 3 4 5 6 7 8 9 10 42 100 1024 appear in text too.",
+    "Punctuation: commas, periods. Questions? Exclamations! Colons: and semicolons;",
+    "def forward(self, x): return self.down(self.act(self.gate(x)) * self.up(x))",
+    "fn main() { let x = vec![1, 2, 3]; println!(\"{:?}\", x); }",
+    "Hello world! Hello model! Hello tokenizer! Hello golden file!",
+    "In the beginning there was a seed, and the seed was zero.",
+    "Every layer reads the residual stream and writes an update to it.",
+    "Grouped query attention shares each key value head among several query heads.",
+    "Prefill processes the whole prompt; decode processes one token at a time.",
+]
+
+
+def corpus():
+    """~5 KB: the lines above four times, alternately lower-cased so that the
+    merges cover both cases."""
+    out = []
+    for i in range(4):
+        for j, line in enumerate(CORPUS_LINES):
+            out.append(line if (i + j) % 2 == 0 else line.lower())
+    return out
+
+
+def build_tokenizer():
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        # All 256 byte symbols, so any input text is encodable without <unk>.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    return tok
+
+
+def build_config(eos_id, initializer_range):
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        # transformers 5 keeps RoPE settings in `rope_parameters` (config.json
+        # gets `rope_parameters.rope_theta`, not a top-level `rope_theta`).
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=initializer_range,
+        # transformers 5 renamed `torch_dtype` to `dtype`.
+        dtype="float32",
+    )
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--initializer-range", type=float, default=INITIALIZER_RANGE,
+                    help="for the attention sweep only; the committed model uses the default")
+    args = ap.parse_args()
+    out = args.out_dir
+    os.makedirs(out, exist_ok=True)
+
+    # Initialisation draws from the CPU generator only, but pin threads and
+    # algorithms anyway so nothing in the build can depend on the machine.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.utils.logging.disable_progress_bar()
+
+    tok = build_tokenizer()
+    n = tok.get_vocab_size()
+    assert n <= VOCAB, f"tokenizer has {n} entries, more than the model's vocab {VOCAB}"
+    eos_id = tok.token_to_id("<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=256,
+    )
+    fast.save_pretrained(out)
+
+    cfg = build_config(eos_id, args.initializer_range)
+    torch.manual_seed(WEIGHT_SEED)
+    model = Qwen2ForCausalLM(cfg).to(torch.float32).eval()
+    # HF initialises biases to 0 and norm weights to 1, which would let an
+    # engine that forgets the bias add or the norm scale pass. Randomise them
+    # (small, so the model stays well behaved) with their own generator.
+    g = torch.Generator().manual_seed(BIAS_NORM_SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # fixed module order
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif "norm" in name:
+                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
+    # Guard the assumptions the goldens rely on.
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr(), "LM head must be untied"
+    assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
+    model.save_pretrained(out, safe_serialization=True)
+
+    files = sorted(os.listdir(out))
+    print(json.dumps({
+        "out": out,
+        "files": files,
+        "tokenizer_vocab": n,
+        "initializer_range": args.initializer_range,
+        "model_sha256": sha256(os.path.join(out, "model.safetensors")),
+        "tokenizer_sha256": sha256(os.path.join(out, "tokenizer.json")),
+        "config_sha256": sha256(os.path.join(out, "config.json")),
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
