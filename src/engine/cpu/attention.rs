@@ -1,0 +1,230 @@
+//! Causal grouped-query attention of one step's queries over the KV cache, as
+//! HF's eager attention computes it: `softmax(q·kᵀ · D^-0.5 + causal_mask) · v`
+//! with the softmax in f32 (max subtracted, then multiplied by 1/sum like
+//! torch's CPU kernel). Heads run in parallel on rayon; each head's arithmetic
+//! is independent of the others, so results are bitwise deterministic.
+
+use matrixmultiply::sgemm;
+use rayon::prelude::*;
+
+/// Head counts and widths of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// The KV head query head `h` reads (HF's `repeat_kv`: consecutive groups
+    /// of H/KV query heads share one KV head).
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+}
+
+/// Attention results of one step.
+pub struct Attended {
+    /// `[T, H·D]`: probs·V, the input of the output projection.
+    pub ctx: Vec<f32>,
+    /// `[H, T, S]`: the softmax (the working buffer itself, so capturing it is
+    /// a move, not a copy).
+    pub probs: Vec<f32>,
+}
+
+/// Attends `q` (`[T, H, D]`, after RoPE, rows at positions `pos0..pos0+T`) over
+/// `keys`/`values` (`[S, KV, D]`, S ≥ pos0+T, keys after RoPE). Key j is visible
+/// to query row t iff j ≤ pos0 + t; masked probabilities are exactly 0.
+pub fn attend(
+    q: &[f32],
+    t: usize,
+    pos0: usize,
+    keys: &[f32],
+    values: &[f32],
+    shape: AttnShape,
+) -> Attended {
+    let AttnShape {
+        heads,
+        kv_heads,
+        head_dim: d,
+    } = shape;
+    let kv_row = kv_heads * d;
+    let s = keys.len() / kv_row;
+    assert_eq!(q.len(), t * heads * d, "attend: q is not [T,H,D]");
+    assert_eq!(
+        values.len(),
+        keys.len(),
+        "attend: keys and values differ in length"
+    );
+    assert!(pos0 + t <= s, "attend: queries past the cache");
+    // HF's `scaling = head_dim ** -0.5`, a Python float rounded to f32 when it
+    // multiplies the f32 scores.
+    let scale = (d as f64).powf(-0.5) as f32;
+
+    let mut probs = vec![0.0f32; heads * t * s];
+    let mut ctx_heads = vec![0.0f32; heads * t * d];
+    probs
+        .par_chunks_mut(t * s)
+        .zip(ctx_heads.par_chunks_mut(t * d))
+        .enumerate()
+        .for_each(|(h, (p, c))| {
+            let kvh = shape.kv_head(h);
+            // SAFETY (both calls): pointers and strides stay inside q
+            // ([T,H,D]), keys/values ([S,KV,D]), p ([T,S]) and c ([T,D]),
+            // whose lengths are asserted above.
+            unsafe {
+                // scores[T,S] = q_h[T,D] · k_hᵀ[D,S]
+                sgemm(
+                    t,
+                    d,
+                    s,
+                    1.0,
+                    q.as_ptr().add(h * d),
+                    (heads * d) as isize,
+                    1,
+                    keys.as_ptr().add(kvh * d),
+                    1,
+                    kv_row as isize,
+                    0.0,
+                    p.as_mut_ptr(),
+                    s as isize,
+                    1,
+                );
+            }
+            for (row_i, row) in p.chunks_exact_mut(s).enumerate() {
+                softmax_causal(row, pos0 + row_i + 1, scale);
+            }
+            unsafe {
+                // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
+                sgemm(
+                    t,
+                    s,
+                    d,
+                    1.0,
+                    p.as_ptr(),
+                    s as isize,
+                    1,
+                    values.as_ptr().add(kvh * d),
+                    kv_row as isize,
+                    1,
+                    0.0,
+                    c.as_mut_ptr(),
+                    d as isize,
+                    1,
+                );
+            }
+        });
+
+    // [H, T, D] -> [T, H·D]
+    let mut ctx = vec![0.0f32; t * heads * d];
+    for h in 0..heads {
+        for r in 0..t {
+            ctx[(r * heads + h) * d..][..d].copy_from_slice(&ctx_heads[(h * t + r) * d..][..d]);
+        }
+    }
+    Attended { ctx, probs }
+}
+
+/// Scales raw scores, masks everything from `visible` on, and applies an f32
+/// softmax over the visible prefix in place, in torch's order: max, exp(x−max),
+/// sum, multiply by 1/sum. Masked entries become exactly 0, as exp(−inf) does
+/// in HF (its mask adds f32::MIN).
+fn softmax_causal(row: &mut [f32], visible: usize, scale: f32) {
+    let (live, masked) = row.split_at_mut(visible.min(row.len()));
+    masked.fill(0.0);
+    let mut max = f32::NEG_INFINITY;
+    for x in live.iter_mut() {
+        *x *= scale;
+        max = max.max(*x);
+    }
+    let mut sum = 0.0f32;
+    for x in live.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    for x in live.iter_mut() {
+        *x *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i + seed) * 2654435761usize % 1000) as f32 / 500.0) - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn probs_rows_sum_to_one_and_future_is_exactly_zero() {
+        let shape = AttnShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let (t, s) = (5, 5);
+        let q = data(t * 4 * 8, 1);
+        let k = data(s * 2 * 8, 2);
+        let v = data(s * 2 * 8, 3);
+        let a = attend(&q, t, 0, &k, &v, shape);
+        assert_eq!(a.probs.len(), 4 * t * s);
+        for h in 0..4 {
+            for r in 0..t {
+                let row = &a.probs[(h * t + r) * s..][..s];
+                let sum: f32 = row.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-6, "head {h} row {r} sums to {sum}");
+                assert!(row[..=r].iter().all(|&p| p > 0.0));
+                assert!(
+                    row[r + 1..].iter().all(|&p| p == 0.0),
+                    "row {r} sees the future"
+                );
+            }
+        }
+        // Row 0 sees only key 0: its context is exactly v[0] of its KV head.
+        assert_eq!(&a.ctx[..8], &v[..8]);
+    }
+
+    #[test]
+    fn gqa_maps_query_heads_to_their_group() {
+        let shape = AttnShape {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 4,
+        };
+        assert_eq!(
+            (0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 1, 1]
+        );
+        // One query row at position 0 sees only key 0, so query head h's
+        // context must equal the value of its KV head.
+        let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let a = attend(&data(24, 4), 1, 0, &data(8, 5), &v, shape);
+        for h in 0..6 {
+            let kvh = shape.kv_head(h);
+            assert_eq!(
+                &a.ctx[h * 4..h * 4 + 4],
+                &v[kvh * 4..kvh * 4 + 4],
+                "head {h}"
+            );
+        }
+    }
+
+    #[test]
+    fn decode_row_equals_last_prefill_row() {
+        let shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let (t, s) = (3, 3);
+        let q = data(t * 8, 6);
+        let (k, v) = (data(s * 4, 7), data(s * 4, 8));
+        let full = attend(&q, t, 0, &k, &v, shape);
+        let last = attend(&q[2 * 8..], 1, 2, &k, &v, shape);
+        assert_eq!(&last.ctx[..], &full.ctx[2 * 8..]);
+        assert_eq!(&last.probs[..s], &full.probs[2 * s..3 * s]);
+    }
+}

@@ -1,0 +1,128 @@
+//! One forward pass (a prefill or a decode step) of the Llama/Qwen2 decoder,
+//! written as straight-line code in the canonical stage order so that each tap
+//! sits exactly where DESIGN.md's stage table says it is. Tapping goes through
+//! `Tap`, which asks the `TapSet` before copying anything: an untapped run pays
+//! for no copies, and the final norm and LM head run on the last row only.
+
+use crate::engine::{Captures, TapSet};
+use crate::stage::{BlockStage as B, Stage, Step};
+use crate::tensor::Tensor;
+
+use super::attention::{attend, AttnShape};
+use super::kv_cache::KvCache;
+use super::layers::ModelWeights;
+use super::ops::{add, matmul_wt, rmsnorm, silu_mul, Rope};
+use crate::model::ModelConfig;
+
+/// Where a step's tapped tensors go.
+pub struct Tap<'a> {
+    pub taps: &'a TapSet,
+    pub step: Step,
+    pub caps: &'a mut Captures,
+}
+
+impl Tap<'_> {
+    fn wants(&self, s: Stage) -> bool {
+        self.taps.contains(s)
+    }
+    /// Captures a copy of `data` if `s` is tapped.
+    fn copy(&mut self, s: Stage, shape: &[usize], data: &[f32]) {
+        if self.wants(s) {
+            self.caps
+                .insert(self.step, s, Tensor::new(shape.to_vec(), data.to_vec()));
+        }
+    }
+    /// Captures `data` itself (no copy) if `s` is tapped.
+    fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
+        if self.wants(s) {
+            self.caps
+                .insert(self.step, s, Tensor::new(shape.to_vec(), data));
+        }
+    }
+}
+
+/// Runs `tokens` (already checked < vocab) at positions `pos0..pos0+T`,
+/// appending their keys and values to `cache` (which must hold exactly `pos0`
+/// positions). Returns the last row's logits.
+pub fn forward(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    rope: &Rope,
+    tokens: &[u32],
+    pos0: usize,
+    cache: &mut KvCache,
+    tap: &mut Tap,
+) -> Vec<f32> {
+    let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
+    let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
+    let shape = AttnShape {
+        heads: h,
+        kv_heads: kv,
+        head_dim: d,
+    };
+    debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
+    let positions: Vec<usize> = (pos0..pos0 + t).collect();
+
+    let mut x = Vec::with_capacity(t * e);
+    for &tok in tokens {
+        x.extend_from_slice(&w.embed[tok as usize * e..][..e]);
+    }
+    tap.copy(Stage::Embed, &[t, e], &x);
+
+    for (l, b) in w.blocks.iter().enumerate() {
+        let st = |s: B| Stage::Block(l, s);
+        let hn = rmsnorm(&x, e, &b.attn_norm, cfg.rms_eps);
+        tap.copy(st(B::AttnNorm), &[t, e], &hn);
+
+        let mut q = b.q.forward(&hn, t);
+        let mut k = b.k.forward(&hn, t);
+        let vv = b.v.forward(&hn, t);
+        tap.copy(st(B::Q), &[t, h, d], &q);
+        tap.copy(st(B::K), &[t, kv, d], &k);
+        tap.copy(st(B::V), &[t, kv, d], &vv);
+        rope.apply(&mut q, h, &positions);
+        rope.apply(&mut k, kv, &positions);
+        tap.copy(st(B::QRope), &[t, h, d], &q);
+        tap.copy(st(B::KRope), &[t, kv, d], &k);
+
+        let lc = &mut cache.layers[l];
+        lc.append(&k, &vv);
+        let s = lc.len();
+        let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape);
+        tap.keep(st(B::AttnProbs), &[h, t, s], att.probs);
+        tap.copy(st(B::AttnCtx), &[t, h * d], &att.ctx);
+        let attn_out = b.o.forward(&att.ctx, t);
+        tap.copy(st(B::AttnOut), &[t, e], &attn_out);
+
+        let ffn_inp = add(&x, &attn_out);
+        tap.copy(st(B::FfnInp), &[t, e], &ffn_inp);
+        let hn = rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps);
+        tap.copy(st(B::FfnNorm), &[t, e], &hn);
+        let gate = b.gate.forward(&hn, t);
+        tap.copy(st(B::FfnGate), &[t, f], &gate);
+        let up = b.up.forward(&hn, t);
+        tap.copy(st(B::FfnUp), &[t, f], &up);
+        let act = silu_mul(&gate, &up);
+        tap.copy(st(B::FfnAct), &[t, f], &act);
+        let ffn_out = b.down.forward(&act, t);
+        tap.copy(st(B::FfnOut), &[t, e], &ffn_out);
+        x = add(&ffn_inp, &ffn_out);
+        tap.copy(st(B::Out), &[t, e], &x);
+    }
+
+    // Only sampling needs a row when neither tail stage is tapped: norm and
+    // project the last row alone (the vocab projection dominates small models).
+    let all_rows = tap.wants(Stage::OutputNorm) || tap.wants(Stage::Logits);
+    let first = if all_rows { 0 } else { t - 1 };
+    let xn = rmsnorm(&x[first * e..], e, &w.norm, cfg.rms_eps);
+    tap.copy(Stage::OutputNorm, &[t, e], &xn);
+    let head_rows = if tap.wants(Stage::Logits) { t } else { 1 };
+    let head_in = &xn[xn.len() - head_rows * e..];
+    let logits = match &w.lm_head {
+        Some(lin) => lin.forward(head_in, head_rows),
+        None => matmul_wt(head_in, head_rows, e, &w.embed, v),
+    };
+    let last = logits[(head_rows - 1) * v..].to_vec();
+    tap.keep(Stage::Logits, &[t, v], logits);
+    last
+}

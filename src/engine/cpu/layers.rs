@@ -1,0 +1,144 @@
+//! The CPU engine's weights: HF Llama/Qwen2 tensors taken out of `Weights` by
+//! name with their shapes checked, into plain f32 structs. Loading is strict:
+//! a missing or mis-shaped tensor is an error naming it, and so is any tensor
+//! left over afterwards, because an unexpected tensor usually means the
+//! architecture was mis-detected and the engine would silently compute
+//! something else.
+
+use crate::error::{Error, Result};
+use crate::model::{ModelConfig, Weights};
+
+use super::ops::matmul_wt;
+
+/// An HF `nn.Linear`: `weight` `[out, in]`, optional `bias` `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub w: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+    pub out_f: usize,
+    pub in_f: usize,
+}
+
+impl Linear {
+    fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
+        let w = ws
+            .take(&format!("{prefix}.weight"), &[out_f, in_f])?
+            .into_data();
+        let bias = ws
+            .take_opt(&format!("{prefix}.bias"), &[out_f])?
+            .map(|t| t.into_data());
+        Ok(Linear {
+            w,
+            bias,
+            out_f,
+            in_f,
+        })
+    }
+
+    /// `x[rows, in] → [rows, out]`: the GEMM, then the bias added (as torch's
+    /// addmm result is `bias + x·wᵀ`).
+    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = matmul_wt(x, rows, self.in_f, &self.w, self.out_f);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.out_f) {
+                for (v, &bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+        }
+        y
+    }
+}
+
+/// One decoder block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub attn_norm: Vec<f32>,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// Every weight of the model.
+#[derive(Clone, Debug)]
+pub struct ModelWeights {
+    /// `[V, E]`.
+    pub embed: Vec<f32>,
+    pub blocks: Vec<Block>,
+    pub norm: Vec<f32>,
+    /// `None` when the head is tied to `embed`.
+    pub lm_head: Option<Linear>,
+}
+
+impl ModelWeights {
+    pub fn load(cfg: &ModelConfig, ws: &mut Weights) -> Result<ModelWeights> {
+        let (e, f, v) = (cfg.hidden, cfg.ffn, cfg.vocab);
+        let (qd, kvd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+        let embed = ws.take("model.embed_tokens.weight", &[v, e])?.into_data();
+        let mut blocks = Vec::with_capacity(cfg.layers);
+        for i in 0..cfg.layers {
+            let p = format!("model.layers.{i}");
+            blocks.push(Block {
+                attn_norm: ws
+                    .take(&format!("{p}.input_layernorm.weight"), &[e])?
+                    .into_data(),
+                q: Linear::load(ws, &format!("{p}.self_attn.q_proj"), qd, e)?,
+                k: Linear::load(ws, &format!("{p}.self_attn.k_proj"), kvd, e)?,
+                v: Linear::load(ws, &format!("{p}.self_attn.v_proj"), kvd, e)?,
+                o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, qd)?,
+                ffn_norm: ws
+                    .take(&format!("{p}.post_attention_layernorm.weight"), &[e])?
+                    .into_data(),
+                gate: Linear::load(ws, &format!("{p}.mlp.gate_proj"), f, e)?,
+                up: Linear::load(ws, &format!("{p}.mlp.up_proj"), f, e)?,
+                down: Linear::load(ws, &format!("{p}.mlp.down_proj"), e, f)?,
+            });
+        }
+        let norm = ws.take("model.norm.weight", &[e])?.into_data();
+        // HF ties the head to the embeddings when the config says so (a stored
+        // `lm_head.weight` is then overwritten), and a checkpoint saved with
+        // tied weights simply has no `lm_head.weight`.
+        let head = ws.take_opt("lm_head.weight", &[v, e])?;
+        let lm_head = match head {
+            Some(t) if !cfg.tie_embeddings => Some(Linear {
+                w: t.into_data(),
+                bias: None,
+                out_f: v,
+                in_f: e,
+            }),
+            _ => None,
+        };
+        let leftover: Vec<&str> = ws.remaining().filter(|n| !is_ignorable_buffer(n)).collect();
+        if !leftover.is_empty() {
+            let shown: Vec<String> = leftover.iter().take(5).map(|n| format!("`{n}`")).collect();
+            return Err(Error::model(
+                &ws.dir,
+                format!(
+                    "{} weight(s) not used by the {} decoder (is the architecture right?): {}{}",
+                    leftover.len(),
+                    cfg.arch,
+                    shown.join(", "),
+                    if leftover.len() > 5 { ", ..." } else { "" }
+                ),
+            ));
+        }
+        Ok(ModelWeights {
+            embed,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+}
+
+/// Non-parameter buffers some checkpoints carry (RoPE tables HF recomputes).
+fn is_ignorable_buffer(name: &str) -> bool {
+    name.ends_with("rotary_emb.inv_freq")
+        || name.ends_with("rotary_emb.cos_cached")
+        || name.ends_with("rotary_emb.sin_cached")
+}
