@@ -81,7 +81,11 @@ fn verdict(run: &Result<SuiteRun, String>, id: &str) -> Result<Completion, Faile
             } else if let Some(d) = &o.downstream_of {
                 msg.push_str(&format!("\ndownstream of the first divergence at {d}"));
             }
-            msg.push_str(&format!("\nrerun: {}", o.rerun));
+            msg.push_str(&format!(
+                "\nrerun: cargo test --test conformance -- --exact '{}'\n   or: {}",
+                o.full_id(),
+                o.rerun
+            ));
             Err(msg.into())
         }
     }

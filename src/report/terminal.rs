@@ -14,11 +14,18 @@ const FULL_FAILURES: usize = 8;
 
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
+    let c = report.counts();
     for run in &report.runs {
         render_run(&mut out, run);
     }
-    let c = report.counts();
-    let verdict = if report.passed() { "PASSED" } else { "FAILED" };
+    // A run where nothing ran is not a pass: say so (e.g. every engine unavailable).
+    let verdict = if c.failed > 0 {
+        "FAILED"
+    } else if c.passed == 0 {
+        "NOTHING RAN"
+    } else {
+        "PASSED"
+    };
     let _ = writeln!(out, "touchstone: {verdict}: {} passed, {} failed, {} skipped", c.passed, c.failed, c.skipped);
     out
 }
