@@ -17,10 +17,14 @@ use crate::spec::Spec;
 pub const DEFAULT_SPEC: &str = "specs/qwen2-tiny.yaml";
 
 #[derive(Parser, Debug)]
-#[command(name = "touchstone", version, about = "Golden-reference conformance harness for LLM inference engines",
-          long_about = "touchstone runs an inference engine with taps on every canonical stage and checks each \
+#[command(
+    name = "touchstone",
+    version,
+    about = "Golden-reference conformance harness for LLM inference engines",
+    long_about = "touchstone runs an inference engine with taps on every canonical stage and checks each \
                         stage against YAML-declared invariants and golden tensors recorded from reference \
-                        implementations.\n\nExit status: 0 all checks passed, 1 a check failed, 2 bad input or usage.")]
+                        implementations.\n\nExit status: 0 all checks passed, 1 a check failed, 2 bad input or usage."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -102,7 +106,13 @@ fn specs_or_default(specs: Vec<PathBuf>) -> Vec<PathBuf> {
 
 pub fn execute(cli: Cli) -> Result<Outcome> {
     match cli.command {
-        Command::Run { specs, engine, model, json, only } => {
+        Command::Run {
+            specs,
+            engine,
+            model,
+            json,
+            only,
+        } => {
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
             let mut report = Report::default();
             // Plan everything first so bad input anywhere fails before any engine runs.
@@ -117,13 +127,19 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             }
             let selected: usize = report.runs.iter().map(|r| r.outcomes.len()).sum();
             if selected == 0 {
-                return Err(Error::Usage("no check matched --only; `touchstone list` shows the ids".into()));
+                return Err(Error::Usage(
+                    "no check matched --only; `touchstone list` shows the ids".into(),
+                ));
             }
             print!("{}", report::terminal::render(&report));
             if let Some(path) = json {
                 report::json::write(&report, &path)?;
             }
-            Ok(if report.passed() { Outcome::Passed } else { Outcome::Failed })
+            Ok(if report.passed() {
+                Outcome::Passed
+            } else {
+                Outcome::Failed
+            })
         }
         Command::List { specs, engine, model } => {
             for p in specs_or_default(specs) {

@@ -94,7 +94,11 @@ pub struct ShapeMismatch {
 
 impl fmt::Display for ShapeMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "shape mismatch: actual {:?} vs expected {:?}", self.actual, self.expected)
+        write!(
+            f,
+            "shape mismatch: actual {:?} vs expected {:?}",
+            self.actual, self.expected
+        )
     }
 }
 
@@ -216,7 +220,11 @@ fn compare_chunked(
     let scan = |(c, (a, e)): (usize, (&[f32], &[f32]))| Partial::scan(a, e, c * chunk, tol);
     // Collecting keeps chunk order; the sequential fold below fixes the sum order.
     let partials: Vec<Partial> = if parallel {
-        a.par_chunks(chunk).zip(e.par_chunks(chunk)).enumerate().map(scan).collect()
+        a.par_chunks(chunk)
+            .zip(e.par_chunks(chunk))
+            .enumerate()
+            .map(scan)
+            .collect()
     } else {
         a.chunks(chunk).zip(e.chunks(chunk)).enumerate().map(scan).collect()
     };
@@ -297,7 +305,11 @@ impl Comparison {
     }
 
     pub fn metrics(&self) -> BTreeMap<String, f64> {
-        let frac = if self.numel == 0 { 0.0 } else { self.mismatched as f64 / self.numel as f64 };
+        let frac = if self.numel == 0 {
+            0.0
+        } else {
+            self.mismatched as f64 / self.numel as f64
+        };
         let mut m: BTreeMap<String, f64> = [
             ("mismatched", self.mismatched as f64),
             ("mismatched_frac", frac),

@@ -34,19 +34,31 @@ impl GoldenSet {
         let bad = |msg: String| Error::golden(path, msg);
         match file.metadata.get("format").map(String::as_str) {
             Some(FORMAT) => {}
-            Some(other) => return Err(bad(format!("golden format `{other}` is not supported (expected `{FORMAT}`)"))),
-            None => return Err(bad(format!("no `format` metadata: not a touchstone golden (expected `{FORMAT}`)"))),
+            Some(other) => {
+                return Err(bad(format!(
+                    "golden format `{other}` is not supported (expected `{FORMAT}`)"
+                )))
+            }
+            None => {
+                return Err(bad(format!(
+                    "no `format` metadata: not a touchstone golden (expected `{FORMAT}`)"
+                )))
+            }
         }
         let provenance: Value = file
             .metadata
             .get("provenance")
             .ok_or_else(|| bad("no `provenance` metadata: every golden must say how it was recorded".into()))
-            .and_then(|p| serde_json::from_str(p).map_err(|e| bad(format!("`provenance` metadata is not JSON: {e}"))))?;
+            .and_then(|p| {
+                serde_json::from_str(p).map_err(|e| bad(format!("`provenance` metadata is not JSON: {e}")))
+            })?;
 
         let mut tensors = BTreeMap::new();
         for (key, t) in file.floats {
             let Some((step, stage)) = parse_key(&key) else {
-                return Err(bad(format!("tensor `{key}` is not a `<step>/<stage>` key of the canonical vocabulary")));
+                return Err(bad(format!(
+                    "tensor `{key}` is not a `<step>/<stage>` key of the canonical vocabulary"
+                )));
             };
             if let Some(i) = t.data().iter().position(|x| !x.is_finite()) {
                 return Err(bad(format!(
@@ -62,7 +74,11 @@ impl GoldenSet {
             let (step, what) = key
                 .split_once('/')
                 .and_then(|(s, w)| Some((Step::parse(s)?, w)))
-                .ok_or_else(|| bad(format!("integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`")))?;
+                .ok_or_else(|| {
+                    bad(format!(
+                        "integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"
+                    ))
+                })?;
             match what {
                 "tokens" => {
                     let ids = values
@@ -72,13 +88,25 @@ impl GoldenSet {
                     tokens.insert(step, ids);
                 }
                 "positions" => {}
-                _ => return Err(bad(format!("integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"))),
+                _ => {
+                    return Err(bad(format!(
+                        "integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"
+                    )))
+                }
             }
         }
         if !tokens.contains_key(&Step::Prefill) {
-            return Err(bad("no `prefill/tokens`: the golden does not say which prompt it was recorded with".into()));
+            return Err(bad(
+                "no `prefill/tokens`: the golden does not say which prompt it was recorded with".into(),
+            ));
         }
-        Ok(GoldenSet { source: source.to_string(), path: path.to_path_buf(), tensors, tokens, provenance })
+        Ok(GoldenSet {
+            source: source.to_string(),
+            path: path.to_path_buf(),
+            tensors,
+            tokens,
+            provenance,
+        })
     }
 
     pub fn get(&self, step: Step, stage: Stage) -> Option<&Tensor> {
@@ -87,7 +115,9 @@ impl GoldenSet {
 
     /// Decode steps recorded (`decode1` .. `decodeN` all present in `tokens`).
     pub fn decode_steps(&self) -> usize {
-        (1..).take_while(|n| self.tokens.contains_key(&Step::Decode(*n))).count()
+        (1..)
+            .take_while(|n| self.tokens.contains_key(&Step::Decode(*n)))
+            .count()
     }
 
     pub fn prompt(&self) -> &[u32] {
@@ -106,7 +136,11 @@ impl GoldenSet {
         self.provenance
             .get("greedy_ids")
             .and_then(Value::as_array)
-            .and_then(|a| a.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect())
+            .and_then(|a| {
+                a.iter()
+                    .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+                    .collect()
+            })
             .ok_or_else(|| Error::golden(&self.path, "provenance has no `greedy_ids` list"))
     }
 

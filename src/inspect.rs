@@ -60,7 +60,14 @@ pub fn render(path: &Path) -> Result<String> {
     for (name, (shape, v)) in &file.ints {
         let shown: Vec<String> = v.iter().take(16).map(i64::to_string).collect();
         let more = if v.len() > 16 { ", ..." } else { "" };
-        let _ = writeln!(out, "{:<28} {:<5} {:<14} [{}{more}]", name, "i64", format!("{shape:?}"), shown.join(", "));
+        let _ = writeln!(
+            out,
+            "{:<28} {:<5} {:<14} [{}{more}]",
+            name,
+            "i64",
+            format!("{shape:?}"),
+            shown.join(", ")
+        );
     }
     Ok(out)
 }
@@ -89,7 +96,17 @@ impl Stats {
             }
         }
         let mean = if n > 0 { sum / n as f64 } else { f64::NAN };
-        let var = if n > 0 { (sq / n as f64 - mean * mean).max(0.0) } else { f64::NAN };
-        Stats { min, max, mean, std: var.sqrt(), non_finite: t.numel() - n }
+        let var = if n > 0 {
+            (sq / n as f64 - mean * mean).max(0.0)
+        } else {
+            f64::NAN
+        };
+        Stats {
+            min,
+            max,
+            mean,
+            std: var.sqrt(),
+            non_finite: t.numel() - n,
+        }
     }
 }

@@ -25,10 +25,20 @@ pub enum Target {
 pub enum StageCheckKind {
     Finite,
     Shape,
-    SoftmaxRows { tol: f64 },
+    SoftmaxRows {
+        tol: f64,
+    },
     Causal,
-    Rope { input: Stage, style: crate::checks::invariants::RopeStyle, tol: f64 },
-    Golden { source: String, atol: Option<f64>, rtol: Option<f64> },
+    Rope {
+        input: Stage,
+        style: crate::checks::invariants::RopeStyle,
+        tol: f64,
+    },
+    Golden {
+        source: String,
+        atol: Option<f64>,
+        rtol: Option<f64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +77,9 @@ pub struct Plan {
 
 impl Plan {
     pub fn build(spec: Spec, model_override: Option<&Path>) -> Result<Plan> {
-        let model = model_override.map(Path::to_path_buf).unwrap_or_else(|| spec.model.clone());
+        let model = model_override
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| spec.model.clone());
         if !model.exists() {
             return Err(Error::model(&model, "model not found (no such file or folder)"));
         }
@@ -76,7 +88,10 @@ impl Plan {
         for (source, path) in &spec.goldens {
             goldens.insert(source.clone(), Arc::new(GoldenSet::load(source, path)?));
         }
-        let invalid = |msg: String| Error::SpecInvalid { path: spec.path.clone(), msg };
+        let invalid = |msg: String| Error::SpecInvalid {
+            path: spec.path.clone(),
+            msg,
+        };
 
         let (prompt, decode_steps, forced) = match (&spec.prompt.tokens, &spec.prompt.golden) {
             (Some(tokens), _) => (tokens.clone(), spec.prompt.decode_steps.unwrap_or(0), None),
@@ -90,13 +105,18 @@ impl Plan {
                         g.path.display()
                     )));
                 }
-                let forced = g.forced(n).ok_or_else(|| invalid(format!("golden `{src}` lacks decode-step tokens")))?;
+                let forced = g
+                    .forced(n)
+                    .ok_or_else(|| invalid(format!("golden `{src}` lacks decode-step tokens")))?;
                 (g.prompt().to_vec(), n, Some(forced))
             }
             (None, None) => unreachable!("Spec::parse requires tokens or golden"),
         };
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
-            return Err(invalid(format!("prompt token {bad} is outside the model's vocabulary of {}", config.vocab)));
+            return Err(invalid(format!(
+                "prompt token {bad} is outside the model's vocabulary of {}",
+                config.vocab
+            )));
         }
 
         let stages = Stage::all(config.layers);
@@ -119,7 +139,7 @@ impl Plan {
             for &stage in stages.iter().filter(|s| pattern.matches(**s)) {
                 for check in checks {
                     for kind in resolve(check, stage, &spec).map_err(invalid)? {
-                        let id = stage_check_id(&kind);
+                        let id = kind.id();
                         let list = per_stage.entry(stage).or_default();
                         match list.iter_mut().find(|(i, _)| *i == id) {
                             Some(slot) => slot.1 = kind,
@@ -157,9 +177,22 @@ impl Plan {
             if checks.iter().any(|c| c.id == id) {
                 return Err(invalid(format!("run check `{}` is listed twice", rc.id())));
             }
-            checks.push(CheckInstance { id, target: Target::Run, kind: CheckKind::Run(rc) });
+            checks.push(CheckInstance {
+                id,
+                target: Target::Run,
+                kind: CheckKind::Run(rc),
+            });
         }
-        Ok(Plan { spec, model, config, goldens, prompt, decode_steps, forced, checks })
+        Ok(Plan {
+            spec,
+            model,
+            config,
+            goldens,
+            prompt,
+            decode_steps,
+            forced,
+            checks,
+        })
     }
 
     /// Tokens in a step and KV positions after it: (T, S).
@@ -201,14 +234,18 @@ impl Plan {
     }
 }
 
-fn stage_check_id(kind: &StageCheckKind) -> String {
-    match kind {
-        StageCheckKind::Finite => "finite".into(),
-        StageCheckKind::Shape => "shape".into(),
-        StageCheckKind::SoftmaxRows { .. } => "softmax_rows".into(),
-        StageCheckKind::Causal => "causal".into(),
-        StageCheckKind::Rope { .. } => "rope".into(),
-        StageCheckKind::Golden { source, .. } => format!("golden:{source}"),
+impl StageCheckKind {
+    /// The check's name in ids; golden checks carry their source (`golden:hf`),
+    /// so two sources are two checks.
+    pub fn id(&self) -> String {
+        match self {
+            StageCheckKind::Finite => "finite".into(),
+            StageCheckKind::Shape => "shape".into(),
+            StageCheckKind::SoftmaxRows { .. } => "softmax_rows".into(),
+            StageCheckKind::Causal => "causal".into(),
+            StageCheckKind::Rope { .. } => "rope".into(),
+            StageCheckKind::Golden { source, .. } => format!("golden:{source}"),
+        }
     }
 }
 
@@ -227,12 +264,22 @@ fn resolve(check: &StageCheck, stage: Stage, spec: &Spec) -> std::result::Result
         }
         StageCheck::Rope { input, style, tol } => {
             let input = match (input, stage) {
-                (Some(t), Stage::Block(l, _)) => t.resolve(l).ok_or_else(|| format!("rope input `{}` does not resolve for layer {l}", t.as_str()))?,
+                (Some(t), Stage::Block(l, _)) => t
+                    .resolve(l)
+                    .ok_or_else(|| format!("rope input `{}` does not resolve for layer {l}", t.as_str()))?,
                 (None, Stage::Block(l, BlockStage::QRope)) => Stage::Block(l, BlockStage::Q),
                 (None, Stage::Block(l, BlockStage::KRope)) => Stage::Block(l, BlockStage::K),
-                _ => return Err(format!("`rope` on `{stage}` needs `input:` (the pre-RoPE stage, e.g. `blk.{{i}}.q`)")),
+                _ => {
+                    return Err(format!(
+                        "`rope` on `{stage}` needs `input:` (the pre-RoPE stage, e.g. `blk.{{i}}.q`)"
+                    ))
+                }
             };
-            vec![StageCheckKind::Rope { input, style: *style, tol: *tol }]
+            vec![StageCheckKind::Rope {
+                input,
+                style: *style,
+                tol: *tol,
+            }]
         }
         StageCheck::Golden { source, atol, rtol } => {
             let sources: Vec<String> = match source {
@@ -241,7 +288,11 @@ fn resolve(check: &StageCheck, stage: Stage, spec: &Spec) -> std::result::Result
             };
             sources
                 .into_iter()
-                .map(|source| StageCheckKind::Golden { source, atol: *atol, rtol: *rtol })
+                .map(|source| StageCheckKind::Golden {
+                    source,
+                    atol: *atol,
+                    rtol: *rtol,
+                })
                 .collect()
         }
     })

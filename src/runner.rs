@@ -22,7 +22,9 @@ pub struct Filter(pub Option<Vec<String>>);
 
 impl Filter {
     pub fn accepts(&self, full_id: &str) -> bool {
-        self.0.as_ref().is_none_or(|fs| fs.iter().any(|f| full_id.contains(f.as_str())))
+        self.0
+            .as_ref()
+            .is_none_or(|fs| fs.iter().any(|f| full_id.contains(f.as_str())))
     }
 }
 
@@ -45,9 +47,24 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
     if let Availability::Unavailable(reason) = kind.availability() {
         let outcomes = selected
             .iter()
-            .map(|c| Outcome::new(spec_name, kind.name(), &c.id, at(c), Verdict::skip(&reason), rerun(&c.id)))
+            .map(|c| {
+                Outcome::new(
+                    spec_name,
+                    kind.name(),
+                    &c.id,
+                    at(c),
+                    Verdict::skip(&reason),
+                    rerun(&c.id),
+                )
+            })
             .collect();
-        return Ok(SuiteRun::new(spec_name, &spec_path, kind.name(), outcomes, Some(reason)));
+        return Ok(SuiteRun::new(
+            spec_name,
+            &spec_path,
+            kind.name(),
+            outcomes,
+            Some(reason),
+        ));
     }
     let engine = kind.load(&plan.model)?;
 
@@ -77,31 +94,56 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         .par_iter()
         .filter(|c| matches!(c.target, Target::Stage { .. }))
         .map(|c| {
-            let Target::Stage { step, stage } = c.target else { unreachable!("filtered to stage targets") };
-            let CheckKind::Stage(kind) = &c.kind else { unreachable!("stage targets carry stage checks") };
+            let Target::Stage { step, stage } = c.target else {
+                unreachable!("filtered to stage targets")
+            };
+            let CheckKind::Stage(kind) = &c.kind else {
+                unreachable!("stage targets carry stage checks")
+            };
             let verdict = match main_run.as_ref().expect("stage checks imply taps") {
                 Ok(out) => stage_verdict(plan, out, step, stage, kind),
                 Err(e) => Verdict::fail(format!("the engine failed: {e}")),
             };
-            Outcome::new(spec_name, engine.name(), &c.id, Some((step, stage)), verdict, rerun(&c.id))
+            Outcome::new(
+                spec_name,
+                engine.name(),
+                &c.id,
+                Some((step, stage)),
+                verdict,
+                rerun(&c.id),
+            )
         })
         .collect();
     for c in selected.iter().filter(|c| c.target == Target::Run) {
-        let CheckKind::Run(rc) = &c.kind else { unreachable!("run targets carry run checks") };
+        let CheckKind::Run(rc) = &c.kind else {
+            unreachable!("run targets carry run checks")
+        };
         let verdict = run_checks::evaluate(plan, engine.as_ref(), rc);
-        outcomes.push(Outcome::new(spec_name, engine.name(), &c.id, None, verdict, rerun(&c.id)));
+        outcomes.push(Outcome::new(
+            spec_name,
+            engine.name(),
+            &c.id,
+            None,
+            verdict,
+            rerun(&c.id),
+        ));
     }
     Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None))
 }
 
 fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
     let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
-    format!("touchstone run {spec_path} --engine {}{model} --only '{id}'", kind.name())
+    format!(
+        "touchstone run {spec_path} --engine {}{model} --only '{id}'",
+        kind.name()
+    )
 }
 
 fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &StageCheckKind) -> Verdict {
     let Some(t) = out.captures.get(step, stage) else {
-        return Verdict::fail(format!("the engine returned no capture for {step}/{stage} although it was tapped"));
+        return Verdict::fail(format!(
+            "the engine returned no capture for {step}/{stage} although it was tapped"
+        ));
     };
     let positions = &out.positions[step.index()];
     match kind {
@@ -111,9 +153,13 @@ fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &
         StageCheckKind::Causal => invariants::causal(t, positions),
         StageCheckKind::Rope { input, style, tol } => match out.captures.get(step, *input) {
             Some(i) => invariants::rope(i, t, positions, *style, *tol),
-            None => Verdict::fail(format!("the engine returned no capture for the rope input {step}/{input}")),
+            None => Verdict::fail(format!(
+                "the engine returned no capture for the rope input {step}/{input}"
+            )),
         },
-        StageCheckKind::Golden { source, atol, rtol } => golden_verdict(plan, out, step, stage, t, source, *atol, *rtol),
+        StageCheckKind::Golden { source, atol, rtol } => {
+            golden_verdict(plan, out, step, stage, t, source, *atol, *rtol)
+        }
     }
 }
 
@@ -147,12 +193,17 @@ fn golden_verdict(
         .spec
         .tolerance
         .get(&dtype)
-        .map(|t| Tolerance { atol: t.atol, rtol: t.rtol })
+        .map(|t| Tolerance {
+            atol: t.atol,
+            rtol: t.rtol,
+        })
         .unwrap_or_else(|| Tolerance::default_for(dtype));
-    let tol = Tolerance { atol: atol.unwrap_or(base.atol), rtol: rtol.unwrap_or(base.rtol) };
+    let tol = Tolerance {
+        atol: atol.unwrap_or(base.atol),
+        rtol: rtol.unwrap_or(base.rtol),
+    };
     match compare(actual, expected, tol) {
-        Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})"))
-            .metric("shape_mismatch", 1.0),
+        Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})")).metric("shape_mismatch", 1.0),
         Ok(c) => {
             let message = if c.passed() {
                 format!("within tolerance of golden `{source}`: {}", c.summary())
@@ -184,6 +235,10 @@ pub fn run_all(plan: &Plan, kind: EngineKind) -> Result<SuiteRun> {
 }
 
 /// Used by run checks: one engine run, with errors as strings for messages.
-pub(crate) fn run_engine(engine: &dyn Engine, req: &RunRequest, taps: &TapSet) -> std::result::Result<RunOutput, String> {
+pub(crate) fn run_engine(
+    engine: &dyn Engine,
+    req: &RunRequest,
+    taps: &TapSet,
+) -> std::result::Result<RunOutput, String> {
     engine.run(req, taps).map_err(|e| e.to_string())
 }

@@ -58,7 +58,13 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-fn sample_random(logits: &[f32], temperature: f32, top_k: Option<usize>, top_p: Option<f32>, rng: &mut ChaCha8Rng) -> u32 {
+fn sample_random(
+    logits: &[f32],
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    rng: &mut ChaCha8Rng,
+) -> u32 {
     // Candidates sorted by logit, descending; ties broken by index so the order
     // (and hence the draw) is deterministic.
     let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
@@ -114,14 +120,25 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_one_is_greedy() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let s = Sampling::Random { temperature: 1.0, top_k: Some(20), top_p: Some(0.9) };
+        let s = Sampling::Random {
+            temperature: 1.0,
+            top_k: Some(20),
+            top_p: Some(0.9),
+        };
         let draw = |seed| {
             let mut sm = Sampler::new(s.clone(), seed);
             (0..32).map(|_| sm.sample(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
-        let mut k1 = Sampler::new(Sampling::Random { temperature: 1.0, top_k: Some(1), top_p: None }, 3);
+        let mut k1 = Sampler::new(
+            Sampling::Random {
+                temperature: 1.0,
+                top_k: Some(1),
+                top_p: None,
+            },
+            3,
+        );
         assert_eq!(k1.sample(&logits), argmax(&logits));
     }
 
@@ -130,7 +147,14 @@ mod tests {
         // One token holds almost all the mass: top_p 0.5 must always pick it.
         let mut logits = vec![0.0f32; 10];
         logits[4] = 20.0;
-        let mut sm = Sampler::new(Sampling::Random { temperature: 1.0, top_k: None, top_p: Some(0.5) }, 1);
+        let mut sm = Sampler::new(
+            Sampling::Random {
+                temperature: 1.0,
+                top_k: None,
+                top_p: Some(0.5),
+            },
+            1,
+        );
         assert!((0..100).all(|_| sm.sample(&logits) == 4));
     }
 }

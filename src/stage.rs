@@ -213,6 +213,9 @@ mod tests {
         assert_eq!(Step::parse("decode12"), Some(Step::Decode(12)));
         assert_eq!(Step::parse("decode0"), None);
         assert!(Step::Prefill < Step::Decode(1));
-        assert_eq!(parse_key("decode2/blk.1.attn_probs"), Some((Step::Decode(2), Stage::Block(1, BlockStage::AttnProbs))));
+        assert_eq!(
+            parse_key("decode2/blk.1.attn_probs"),
+            Some((Step::Decode(2), Stage::Block(1, BlockStage::AttnProbs)))
+        );
     }
 }

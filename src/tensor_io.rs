@@ -47,10 +47,9 @@ fn map_file(path: &Path) -> Result<memmap2::Mmap> {
 pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
     let map = map_file(path)?;
     let bad = |msg: String| Error::tensor_file(path, msg);
-    let (_, meta) = SafeTensors::read_metadata(&map[..])
-        .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-    let st = SafeTensors::deserialize(&map[..])
-        .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let (_, meta) =
+        SafeTensors::read_metadata(&map[..]).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&map[..]).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let mut out = TensorFile {
         path: path.to_path_buf(),
         metadata: meta
@@ -122,11 +121,7 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
         return Err(bad("Fortran-ordered arrays are not supported".into()));
     }
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let name = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("array")
-        .to_string();
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
     let expected: usize = shape.iter().product();
     let dtype = npy.dtype();
     let descr = match &dtype {
@@ -140,14 +135,18 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
     let short = |got: usize| bad(format!("truncated: header says {expected} values, file has {got}"));
     match descr.trim_start_matches(['<', '|', '=']) {
         "f4" => {
-            let v: Vec<f32> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            let v: Vec<f32> = npy
+                .into_vec()
+                .map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
             if v.len() != expected {
                 return Err(short(v.len()));
             }
             out.floats.insert(name, Tensor::new(shape, v));
         }
         "f2" => {
-            let v: Vec<f16> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            let v: Vec<f16> = npy
+                .into_vec()
+                .map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
             if v.len() != expected {
                 return Err(short(v.len()));
             }
@@ -155,17 +154,23 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
             out.floats.insert(name, Tensor::new(shape, v).with_dtype(DType::F16));
         }
         "f8" => {
-            let v: Vec<f64> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+            let v: Vec<f64> = npy
+                .into_vec()
+                .map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
             if v.len() != expected {
                 return Err(short(v.len()));
             }
-            out.floats.insert(name, Tensor::new(shape, v.into_iter().map(|x| x as f32).collect()));
+            out.floats
+                .insert(name, Tensor::new(shape, v.into_iter().map(|x| x as f32).collect()));
         }
         "i8" | "i4" => {
             let v: Vec<i64> = if descr.ends_with("i8") {
-                npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?
+                npy.into_vec()
+                    .map_err(|e| bad(format!("truncated or corrupt data: {e}")))?
             } else {
-                let v: Vec<i32> = npy.into_vec().map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
+                let v: Vec<i32> = npy
+                    .into_vec()
+                    .map_err(|e| bad(format!("truncated or corrupt data: {e}")))?;
                 v.into_iter().map(i64::from).collect()
             };
             if v.len() != expected {
@@ -173,7 +178,11 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
             }
             out.ints.insert(name, (shape, v));
         }
-        _ => return Err(bad(format!("unsupported .npy dtype `{descr}` (supported: f4, f2, f8, i4, i8)"))),
+        _ => {
+            return Err(bad(format!(
+                "unsupported .npy dtype `{descr}` (supported: f4, f2, f8, i4, i8)"
+            )))
+        }
     }
     Ok(out)
 }

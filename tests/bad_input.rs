@@ -38,7 +38,10 @@ fn unknown_stage_suggests_the_right_one() {
     let text = spec_text(&model_dir(), &hf_golden()).replace("\"blk.*.q_rope\"", "\"blk.*.qrope\"");
     let s = write(d.path(), "s.yaml", &text);
     let p = s.display().to_string();
-    expect_exit2(&["run", &p], &[&p, "unknown stage pattern `blk.*.qrope`", "did you mean `blk.*.q_rope`"]);
+    expect_exit2(
+        &["run", &p],
+        &[&p, "unknown stage pattern `blk.*.qrope`", "did you mean `blk.*.q_rope`"],
+    );
 }
 
 #[test]
@@ -63,9 +66,15 @@ fn missing_model() {
     let d = tempfile::tempdir().unwrap();
     let missing = d.path().join("no-such-model");
     let s = write(d.path(), "s.yaml", &spec_text(&missing, &hf_golden()));
-    expect_exit2(&["run", &s.display().to_string()], &[&missing.display().to_string(), "not found"]);
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &[&missing.display().to_string(), "not found"],
+    );
     // --model naming a missing folder too.
-    expect_exit2(&["run", "--model", &missing.display().to_string()], &[&missing.display().to_string()]);
+    expect_exit2(
+        &["run", "--model", &missing.display().to_string()],
+        &[&missing.display().to_string()],
+    );
 }
 
 #[test]
@@ -88,7 +97,10 @@ fn truncated_golden() {
     let g = d.path().join("hf.safetensors");
     std::fs::write(&g, &bytes[..bytes.len() / 2]).unwrap();
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
-    expect_exit2(&["run", &s.display().to_string()], &[&g.display().to_string(), "not a valid safetensors file"]);
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &[&g.display().to_string(), "not a valid safetensors file"],
+    );
 }
 
 #[test]
@@ -113,7 +125,10 @@ fn nan_in_golden() {
     let g = d.path().join("hf.safetensors");
     altered_golden(&g, |t| t.get_mut("decode1/blk.0.v").unwrap().data_mut()[3] = f32::NAN);
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
-    expect_exit2(&["run", &s.display().to_string()], &[&g.display().to_string(), "decode1/blk.0.v", "NaN"]);
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &[&g.display().to_string(), "decode1/blk.0.v", "NaN"],
+    );
 }
 
 #[test]
@@ -124,13 +139,25 @@ fn golden_of_the_wrong_shape_fails_the_check_with_both_shapes() {
         let old = t.remove("prefill/blk.1.ffn_up").unwrap();
         let (rows, cols) = (old.shape()[0], old.shape()[1]);
         let data = old.data()[..(rows - 1) * cols].to_vec();
-        t.insert("prefill/blk.1.ffn_up".into(), touchstone::tensor::Tensor::new(vec![rows - 1, cols], data));
+        t.insert(
+            "prefill/blk.1.ffn_up".into(),
+            touchstone::tensor::Tensor::new(vec![rows - 1, cols], data),
+        );
     });
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
-    let o = touchstone(&["run", &s.display().to_string(), "--only", "prefill/blk.1.ffn_up::golden"]);
+    let o = touchstone(&[
+        "run",
+        &s.display().to_string(),
+        "--only",
+        "prefill/blk.1.ffn_up::golden",
+    ]);
     assert_eq!(o.code, 1, "{}", o.all());
     assert!(o.stdout.contains("shape mismatch"), "{}", o.stdout);
-    assert!(o.stdout.contains("[7, 128]") || o.stdout.contains("128]"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("[7, 128]") || o.stdout.contains("128]"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]

@@ -17,10 +17,25 @@ fn default_run_passes_with_table_and_json() {
     assert_eq!(r["passed"], true);
     assert!(r["first_divergence"].is_null());
     let checks = r["checks"].as_array().unwrap();
-    for kind in ["finite", "shape", "softmax_rows", "causal", "rope", "golden:hf", "determinism", "kv_cache", "greedy_tokens"] {
-        assert!(checks.iter().any(|c| c["check"] == kind && c["status"] == "pass"), "no passing {kind}");
+    for kind in [
+        "finite",
+        "shape",
+        "softmax_rows",
+        "causal",
+        "rope",
+        "golden:hf",
+        "determinism",
+        "kv_cache",
+        "greedy_tokens",
+    ] {
+        assert!(
+            checks.iter().any(|c| c["check"] == kind && c["status"] == "pass"),
+            "no passing {kind}"
+        );
     }
-    for key in ["spec", "engine", "step", "stage", "check", "status", "metrics", "message"] {
+    for key in [
+        "spec", "engine", "step", "stage", "check", "status", "metrics", "message",
+    ] {
         assert!(checks[0].get(key).is_some(), "check lacks {key}");
     }
 }
@@ -35,7 +50,13 @@ fn model_override_runs_the_same_spec() {
 fn list_names_every_trial_canonically() {
     let o = touchstone(&["list"]);
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.lines().any(|l| l == "cpu::qwen2-tiny::prefill/blk.0.attn_probs::softmax_rows"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l == "cpu::qwen2-tiny::prefill/blk.0.attn_probs::softmax_rows"),
+        "{}",
+        o.stdout
+    );
     assert!(o.stdout.lines().any(|l| l == "cpu::qwen2-tiny::run::determinism"));
 }
 
@@ -43,7 +64,11 @@ fn list_names_every_trial_canonically() {
 fn cuda_is_skipped_with_a_reason_not_passed() {
     let o = touchstone(&["run", "--engine", "cuda"]);
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.contains("skipped: the CUDA engine is not implemented yet"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("skipped: the CUDA engine is not implemented yet"),
+        "{}",
+        o.stdout
+    );
     assert!(o.stdout.contains("NOTHING RAN: 0 passed, 0 failed"), "{}", o.stdout);
 }
 
@@ -51,7 +76,14 @@ fn cuda_is_skipped_with_a_reason_not_passed() {
 fn inspect_shows_provenance_and_stats() {
     let o = touchstone(&["inspect", &hf_golden().display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
-    for needle in ["metadata provenance", "\"attn_implementation\": \"eager\"", "model_sha256", "prefill/blk.0.attn_probs", "f32", "[4, 14, 14]"] {
+    for needle in [
+        "metadata provenance",
+        "\"attn_implementation\": \"eager\"",
+        "model_sha256",
+        "prefill/blk.0.attn_probs",
+        "f32",
+        "[4, 14, 14]",
+    ] {
         assert!(o.stdout.contains(needle), "inspect lacks {needle}:\n{}", o.stdout);
     }
 }
@@ -63,7 +95,7 @@ fn inspect_reads_npy() {
     // A hand-built v1.0 .npy of two little-endian f32 values, 1.5 and -2.
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
     let mut h = header.to_string();
-    while (10 + h.len() + 1) % 64 != 0 {
+    while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
     }
     h.push('\n');
@@ -75,7 +107,11 @@ fn inspect_reads_npy() {
     std::fs::write(&p, &bytes).unwrap();
     let o = touchstone(&["inspect", &p.display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.contains("-2.0000e0") && o.stdout.contains("1.5000e0"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("-2.0000e0") && o.stdout.contains("1.5000e0"),
+        "{}",
+        o.stdout
+    );
     // The same file cut short is a typed error naming it.
     std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
     let o = touchstone(&["inspect", &p.display().to_string()]);

@@ -36,7 +36,10 @@ fn main() {
             Err(e) => {
                 // A broken shipped spec is one failing trial, not a panic.
                 let msg = e.to_string();
-                trials.push(Trial::test(format!("spec::{}", path.display()), move || Err(msg.into())));
+                trials.push(Trial::test(
+                    format!("spec::{}", path.display()),
+                    move || Err(msg.into()),
+                ));
                 continue;
             }
         };
@@ -47,7 +50,9 @@ fn main() {
                 match kind.availability() {
                     Availability::Unavailable(reason) => {
                         // Printed as "ignored (<reason>)" and counted as ignored.
-                        trials.push(Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason))));
+                        trials.push(Trial::ignorable_test(name, move || {
+                            Ok(Completion::ignored_with(reason))
+                        }));
                     }
                     Availability::Available => {
                         let (plan, cell, id) = (plan.clone(), cell.clone(), check.id.clone());
@@ -64,7 +69,9 @@ fn main() {
 }
 
 fn verdict(run: &Result<SuiteRun, String>, id: &str) -> Result<Completion, Failed> {
-    let run = run.as_ref().map_err(|e| Failed::from(format!("the spec could not run: {e}")))?;
+    let run = run
+        .as_ref()
+        .map_err(|e| Failed::from(format!("the spec could not run: {e}")))?;
     let o = run
         .outcomes
         .iter()

@@ -9,7 +9,9 @@ fn tamper(step_stage: &str, index: usize, delta: f32) -> (Output, serde_json::Va
     let d = tempfile::tempdir().unwrap();
     let g = d.path().join("hf.safetensors");
     altered_golden(&g, |t| {
-        let x = t.get_mut(step_stage).unwrap_or_else(|| panic!("golden has {step_stage}"));
+        let x = t
+            .get_mut(step_stage)
+            .unwrap_or_else(|| panic!("golden has {step_stage}"));
         x.data_mut()[index] += delta;
     });
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &g));
@@ -25,14 +27,26 @@ fn tampered_decode_stage_is_the_first_divergence() {
     assert_eq!(o.code, 1, "{}", o.all());
     assert_eq!(j["passed"], false);
     let fd = &j["first_divergence"];
-    assert_eq!((fd["step"].as_str(), fd["stage"].as_str()), (Some("decode2"), Some("blk.1.attn_out")), "{fd}");
+    assert_eq!(
+        (fd["step"].as_str(), fd["stage"].as_str()),
+        (Some("decode2"), Some("blk.1.attn_out")),
+        "{fd}"
+    );
     assert_eq!(fd["check"], "golden:hf");
     // Exactly one golden check failed: the tampered one.
-    let failed: Vec<&serde_json::Value> = j["checks"].as_array().unwrap().iter().filter(|c| c["status"] == "fail").collect();
+    let failed: Vec<&serde_json::Value> = j["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .collect();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0]["id"], "decode2/blk.1.attn_out::golden:hf");
     assert!(failed[0]["first_divergence"].as_bool().unwrap());
-    assert!(failed[0]["rerun"].as_str().unwrap().contains("--only 'decode2/blk.1.attn_out::golden:hf'"));
+    assert!(failed[0]["rerun"]
+        .as_str()
+        .unwrap()
+        .contains("--only 'decode2/blk.1.attn_out::golden:hf'"));
     // The terminal report marks it and shows both values.
     assert!(o.stdout.contains("FIRST DIVERGENCE"), "{}", o.stdout);
     assert!(o.stdout.contains("Greatest absolute difference"), "{}", o.stdout);
@@ -43,7 +57,11 @@ fn tampered_prefill_stage_is_localised_too() {
     let (o, j) = tamper("prefill/blk.0.k_rope", 17, -1e-2);
     assert_eq!(o.code, 1, "{}", o.all());
     let fd = &j["first_divergence"];
-    assert_eq!((fd["step"].as_str(), fd["stage"].as_str()), (Some("prefill"), Some("blk.0.k_rope")), "{fd}");
+    assert_eq!(
+        (fd["step"].as_str(), fd["stage"].as_str()),
+        (Some("prefill"), Some("blk.0.k_rope")),
+        "{fd}"
+    );
 }
 
 #[test]

@@ -71,7 +71,10 @@ pub fn shape(t: &Tensor, expected: &[usize]) -> Verdict {
     let v = if t.shape() == expected {
         Verdict::pass(format!("shape {expected:?}"))
     } else {
-        Verdict::fail(format!("shape mismatch: actual {:?} vs expected {expected:?}", t.shape()))
+        Verdict::fail(format!(
+            "shape mismatch: actual {:?} vs expected {expected:?}",
+            t.shape()
+        ))
     };
     v.metric("rank", t.shape().len() as f64)
 }
@@ -91,7 +94,9 @@ pub fn softmax_rows(probs: &Tensor, tol: f64) -> Verdict {
         return Verdict::skip(format!("softmax_rows: no rows to check (shape {shape:?})"));
     }
     if n == 0 {
-        return Verdict::fail(format!("softmax_rows: rows are empty (shape {shape:?}); an empty row cannot sum to 1"));
+        return Verdict::fail(format!(
+            "softmax_rows: rows are empty (shape {shape:?}); an empty row cannot sum to 1"
+        ));
     }
     let (mut bad_rows, mut out_of_range, mut first_oor) = (0usize, 0usize, None);
     let mut worst = (f64::NEG_INFINITY, 0usize, 0.0f64); // (|Σ-1|, row, Σ); ties keep the lowest row
@@ -273,7 +278,11 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
         let base = (tt * n + hh) * d;
         format!(
             "[t, head, pair] = [{tt}, {hh}, {j}] (dims {i0}, {i1}, position {}): input ({}, {}) output ({}, {})",
-            positions[tt], a[base + i0], a[base + i1], b[base + i0], b[base + i1]
+            positions[tt],
+            a[base + i0],
+            a[base + i1],
+            b[base + i0],
+            b[base + i1]
         )
     };
     let (mut pos0_rows, mut id_bad, mut id_max, mut id_first) = (0usize, 0usize, 0.0f64, None);
@@ -340,15 +349,27 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
              has norm {nin:.6} -> {nout:.6}{}",
             sci(norm_max),
             pair_text(tt, hh, j),
-            if id_bad == 0 && unrotated == 0 { "; wrong pairing (neox vs interleaved) or a scaled output?" } else { "" }
+            if id_bad == 0 && unrotated == 0 {
+                "; wrong pairing (neox vs interleaved) or a scaled output?"
+            } else {
+                ""
+            }
         ));
     }
     let identity = if pos0_rows == 0 {
         "(1) identity at position 0: not applicable, no row at position 0 (decode step)".to_string()
     } else {
-        format!("(1) identity at position 0: max |Δ| {} over {pos0_rows} rows", sci(id_max))
+        format!(
+            "(1) identity at position 0: max |Δ| {} over {pos0_rows} rows",
+            sci(id_max)
+        )
     };
-    let head = format!("rope ({}) on {:?}, positions {}, tol {tol:e}", style.name(), input.shape(), describe_positions(positions));
+    let head = format!(
+        "rope ({}) on {:?}, positions {}, tol {tol:e}",
+        style.name(),
+        input.shape(),
+        describe_positions(positions)
+    );
     let v = if failures.is_empty() {
         let rotated = if checked == 0 {
             format!("(2) no nonzero vector at a position > 0 to check ({skipped} skipped as ~0)")

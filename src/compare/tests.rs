@@ -9,7 +9,10 @@ fn t(shape: &[usize], data: Vec<f32>) -> Tensor {
 fn ramp(n: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect()
 }
-const F32: Tolerance = Tolerance { atol: 1e-5, rtol: 1.3e-6 };
+const F32: Tolerance = Tolerance {
+    atol: 1e-5,
+    rtol: 1.3e-6,
+};
 
 #[test]
 fn identical_tensors_pass_exactly() {
@@ -18,7 +21,11 @@ fn identical_tensors_pass_exactly() {
     assert!(c.passed());
     assert_eq!((c.mismatched, c.max_ulp, c.nmse, c.cosine), (0, 0, 0.0, 1.0));
     assert_eq!(c.max_abs.as_ref().unwrap().0, 0.0);
-    assert_eq!(c.max_abs.as_ref().unwrap().1.index, vec![0, 0], "ties go to the lowest index");
+    assert_eq!(
+        c.max_abs.as_ref().unwrap().1.index,
+        vec![0, 0],
+        "ties go to the lowest index"
+    );
     assert_eq!(c.metrics()["mismatched"], 0.0);
 }
 
@@ -38,7 +45,10 @@ fn single_perturbed_element_is_located_with_both_values() {
     let text = c.explain();
     assert!(text.contains("Mismatched elements: 1 / 60 (1.67%)"), "{text}");
     assert!(text.contains("at index [2, 1, 3]"), "{text}");
-    assert!(text.contains(&format!("actual {}, expected {}", at.actual, at.expected)), "{text}");
+    assert!(
+        text.contains(&format!("actual {}, expected {}", at.actual, at.expected)),
+        "{text}"
+    );
     assert!(c.summary().contains("at [2, 1, 3]"), "{}", c.summary());
     assert!(c.nmse > 0.0 && c.cosine < 1.0);
 }
@@ -55,7 +65,12 @@ fn relative_difference_is_found_where_expected_is_small() {
     assert!((r - 0.1).abs() < 1e-4, "{r}");
     // [0]: 4.9e-4 > 1e-5 + 1e-3 ⇒ no; [1]: 1e-4 > 1e-5 ⇒ yes.
     assert_eq!(c.mismatched, 1);
-    assert!(c.explain().contains("Greatest relative difference: 1.0e-1 at index [1]"), "{}", c.explain());
+    assert!(
+        c.explain()
+            .contains("Greatest relative difference: 1.0e-1 at index [1]"),
+        "{}",
+        c.explain()
+    );
 }
 
 #[test]
@@ -64,14 +79,19 @@ fn nan_on_either_side_is_screened_first_and_counted() {
     let a = t(&[2, 2], vec![f32::NAN, f32::NAN, f32::NAN, 2.0]);
     let c = compare(&a, &e, F32).unwrap();
     assert!(!c.passed());
-    assert_eq!((c.nan_actual, c.nan_expected, c.inf_actual, c.inf_expected), (3, 1, 0, 0));
+    assert_eq!(
+        (c.nan_actual, c.nan_expected, c.inf_actual, c.inf_expected),
+        (3, 1, 0, 0)
+    );
     assert_eq!(c.mismatched, 3, "NaN never matches, not even NaN");
     let first = c.first_non_finite.clone().unwrap();
     assert_eq!(first.index, vec![0, 0]);
     assert!(first.actual.is_nan() && first.expected == 0.25);
     let text = c.explain();
     assert!(
-        text.starts_with("actual has 3 NaN, 0 Inf; expected has 1 NaN, 0 Inf; first at index [0, 0] (actual NaN, expected 0.25)"),
+        text.starts_with(
+            "actual has 3 NaN, 0 Inf; expected has 1 NaN, 0 Inf; first at index [0, 0] (actual NaN, expected 0.25)"
+        ),
         "{text}"
     );
     // Only [1, 1] is a finite pair: the aggregate metrics come from it alone.
@@ -91,14 +111,22 @@ fn infinities_fail_and_only_identical_infinities_match() {
     assert_eq!((c.inf_actual, c.inf_expected, c.nan_actual), (3, 2, 0));
     assert_eq!(c.mismatched, 2, "[0] is +inf on both sides");
     assert!(!c.passed(), "any non-finite value fails the check");
-    assert!(c.explain().starts_with("actual has 0 NaN, 3 Inf; expected has 0 NaN, 2 Inf; first at index [0] (actual inf, expected inf)"));
+    assert!(c.explain().starts_with(
+        "actual has 0 NaN, 3 Inf; expected has 0 NaN, 2 Inf; first at index [0] (actual inf, expected inf)"
+    ));
     assert_eq!(c.metrics()["non_finite"], 5.0);
 }
 
 #[test]
 fn shape_mismatch_is_an_error() {
     let err = compare(&t(&[2, 3], vec![0.0; 6]), &t(&[3, 2], vec![0.0; 6]), F32).unwrap_err();
-    assert_eq!(err, ShapeMismatch { actual: vec![2, 3], expected: vec![3, 2] });
+    assert_eq!(
+        err,
+        ShapeMismatch {
+            actual: vec![2, 3],
+            expected: vec![3, 2]
+        }
+    );
     assert_eq!(err.to_string(), "shape mismatch: actual [2, 3] vs expected [3, 2]");
 }
 
@@ -167,7 +195,12 @@ fn ulp_distance_counts_representable_floats() {
     assert_eq!(ulp_distance(0.0, -0.0), 0);
     let tiny = f32::from_bits(1);
     assert_eq!(ulp_distance(tiny, -tiny), 2, "across zero");
-    let c = compare(&t(&[2], vec![1.0, f32::from_bits(x.to_bits() + 3)]), &t(&[2], vec![1.0, 1.0]), F32).unwrap();
+    let c = compare(
+        &t(&[2], vec![1.0, f32::from_bits(x.to_bits() + 3)]),
+        &t(&[2], vec![1.0, 1.0]),
+        F32,
+    )
+    .unwrap();
     assert_eq!(c.max_ulp, 3);
     assert!(c.passed());
 }

@@ -137,6 +137,9 @@ impl Captures {
     pub fn iter(&self) -> impl Iterator<Item = (&(Step, Stage), &Tensor)> {
         self.map.iter()
     }
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&(Step, Stage), &mut Tensor)> {
+        self.map.iter_mut()
+    }
     pub fn len(&self) -> usize {
         self.map.len()
     }

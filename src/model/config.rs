@@ -32,8 +32,7 @@ impl ModelConfig {
     pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
         Self::from_json(&v).map_err(|msg| Error::model(&path, msg))
     }
 
@@ -77,10 +76,7 @@ impl ModelConfig {
             .get("rms_norm_eps")
             .and_then(Value::as_f64)
             .ok_or("missing number key `rms_norm_eps`")?;
-        let tie_embeddings = v
-            .get("tie_word_embeddings")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let tie_embeddings = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
         let cfg = ModelConfig {
             arch,
             vocab: usize_key("vocab_size")?,
@@ -112,13 +108,13 @@ impl ModelConfig {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for RoPE", self.head_dim));
         }
         Ok(())

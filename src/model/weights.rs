@@ -35,7 +35,10 @@ impl Weights {
             }
             for (name, t) in tf.floats {
                 if tensors.insert(name.clone(), t).is_some() {
-                    return Err(Error::model(&f, format!("weight `{name}` appears in more than one file")));
+                    return Err(Error::model(
+                        &f,
+                        format!("weight `{name}` appears in more than one file"),
+                    ));
                 }
             }
         }

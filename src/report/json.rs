@@ -38,7 +38,11 @@ struct JsonRun<'a> {
 
 pub fn to_string(report: &Report) -> String {
     let first_divergence = report.runs.iter().find_map(|r| {
-        r.first_divergence.as_ref().map(|at| JsonDivergence { spec: &r.spec, engine: &r.engine, at })
+        r.first_divergence.as_ref().map(|at| JsonDivergence {
+            spec: &r.spec,
+            engine: &r.engine,
+            at,
+        })
     });
     let doc = JsonReport {
         passed: report.passed(),

@@ -35,7 +35,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn new(spec: &str, engine: &str, id: &str, at: Option<(Step, Stage)>, verdict: Verdict, rerun: String) -> Outcome {
+    pub fn new(
+        spec: &str,
+        engine: &str,
+        id: &str,
+        at: Option<(Step, Stage)>,
+        verdict: Verdict,
+        rerun: String,
+    ) -> Outcome {
         Outcome {
             spec: spec.to_string(),
             engine: engine.to_string(),
@@ -87,7 +94,13 @@ impl SuiteRun {
     /// Marks the first divergence — the earliest (step, stage), in execution
     /// order, whose golden check failed — and labels every later failure as
     /// downstream of it.
-    pub fn new(spec: &str, spec_path: &str, engine: &str, mut outcomes: Vec<Outcome>, skipped: Option<String>) -> SuiteRun {
+    pub fn new(
+        spec: &str,
+        spec_path: &str,
+        engine: &str,
+        mut outcomes: Vec<Outcome>,
+        skipped: Option<String>,
+    ) -> SuiteRun {
         let first = outcomes
             .iter()
             .enumerate()
@@ -104,7 +117,11 @@ impl SuiteRun {
                 }
             }
             let o = &outcomes[i];
-            first_divergence = Some(Divergence { step: at.0.to_string(), stage: at.1.to_string(), check: o.check.clone() });
+            first_divergence = Some(Divergence {
+                step: at.0.to_string(),
+                stage: at.1.to_string(),
+                check: o.check.clone(),
+            });
         }
         let passed = outcomes.iter().all(|o| o.status != Status::Fail);
         SuiteRun {
@@ -155,23 +172,43 @@ mod tests {
     use crate::stage::BlockStage;
 
     fn o(step: Step, stage: Stage, check: &str, status: Status) -> Outcome {
-        let v = Verdict { status, metrics: BTreeMap::new(), message: String::new() };
-        Outcome::new("s", "cpu", &format!("{step}/{stage}::{check}"), Some((step, stage)), v, String::new())
+        let v = Verdict {
+            status,
+            metrics: BTreeMap::new(),
+            message: String::new(),
+        };
+        Outcome::new(
+            "s",
+            "cpu",
+            &format!("{step}/{stage}::{check}"),
+            Some((step, stage)),
+            v,
+            String::new(),
+        )
     }
 
     #[test]
     fn first_divergence_is_the_earliest_failing_golden_and_later_failures_are_downstream() {
         let q1 = Stage::Block(1, BlockStage::Q);
         let q0 = Stage::Block(0, BlockStage::Q);
-        let run = SuiteRun::new("s", "s.yaml", "cpu", vec![
-            o(Step::Decode(2), Stage::Logits, "golden:hf", Status::Fail),
-            o(Step::Decode(1), q1, "finite", Status::Fail),
-            o(Step::Decode(1), q1, "golden:hf", Status::Fail),
-            o(Step::Decode(1), q0, "golden:hf", Status::Pass),
-            o(Step::Prefill, Stage::Logits, "softmax_rows", Status::Fail),
-        ], None);
+        let run = SuiteRun::new(
+            "s",
+            "s.yaml",
+            "cpu",
+            vec![
+                o(Step::Decode(2), Stage::Logits, "golden:hf", Status::Fail),
+                o(Step::Decode(1), q1, "finite", Status::Fail),
+                o(Step::Decode(1), q1, "golden:hf", Status::Fail),
+                o(Step::Decode(1), q0, "golden:hf", Status::Pass),
+                o(Step::Prefill, Stage::Logits, "softmax_rows", Status::Fail),
+            ],
+            None,
+        );
         let d = run.first_divergence.clone().unwrap();
-        assert_eq!((d.step.as_str(), d.stage.as_str(), d.check.as_str()), ("decode1", "blk.1.q", "golden:hf"));
+        assert_eq!(
+            (d.step.as_str(), d.stage.as_str(), d.check.as_str()),
+            ("decode1", "blk.1.q", "golden:hf")
+        );
         assert!(run.outcomes[2].first_divergence);
         assert_eq!(run.outcomes[0].downstream_of.as_deref(), Some("decode1/blk.1.q"));
         // An invariant failing at the same stage is not downstream; one before it neither.

@@ -26,7 +26,11 @@ pub fn render(report: &Report) -> String {
     } else {
         "PASSED"
     };
-    let _ = writeln!(out, "touchstone: {verdict}: {} passed, {} failed, {} skipped", c.passed, c.failed, c.skipped);
+    let _ = writeln!(
+        out,
+        "touchstone: {verdict}: {} passed, {} failed, {} skipped",
+        c.passed, c.failed, c.skipped
+    );
     out
 }
 
@@ -37,7 +41,12 @@ fn render_run(out: &mut String, run: &SuiteRun) {
         return;
     }
     let sources: Vec<String> = {
-        let mut s: Vec<String> = run.outcomes.iter().filter(|o| o.is_golden()).map(|o| o.check.clone()).collect();
+        let mut s: Vec<String> = run
+            .outcomes
+            .iter()
+            .filter(|o| o.is_golden())
+            .map(|o| o.check.clone())
+            .collect();
         s.sort();
         s.dedup();
         s
@@ -58,9 +67,21 @@ fn render_run(out: &mut String, run: &SuiteRun) {
         for ((step, stage), outs) in &rows {
             let failed = outs.iter().any(|o| o.status == Status::Fail);
             let all_skipped = outs.iter().all(|o| o.status == Status::Skip);
-            let result = if failed { "FAIL" } else if all_skipped { "skip" } else { "pass" };
+            let result = if failed {
+                "FAIL"
+            } else if all_skipped {
+                "skip"
+            } else {
+                "pass"
+            };
             let passed = outs.iter().filter(|o| o.status == Status::Pass).count();
-            let mut line = format!("{:<8} {:<18} {:<6} {:>6}", step.to_string(), stage.to_string(), result, format!("{passed}/{}", outs.len()));
+            let mut line = format!(
+                "{:<8} {:<18} {:<6} {:>6}",
+                step.to_string(),
+                stage.to_string(),
+                result,
+                format!("{passed}/{}", outs.len())
+            );
             for s in &sources {
                 match outs.iter().find(|o| &o.check == s) {
                     Some(o) => {
@@ -76,7 +97,11 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             let note = if let Some(o) = outs.iter().find(|o| o.first_divergence) {
                 format!("<< FIRST DIVERGENCE ({})", o.check)
             } else if failed {
-                let names: Vec<&str> = outs.iter().filter(|o| o.status == Status::Fail).map(|o| o.check.as_str()).collect();
+                let names: Vec<&str> = outs
+                    .iter()
+                    .filter(|o| o.status == Status::Fail)
+                    .map(|o| o.check.as_str())
+                    .collect();
                 match outs.iter().find_map(|o| o.downstream_of.as_deref()) {
                     Some(d) => format!("{} (downstream of {d})", names.join(", ")),
                     None => names.join(", "),

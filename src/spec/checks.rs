@@ -21,29 +21,21 @@ pub const RUN_CHECKS: [&str; 3] = ["determinism", "kv_cache", "greedy_tokens"];
 pub enum StageCheck {
     Finite,
     Shape,
-    SoftmaxRows { tol: f64 },
+    SoftmaxRows {
+        tol: f64,
+    },
     Causal,
-    Rope { input: Option<StageTemplate>, style: RopeStyle, tol: f64 },
+    Rope {
+        input: Option<StageTemplate>,
+        style: RopeStyle,
+        tol: f64,
+    },
     /// `source: None` = every golden source the spec declares.
-    Golden { source: Option<String>, atol: Option<f64>, rtol: Option<f64> },
-}
-
-impl StageCheck {
-    /// The check's name in trial ids; golden checks carry their source
-    /// (`golden:hf`) so two sources are two checks.
-    pub fn id(&self) -> String {
-        match self {
-            StageCheck::Finite => "finite".into(),
-            StageCheck::Shape => "shape".into(),
-            StageCheck::SoftmaxRows { .. } => "softmax_rows".into(),
-            StageCheck::Causal => "causal".into(),
-            StageCheck::Rope { .. } => "rope".into(),
-            StageCheck::Golden { source, .. } => match source {
-                Some(s) => format!("golden:{s}"),
-                None => "golden".into(),
-            },
-        }
-    }
+    Golden {
+        source: Option<String>,
+        atol: Option<f64>,
+        rtol: Option<f64>,
+    },
 }
 
 /// A check on a whole run rather than one stage.
@@ -104,7 +96,11 @@ fn default_kv_atol() -> f64 {
     1e-5
 }
 fn default_determinism_sampling() -> SamplingSpec {
-    SamplingSpec::Random { temperature: 1.0, top_k: Some(50), top_p: Some(0.95) }
+    SamplingSpec::Random {
+        temperature: 1.0,
+        top_k: Some(50),
+        top_p: Some(0.95),
+    }
 }
 fn default_softmax_tol() -> f64 {
     1e-5
@@ -203,7 +199,9 @@ fn stage_check_with<'de, A: MapAccess<'de>>(name: &str, map: &mut A) -> Result<S
             let _: Empty = map.next_value()?;
             stage_check_bare(name).expect("bare-able names")
         }
-        "softmax_rows" => StageCheck::SoftmaxRows { tol: map.next_value::<SoftmaxParams>()?.tol },
+        "softmax_rows" => StageCheck::SoftmaxRows {
+            tol: map.next_value::<SoftmaxParams>()?.tol,
+        },
         "rope" => {
             let p: RopeParams = map.next_value()?;
             StageCheck::Rope {
@@ -216,8 +214,16 @@ fn stage_check_with<'de, A: MapAccess<'de>>(name: &str, map: &mut A) -> Result<S
             }
         }
         "golden" => match map.next_value::<StrOrMap<GoldenFull>>()? {
-            StrOrMap::Str(s) => StageCheck::Golden { source: Some(s), atol: None, rtol: None },
-            StrOrMap::Map(g) => StageCheck::Golden { source: g.source, atol: g.atol, rtol: g.rtol },
+            StrOrMap::Str(s) => StageCheck::Golden {
+                source: Some(s),
+                atol: None,
+                rtol: None,
+            },
+            StrOrMap::Map(g) => StageCheck::Golden {
+                source: g.source,
+                atol: g.atol,
+                rtol: g.rtol,
+            },
         },
         other => return Err(unknown("check", other, &STAGE_CHECKS)),
     })
@@ -228,9 +234,19 @@ fn stage_check_bare(name: &str) -> Option<StageCheck> {
         "finite" => StageCheck::Finite,
         "shape" => StageCheck::Shape,
         "causal" => StageCheck::Causal,
-        "softmax_rows" => StageCheck::SoftmaxRows { tol: default_softmax_tol() },
-        "rope" => StageCheck::Rope { input: None, style: RopeStyle::Neox, tol: default_rope_tol() },
-        "golden" => StageCheck::Golden { source: None, atol: None, rtol: None },
+        "softmax_rows" => StageCheck::SoftmaxRows {
+            tol: default_softmax_tol(),
+        },
+        "rope" => StageCheck::Rope {
+            input: None,
+            style: RopeStyle::Neox,
+            tol: default_rope_tol(),
+        },
+        "golden" => StageCheck::Golden {
+            source: None,
+            atol: None,
+            rtol: None,
+        },
         _ => return None,
     })
 }
@@ -252,7 +268,11 @@ impl<'de> Deserialize<'de> for StageCheck {
         impl<'de> Visitor<'de> for V {
             type Value = StageCheck;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                write!(f, "a check name ({}) or a one-key map of a check and its parameters", STAGE_CHECKS.join(", "))
+                write!(
+                    f,
+                    "a check name ({}) or a one-key map of a check and its parameters",
+                    STAGE_CHECKS.join(", ")
+                )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<StageCheck, E> {
                 stage_check_bare(s).ok_or_else(|| unknown("check", s, &STAGE_CHECKS))
@@ -280,7 +300,11 @@ impl<'de> Deserialize<'de> for RunCheck {
         impl<'de> Visitor<'de> for V {
             type Value = RunCheck;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                write!(f, "a run check name ({}) or a one-key map with its parameters", RUN_CHECKS.join(", "))
+                write!(
+                    f,
+                    "a run check name ({}) or a one-key map with its parameters",
+                    RUN_CHECKS.join(", ")
+                )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<RunCheck, E> {
                 match s {
@@ -296,10 +320,14 @@ impl<'de> Deserialize<'de> for RunCheck {
                     .ok_or_else(|| de::Error::custom("empty map: expected one run check name as its key"))?;
                 let check = match name.as_str() {
                     "determinism" => {
-                        let d: DeterminismSpec = map.next_value::<Option<DeterminismSpec>>()?
+                        let d: DeterminismSpec = map
+                            .next_value::<Option<DeterminismSpec>>()?
                             .unwrap_or_else(|| serde_yaml::from_str("{}").expect("defaults"));
                         if d.runs < 3 {
-                            return Err(de::Error::custom(format!("determinism needs runs >= 3, got {}", d.runs)));
+                            return Err(de::Error::custom(format!(
+                                "determinism needs runs >= 3, got {}",
+                                d.runs
+                            )));
                         }
                         if !matches!(d.sampling, SamplingSpec::Random { temperature, .. } if temperature > 0.0) {
                             return Err(de::Error::custom(

@@ -63,14 +63,26 @@ pub struct TolSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub enum SamplingSpec {
     Greedy,
-    Random { temperature: f32, top_k: Option<usize>, top_p: Option<f32> },
+    Random {
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+    },
 }
 
 impl SamplingSpec {
     pub fn to_sampling(&self) -> Sampling {
         match *self {
             SamplingSpec::Greedy => Sampling::Greedy,
-            SamplingSpec::Random { temperature, top_k, top_p } => Sampling::Random { temperature, top_k, top_p },
+            SamplingSpec::Random {
+                temperature,
+                top_k,
+                top_p,
+            } => Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+            },
         }
     }
 }
@@ -93,7 +105,9 @@ impl<'de> Deserialize<'de> for SamplingSpec {
             fn visit_str<E: de::Error>(self, s: &str) -> std::result::Result<SamplingSpec, E> {
                 match s {
                     "greedy" => Ok(SamplingSpec::Greedy),
-                    other => Err(E::custom(format!("unknown sampling `{other}`: use `greedy` or {{temperature, top_k, top_p}}"))),
+                    other => Err(E::custom(format!(
+                        "unknown sampling `{other}`: use `greedy` or {{temperature, top_k, top_p}}"
+                    ))),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<SamplingSpec, A::Error> {
@@ -109,7 +123,11 @@ impl<'de> Deserialize<'de> for SamplingSpec {
                 if r.top_k == Some(0) {
                     return Err(de::Error::custom("top_k must be at least 1"));
                 }
-                Ok(SamplingSpec::Random { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p })
+                Ok(SamplingSpec::Random {
+                    temperature: r.temperature,
+                    top_k: r.top_k,
+                    top_p: r.top_p,
+                })
             }
         }
         d.deserialize_any(V)
@@ -187,9 +205,9 @@ impl Spec {
     pub fn parse(path: &Path, text: &str) -> Result<Spec> {
         let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        let name = raw.name.unwrap_or_else(|| {
-            path.file_stem().and_then(|s| s.to_str()).unwrap_or("spec").to_string()
-        });
+        let name = raw
+            .name
+            .unwrap_or_else(|| path.file_stem().and_then(|s| s.to_str()).unwrap_or("spec").to_string());
         let mut stages = Vec::with_capacity(raw.stages.0.len());
         for (text_pattern, checks) in raw.stages.0 {
             let p = StagePattern::parse(&text_pattern).map_err(|msg| {
@@ -199,9 +217,17 @@ impl Spec {
                     .or_else(|| locate(text, &format!("{text_pattern}:")))
                     .unwrap_or((0, 0));
                 if line == 0 {
-                    Error::SpecInvalid { path: path.to_path_buf(), msg: format!("stages: {msg}") }
+                    Error::SpecInvalid {
+                        path: path.to_path_buf(),
+                        msg: format!("stages: {msg}"),
+                    }
                 } else {
-                    Error::SpecSyntax { path: path.to_path_buf(), line, col, msg: format!("stages: {msg}") }
+                    Error::SpecSyntax {
+                        path: path.to_path_buf(),
+                        line,
+                        col,
+                        msg: format!("stages: {msg}"),
+                    }
                 }
             })?;
             stages.push((p, checks));
@@ -232,7 +258,11 @@ impl Spec {
                 match c {
                     StageCheck::Golden { source: Some(s), .. } => named.push((s, "golden check")),
                     StageCheck::Golden { source: None, .. } if declared.is_empty() => {
-                        return Err(self.located(text, "golden", "a `golden` check needs a golden source, but the spec declares no `goldens:`".into()))
+                        return Err(self.located(
+                            text,
+                            "golden",
+                            "a `golden` check needs a golden source, but the spec declares no `goldens:`".into(),
+                        ))
                     }
                     _ => {}
                 }
@@ -243,9 +273,14 @@ impl Spec {
                 match source {
                     Some(s) => named.push((s, "greedy_tokens check")),
                     None if declared.len() != 1 => {
-                        return Err(self.located(text, "greedy_tokens", format!(
-                            "greedy_tokens needs `source:` when the spec declares {} golden sources", declared.len()
-                        )))
+                        return Err(self.located(
+                            text,
+                            "greedy_tokens",
+                            format!(
+                                "greedy_tokens needs `source:` when the spec declares {} golden sources",
+                                declared.len()
+                            ),
+                        ))
                     }
                     None => {}
                 }
@@ -257,18 +292,36 @@ impl Spec {
         for (s, what) in named {
             if !declared.contains(&s) {
                 let hint = crate::suggest::hint(s, declared.iter().copied());
-                return Err(self.located(text, s, format!(
-                    "{what} names golden source `{s}`, which is not declared under `goldens:`{hint} (declared: {})",
-                    if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
-                )));
+                return Err(self.located(
+                    text,
+                    s,
+                    format!(
+                        "{what} names golden source `{s}`, which is not declared under `goldens:`{hint} (declared: {})",
+                        if declared.is_empty() {
+                            "none".to_string()
+                        } else {
+                            declared.join(", ")
+                        }
+                    ),
+                ));
             }
         }
         match (&self.prompt.tokens, &self.prompt.golden) {
-            (Some(_), Some(_)) => Err(self.located(text, "prompt", "prompt: give either `tokens` or `golden`, not both".into())),
-            (None, None) => Err(self.located(text, "prompt", "prompt: give `tokens: [ids...]` or `golden: SOURCE`".into())),
+            (Some(_), Some(_)) => Err(self.located(
+                text,
+                "prompt",
+                "prompt: give either `tokens` or `golden`, not both".into(),
+            )),
+            (None, None) => Err(self.located(
+                text,
+                "prompt",
+                "prompt: give `tokens: [ids...]` or `golden: SOURCE`".into(),
+            )),
             (Some(t), None) if t.is_empty() => Err(self.located(text, "tokens", "prompt.tokens is empty".into())),
             (Some(_), None) if self.prompt.decode_steps.is_none() => Err(self.located(
-                text, "prompt", "prompt.decode_steps is required with explicit tokens".into(),
+                text,
+                "prompt",
+                "prompt.decode_steps is required with explicit tokens".into(),
             )),
             _ => Ok(()),
         }
@@ -276,8 +329,16 @@ impl Spec {
 
     fn located(&self, text: &str, needle: &str, msg: String) -> Error {
         match locate(text, needle) {
-            Some((line, col)) => Error::SpecSyntax { path: self.path.clone(), line, col, msg },
-            None => Error::SpecInvalid { path: self.path.clone(), msg },
+            Some((line, col)) => Error::SpecSyntax {
+                path: self.path.clone(),
+                line,
+                col,
+                msg,
+            },
+            None => Error::SpecInvalid {
+                path: self.path.clone(),
+                msg,
+            },
         }
     }
 }
@@ -298,9 +359,17 @@ fn yaml_error(path: &Path, e: &serde_yaml::Error) -> Error {
         Some(loc) => {
             let suffix = format!(" at line {} column {}", loc.line(), loc.column());
             let msg = msg.strip_suffix(&suffix).unwrap_or(&msg).to_string();
-            Error::SpecSyntax { path: path.to_path_buf(), line: loc.line(), col: loc.column(), msg }
+            Error::SpecSyntax {
+                path: path.to_path_buf(),
+                line: loc.line(),
+                col: loc.column(),
+                msg,
+            }
         }
-        None => Error::SpecInvalid { path: path.to_path_buf(), msg },
+        None => Error::SpecInvalid {
+            path: path.to_path_buf(),
+            msg,
+        },
     }
 }
 

@@ -94,7 +94,9 @@ mod tests {
         assert!(p.matches(Stage::Block(1, BlockStage::AttnProbs)));
         assert!(!p.matches(Stage::Block(1, BlockStage::Q)));
         assert!(StagePattern::parse("*").unwrap().matches(Stage::Logits));
-        assert!(StagePattern::parse("blk.*.*").unwrap().matches(Stage::Block(0, BlockStage::Out)));
+        assert!(StagePattern::parse("blk.*.*")
+            .unwrap()
+            .matches(Stage::Block(0, BlockStage::Out)));
         assert_eq!(StagePattern::parse("blk.7.q").unwrap().named_layer(), Some(7));
         let err = StagePattern::parse("blk.*.attn_prob").unwrap_err();
         assert!(err.contains("did you mean `blk.*.attn_probs`"), "{err}");

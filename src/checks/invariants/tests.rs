@@ -72,8 +72,16 @@ fn finite_passes_clean_and_names_nan_and_inf() {
     bad.data_mut()[5] = f32::NEG_INFINITY;
     let v = finite(&bad);
     assert!(v.failed());
-    assert_eq!((v.metrics["pos_inf"], v.metrics["neg_inf"], v.metrics["non_finite"]), (1.0, 1.0, 3.0));
-    assert!(v.message.starts_with("3 of 6 values non-finite (1 NaN, 1 +Inf, 1 -Inf); first at index [0, 1] (inf)"), "{}", v.message);
+    assert_eq!(
+        (v.metrics["pos_inf"], v.metrics["neg_inf"], v.metrics["non_finite"]),
+        (1.0, 1.0, 3.0)
+    );
+    assert!(
+        v.message
+            .starts_with("3 of 6 values non-finite (1 NaN, 1 +Inf, 1 -Inf); first at index [0, 1] (inf)"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
@@ -91,7 +99,11 @@ fn softmax_rows_pass_on_real_softmax() {
     let p = causal_probs(2, &[0, 1, 2, 3], 4);
     let v = softmax_rows(&p, 1e-6);
     assert!(v.passed(), "{}", v.message);
-    assert!(v.message.starts_with("all 8 rows of 4 sum to 1 within"), "{}", v.message);
+    assert!(
+        v.message.starts_with("all 8 rows of 4 sum to 1 within"),
+        "{}",
+        v.message
+    );
     assert!(v.metrics["max_row_err"] <= 1e-6);
     // One-hot row at 1 + 1 ulp: reciprocal-multiply rounding, not a bug.
     assert!(softmax_rows(&t(&[1, 2], vec![1.000_000_1, 0.0]), 1e-6).passed());
@@ -107,7 +119,12 @@ fn softmax_rows_fail_on_unnormalised_row() {
     assert!(v.failed());
     assert_eq!(v.metrics["bad_rows"], 1.0);
     assert_eq!(v.metrics["out_of_range"], 0.0);
-    assert!(v.message.starts_with("1 of 8 rows are not distributions (tol 1e-6): worst row [1, 2] sums to 1.01"), "{}", v.message);
+    assert!(
+        v.message
+            .starts_with("1 of 8 rows are not distributions (tol 1e-6): worst row [1, 2] sums to 1.01"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
@@ -115,7 +132,12 @@ fn softmax_rows_fail_on_out_of_range_entries_even_when_sums_are_1() {
     let v = softmax_rows(&t(&[2, 3], vec![0.2, 0.3, 0.5, 0.5, 0.7, -0.2]), 1e-6);
     assert!(v.failed());
     assert_eq!((v.metrics["bad_rows"], v.metrics["out_of_range"]), (1.0, 1.0));
-    assert!(v.message.contains("1 entries outside [0, 1], first at index [1, 2]: -0.2"), "{}", v.message);
+    assert!(
+        v.message
+            .contains("1 entries outside [0, 1], first at index [1, 2]: -0.2"),
+        "{}",
+        v.message
+    );
 
     let v = softmax_rows(&t(&[1, 3], vec![0.0, 1.5, -0.5]), 1e-6);
     assert!(v.failed());
@@ -133,7 +155,7 @@ fn causal_passes_prefill_and_chunked_decode() {
     let v = causal(&causal_probs(2, &[0, 1, 2, 3], 4), &[0, 1, 2, 3]);
     assert!(v.passed(), "{}", v.message);
     assert_eq!(v.metrics["future_entries"], 12.0); // 2 heads x (3+2+1+0)
-    // Two new tokens against a cache of 5: row 0 (position 3) must not see position 4.
+                                                   // Two new tokens against a cache of 5: row 0 (position 3) must not see position 4.
     let v = causal(&causal_probs(2, &[3, 4], 5), &[3, 4]);
     assert!(v.passed(), "{}", v.message);
     assert_eq!(v.metrics["future_entries"], 2.0);
@@ -150,7 +172,12 @@ fn causal_fails_on_future_probability() {
     let v = causal(&p, &[0, 1, 2, 3]);
     assert!(v.failed());
     assert_eq!(v.metrics["future_nonzero"], 1.0);
-    assert!(v.message.contains("first at [h, t, s] = [1, 1, 3] (query row 1 is at position 1): 0.125"), "{}", v.message);
+    assert!(
+        v.message
+            .contains("first at [h, t, s] = [1, 1, 3] (query row 1 is at position 1): 0.125"),
+        "{}",
+        v.message
+    );
     assert!(!v.message.contains("off by one"));
 
     // Decode-like rows checked at the wrong (prefill) positions: off by one.
@@ -164,11 +191,21 @@ fn causal_fails_on_future_probability() {
 #[test]
 fn causal_rejects_bad_arguments() {
     let p = causal_probs(1, &[0, 1], 2);
-    assert!(causal(&t(&[2, 2], vec![0.0; 4]), &[0, 1]).message.contains("must be [H, T, S], got shape [2, 2]"));
+    assert!(causal(&t(&[2, 2], vec![0.0; 4]), &[0, 1])
+        .message
+        .contains("must be [H, T, S], got shape [2, 2]"));
     let v = causal(&p, &[0]);
-    assert!(v.failed() && v.message.contains("1 positions given for T = 2"), "{}", v.message);
+    assert!(
+        v.failed() && v.message.contains("1 positions given for T = 2"),
+        "{}",
+        v.message
+    );
     let v = causal(&p, &[0, 2]);
-    assert!(v.failed() && v.message.contains("query row 1 is at position 2, outside the S = 2"), "{}", v.message);
+    assert!(
+        v.failed() && v.message.contains("query row 1 is at position 2, outside the S = 2"),
+        "{}",
+        v.message
+    );
 }
 
 fn qk(tt: usize) -> Tensor {
@@ -179,16 +216,36 @@ fn qk(tt: usize) -> Tensor {
 fn rope_passes_a_correct_rotation_in_both_styles() {
     let x = qk(4);
     for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-        let v = rope(&x, &reference_rope(&x, &[0, 1, 2, 3], style), &[0, 1, 2, 3], style, 1e-5);
+        let v = rope(
+            &x,
+            &reference_rope(&x, &[0, 1, 2, 3], style),
+            &[0, 1, 2, 3],
+            style,
+            1e-5,
+        );
         assert!(v.passed(), "{}", v.message);
         assert_eq!((v.metrics["pos0_rows"], v.metrics["rotated_checked"]), (1.0, 6.0));
-        assert!(v.message.contains("(1) identity at position 0: max |Δ| 0 over 1 rows"), "{}", v.message);
+        assert!(
+            v.message.contains("(1) identity at position 0: max |Δ| 0 over 1 rows"),
+            "{}",
+            v.message
+        );
     }
     // Decode step: no position 0, so (1) is reported as not applicable.
     let x = qk(1);
-    let v = rope(&x, &reference_rope(&x, &[7], RopeStyle::Neox), &[7], RopeStyle::Neox, 1e-5);
+    let v = rope(
+        &x,
+        &reference_rope(&x, &[7], RopeStyle::Neox),
+        &[7],
+        RopeStyle::Neox,
+        1e-5,
+    );
     assert!(v.passed(), "{}", v.message);
-    assert!(v.message.contains("not applicable, no row at position 0"), "{}", v.message);
+    assert!(
+        v.message.contains("not applicable, no row at position 0"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
@@ -198,11 +255,19 @@ fn rope_fails_when_output_is_not_rotated() {
     assert!(v.failed());
     assert_eq!(v.metrics["unrotated"], 6.0);
     assert!(v.message.contains("(2) not rotated: 6 of 6 vectors"), "{}", v.message);
-    assert!(v.message.contains("first [t, head] = [1, 0] at position 1"), "{}", v.message);
+    assert!(
+        v.message.contains("first [t, head] = [1, 0] at position 1"),
+        "{}",
+        v.message
+    );
     // The same decode step with a stale (unrotated) output.
     let x = qk(1);
     let v = rope(&x, &x, &[5], RopeStyle::Neox, 1e-5);
-    assert!(v.failed() && v.message.contains("(1) identity at position 0: not applicable"), "{}", v.message);
+    assert!(
+        v.failed() && v.message.contains("(1) identity at position 0: not applicable"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
@@ -237,25 +302,50 @@ fn rope_fails_when_position_0_is_changed() {
     let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5);
     assert!(v.failed());
     assert_eq!(v.metrics["identity_violations"], 1.0);
-    assert!(v.message.contains("(1) not the identity at position 0"), "{}", v.message);
-    assert!(v.message.contains("[t, head, pair] = [0, 1, 1] (dims 1, 5, position 0)"), "{}", v.message);
+    assert!(
+        v.message.contains("(1) not the identity at position 0"),
+        "{}",
+        v.message
+    );
+    assert!(
+        v.message
+            .contains("[t, head, pair] = [0, 1, 1] (dims 1, 5, position 0)"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
 fn rope_skips_zero_vectors_and_rejects_bad_arguments() {
     let mut x = qk(2);
     x.data_mut()[16..24].iter_mut().for_each(|v| *v = 0.0); // row 1, head 0
-    let v = rope(&x, &reference_rope(&x, &[0, 1], RopeStyle::Neox), &[0, 1], RopeStyle::Neox, 1e-5);
+    let v = rope(
+        &x,
+        &reference_rope(&x, &[0, 1], RopeStyle::Neox),
+        &[0, 1],
+        RopeStyle::Neox,
+        1e-5,
+    );
     assert!(v.passed(), "{}", v.message);
     assert_eq!((v.metrics["skipped_zero"], v.metrics["rotated_checked"]), (1.0, 1.0));
 
     let x = qk(2);
-    assert!(rope(&x, &qk(1), &[0, 1], RopeStyle::Neox, 1e-5).message.contains("input shape [2, 2, 8] vs output shape [1, 2, 8]"));
+    assert!(rope(&x, &qk(1), &[0, 1], RopeStyle::Neox, 1e-5)
+        .message
+        .contains("input shape [2, 2, 8] vs output shape [1, 2, 8]"));
     let odd = t(&[1, 1, 3], vec![0.0; 3]);
-    assert!(rope(&odd, &odd, &[0], RopeStyle::Neox, 1e-5).message.contains("D = 3 is odd"));
-    assert!(rope(&x, &x, &[0], RopeStyle::Neox, 1e-5).message.contains("1 positions given for T = 2"));
+    assert!(rope(&odd, &odd, &[0], RopeStyle::Neox, 1e-5)
+        .message
+        .contains("D = 3 is odd"));
+    assert!(rope(&x, &x, &[0], RopeStyle::Neox, 1e-5)
+        .message
+        .contains("1 positions given for T = 2"));
     let mut y = x.clone();
     y.data_mut()[3] = f32::NAN;
     let v = rope(&x, &y, &[0, 1], RopeStyle::Neox, 1e-5);
-    assert!(v.failed() && v.message.contains("output has non-finite value NaN at index [0, 0, 3]"), "{}", v.message);
+    assert!(
+        v.failed() && v.message.contains("output has non-finite value NaN at index [0, 0, 3]"),
+        "{}",
+        v.message
+    );
 }

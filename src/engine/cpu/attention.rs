@@ -35,14 +35,7 @@ pub struct Attended {
 /// Attends `q` (`[T, H, D]`, after RoPE, rows at positions `pos0..pos0+T`) over
 /// `keys`/`values` (`[S, KV, D]`, S ≥ pos0+T, keys after RoPE). Key j is visible
 /// to query row t iff j ≤ pos0 + t; masked probabilities are exactly 0.
-pub fn attend(
-    q: &[f32],
-    t: usize,
-    pos0: usize,
-    keys: &[f32],
-    values: &[f32],
-    shape: AttnShape,
-) -> Attended {
+pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], shape: AttnShape) -> Attended {
     let AttnShape {
         heads,
         kv_heads,
@@ -51,11 +44,7 @@ pub fn attend(
     let kv_row = kv_heads * d;
     let s = keys.len() / kv_row;
     assert_eq!(q.len(), t * heads * d, "attend: q is not [T,H,D]");
-    assert_eq!(
-        values.len(),
-        keys.len(),
-        "attend: keys and values differ in length"
-    );
+    assert_eq!(values.len(), keys.len(), "attend: keys and values differ in length");
     assert!(pos0 + t <= s, "attend: queries past the cache");
     // HF's `scaling = head_dim ** -0.5`, a Python float rounded to f32 when it
     // multiplies the f32 scores.
@@ -177,10 +166,7 @@ mod tests {
                 let sum: f32 = row.iter().sum();
                 assert!((sum - 1.0).abs() < 1e-6, "head {h} row {r} sums to {sum}");
                 assert!(row[..=r].iter().all(|&p| p > 0.0));
-                assert!(
-                    row[r + 1..].iter().all(|&p| p == 0.0),
-                    "row {r} sees the future"
-                );
+                assert!(row[r + 1..].iter().all(|&p| p == 0.0), "row {r} sees the future");
             }
         }
         // Row 0 sees only key 0: its context is exactly v[0] of its KV head.
@@ -194,21 +180,14 @@ mod tests {
             kv_heads: 2,
             head_dim: 4,
         };
-        assert_eq!(
-            (0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(),
-            [0, 0, 0, 1, 1, 1]
-        );
+        assert_eq!((0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(), [0, 0, 0, 1, 1, 1]);
         // One query row at position 0 sees only key 0, so query head h's
         // context must equal the value of its KV head.
         let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let a = attend(&data(24, 4), 1, 0, &data(8, 5), &v, shape);
         for h in 0..6 {
             let kvh = shape.kv_head(h);
-            assert_eq!(
-                &a.ctx[h * 4..h * 4 + 4],
-                &v[kvh * 4..kvh * 4 + 4],
-                "head {h}"
-            );
+            assert_eq!(&a.ctx[h * 4..h * 4 + 4], &v[kvh * 4..kvh * 4 + 4], "head {h}");
         }
     }
 

@@ -35,8 +35,7 @@ impl Tap<'_> {
     /// Captures `data` itself (no copy) if `s` is tapped.
     fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
         if self.wants(s) {
-            self.caps
-                .insert(self.step, s, Tensor::new(shape.to_vec(), data));
+            self.caps.insert(self.step, s, Tensor::new(shape.to_vec(), data));
         }
     }
 }

@@ -21,18 +21,9 @@ pub struct Linear {
 
 impl Linear {
     fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
-        let w = ws
-            .take(&format!("{prefix}.weight"), &[out_f, in_f])?
-            .into_data();
-        let bias = ws
-            .take_opt(&format!("{prefix}.bias"), &[out_f])?
-            .map(|t| t.into_data());
-        Ok(Linear {
-            w,
-            bias,
-            out_f,
-            in_f,
-        })
+        let w = ws.take(&format!("{prefix}.weight"), &[out_f, in_f])?.into_data();
+        let bias = ws.take_opt(&format!("{prefix}.bias"), &[out_f])?.map(|t| t.into_data());
+        Ok(Linear { w, bias, out_f, in_f })
     }
 
     /// `x[rows, in] → [rows, out]`: the GEMM, then the bias added (as torch's
@@ -84,9 +75,7 @@ impl ModelWeights {
         for i in 0..cfg.layers {
             let p = format!("model.layers.{i}");
             blocks.push(Block {
-                attn_norm: ws
-                    .take(&format!("{p}.input_layernorm.weight"), &[e])?
-                    .into_data(),
+                attn_norm: ws.take(&format!("{p}.input_layernorm.weight"), &[e])?.into_data(),
                 q: Linear::load(ws, &format!("{p}.self_attn.q_proj"), qd, e)?,
                 k: Linear::load(ws, &format!("{p}.self_attn.k_proj"), kvd, e)?,
                 v: Linear::load(ws, &format!("{p}.self_attn.v_proj"), kvd, e)?,

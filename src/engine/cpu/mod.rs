@@ -51,11 +51,7 @@ impl CpuEngine {
     }
 
     fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<()> {
-        if let Some((i, &tok)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= self.cfg.vocab)
-        {
+        if let Some((i, &tok)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.cfg.vocab) {
             return Err(Error::engine(
                 "cpu",
                 format!(
@@ -123,15 +119,7 @@ impl Engine for CpuEngine {
                 step,
                 caps: &mut captures,
             };
-            let logits = forward(
-                cfg,
-                &self.weights,
-                &self.rope,
-                &tokens,
-                pos0,
-                &mut cache,
-                &mut tap,
-            );
+            let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
             sampled.push(sampler.sample(&logits));
             positions.push((pos0..pos0 + tokens.len()).collect());
         }

@@ -46,33 +46,31 @@ pub fn matmul_wt(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32>
         return y;
     }
     let out = SendPtr(y.as_mut_ptr());
-    (0..n.div_ceil(COLS_PER_TASK))
-        .into_par_iter()
-        .for_each(|blk| {
-            let c0 = blk * COLS_PER_TASK;
-            let nc = COLS_PER_TASK.min(n - c0);
-            let out = &out;
-            // SAFETY: every task writes only columns c0..c0+nc of y (disjoint
-            // across tasks) and reads rows c0..c0+nc of w; y outlives the scope.
-            unsafe {
-                sgemm(
-                    m,
-                    k,
-                    nc,
-                    1.0,
-                    x.as_ptr(),
-                    k as isize,
-                    1,
-                    w.as_ptr().add(c0 * k),
-                    1,
-                    k as isize,
-                    0.0,
-                    out.0.add(c0),
-                    n as isize,
-                    1,
-                );
-            }
-        });
+    (0..n.div_ceil(COLS_PER_TASK)).into_par_iter().for_each(|blk| {
+        let c0 = blk * COLS_PER_TASK;
+        let nc = COLS_PER_TASK.min(n - c0);
+        let out = &out;
+        // SAFETY: every task writes only columns c0..c0+nc of y (disjoint
+        // across tasks) and reads rows c0..c0+nc of w; y outlives the scope.
+        unsafe {
+            sgemm(
+                m,
+                k,
+                nc,
+                1.0,
+                x.as_ptr(),
+                k as isize,
+                1,
+                w.as_ptr().add(c0 * k),
+                1,
+                k as isize,
+                0.0,
+                out.0.add(c0),
+                n as isize,
+                1,
+            );
+        }
+    });
     y
 }
 
@@ -274,12 +272,7 @@ mod tests {
             assert!((*a as f64 - b).abs() < 1e-7, "{a} vs {b}");
         }
         // Two rows are normalised independently.
-        let y2 = rmsnorm(
-            &[1.0, 2.0, 3.0, 4.0, 10.0, 0.0, 0.0, 0.0],
-            4,
-            &[1.0; 4],
-            0.0,
-        );
+        let y2 = rmsnorm(&[1.0, 2.0, 3.0, 4.0, 10.0, 0.0, 0.0, 0.0], 4, &[1.0; 4], 0.0);
         assert!((y2[4] - 2.0).abs() < 1e-6, "10/sqrt(25) = 2, got {}", y2[4]);
     }
 
@@ -296,11 +289,7 @@ mod tests {
             for j in 0..4 {
                 let n0 = xh[j].hypot(xh[j + 4]);
                 let n1 = yh[j].hypot(yh[j + 4]);
-                assert!(
-                    (n0 - n1).abs() < 1e-6,
-                    "pair ({j},{}) norm {n0} -> {n1}",
-                    j + 4
-                );
+                assert!((n0 - n1).abs() < 1e-6, "pair ({j},{}) norm {n0} -> {n1}", j + 4);
             }
         }
         // j = 0 has inv_freq 1: the first pair turns by exactly `pos` radians.
@@ -311,17 +300,11 @@ mod tests {
     #[test]
     fn matmul_matches_naive_and_is_split_invariant() {
         let (m, k, n) = (3, 700, 600); // big enough to take the parallel path
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.01)
-            .collect();
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.02)
-            .collect();
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.01).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.02).collect();
         let y = matmul_wt(&x, m, k, &w, n);
         for (i, j) in [(0, 0), (2, 599), (1, 300)] {
-            let want: f64 = (0..k)
-                .map(|p| x[i * k + p] as f64 * w[j * k + p] as f64)
-                .sum();
+            let want: f64 = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum();
             assert!((y[i * n + j] as f64 - want).abs() < 1e-4);
         }
         // One row alone gives the same bits as that row inside the batch.
@@ -332,9 +315,7 @@ mod tests {
     #[test]
     fn torch_sum_is_an_accurate_sum_at_every_length() {
         for n in [0, 1, 7, 8, 31, 64, 100, 513, 896, 4096, 20_000] {
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919 % 1000) as f32) * 1e-3 + 0.5)
-                .collect();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32) * 1e-3 + 0.5).collect();
             let exact: f64 = x.iter().map(|&v| v as f64).sum();
             let got = torch_sum(&x) as f64;
             assert!(

@@ -38,14 +38,10 @@ impl Default for Opts {
 
 /// Deterministic pseudo-random weights in about [-scale, scale].
 pub fn fill(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
         })
         .collect()
@@ -53,11 +49,7 @@ pub fn fill(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 /// The model's tensors by name (f32 values, before storage conversion).
 pub fn tensors(o: Opts) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let mut t = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![V, E],
-        fill(V * E, 1, 1.0),
-    )];
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![V, E], fill(V * E, 1, 1.0))];
     let mut seed = 10;
     let mut add = |t: &mut Vec<_>, name: String, shape: Vec<usize>, scale: f32| {
         seed += 1;
@@ -66,44 +58,20 @@ pub fn tensors(o: Opts) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     };
     for i in 0..L {
         let p = format!("model.layers.{i}");
-        let norm = |s| {
-            fill(E, s, 0.2)
-                .into_iter()
-                .map(|x| 1.0 + x)
-                .collect::<Vec<_>>()
-        };
-        t.push((
-            format!("{p}.input_layernorm.weight"),
-            vec![E],
-            norm(100 + i as u64),
-        ));
+        let norm = |s| fill(E, s, 0.2).into_iter().map(|x| 1.0 + x).collect::<Vec<_>>();
+        t.push((format!("{p}.input_layernorm.weight"), vec![E], norm(100 + i as u64)));
         t.push((
             format!("{p}.post_attention_layernorm.weight"),
             vec![E],
             norm(200 + i as u64),
         ));
         for (n, out) in [("q", H * D), ("k", KV * D), ("v", KV * D)] {
-            add(
-                &mut t,
-                format!("{p}.self_attn.{n}_proj.weight"),
-                vec![out, E],
-                0.4,
-            );
+            add(&mut t, format!("{p}.self_attn.{n}_proj.weight"), vec![out, E], 0.4);
             if o.bias {
-                add(
-                    &mut t,
-                    format!("{p}.self_attn.{n}_proj.bias"),
-                    vec![out],
-                    0.2,
-                );
+                add(&mut t, format!("{p}.self_attn.{n}_proj.bias"), vec![out], 0.2);
             }
         }
-        add(
-            &mut t,
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![E, H * D],
-            0.3,
-        );
+        add(&mut t, format!("{p}.self_attn.o_proj.weight"), vec![E, H * D], 0.3);
         add(&mut t, format!("{p}.mlp.gate_proj.weight"), vec![F, E], 0.4);
         add(&mut t, format!("{p}.mlp.up_proj.weight"), vec![F, E], 0.4);
         add(&mut t, format!("{p}.mlp.down_proj.weight"), vec![E, F], 0.3);
@@ -125,11 +93,7 @@ pub fn config_json(tied: bool) -> serde_json::Value {
 }
 
 /// Writes a model folder; `edit` may change the tensor list first.
-pub fn write_model(
-    dir: &Path,
-    o: Opts,
-    edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>),
-) {
+pub fn write_model(dir: &Path, o: Opts, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
     let mut ts = tensors(o);
     edit(&mut ts);
     std::fs::write(dir.join("config.json"), config_json(o.tied).to_string()).unwrap();
@@ -137,14 +101,8 @@ pub fn write_model(
         .iter()
         .map(|(_, _, v)| match o.dtype {
             Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Dtype::F16 => v
-                .iter()
-                .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-                .collect(),
-            Dtype::BF16 => v
-                .iter()
-                .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-                .collect(),
+            Dtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+            Dtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
             other => panic!("test dtype {other:?}"),
         })
         .collect();
@@ -153,12 +111,7 @@ pub fn write_model(
         .zip(&bytes)
         .map(|((n, s, _), b)| (n.clone(), TensorView::new(o.dtype, s.clone(), b).unwrap()))
         .collect();
-    safetensors::serialize_to_file(
-        views,
-        None::<HashMap<String, String>>,
-        &dir.join("model.safetensors"),
-    )
-    .unwrap();
+    safetensors::serialize_to_file(views, None::<HashMap<String, String>>, &dir.join("model.safetensors")).unwrap();
 }
 
 pub fn model(o: Opts) -> (tempfile::TempDir, CpuEngine) {

@@ -23,47 +23,27 @@ fn req(prompt: Vec<u32>, decode_steps: usize, forced: Option<Vec<u32>>) -> RunRe
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]
 fn runs_with_all_taps_in_canonical_shapes() {
     let (_d, eng) = model(Opts::default());
-    let out = eng
-        .run(&req(vec![3, 7, 1, 9], 2, None), &TapSet::all(L))
-        .unwrap();
+    let out = eng.run(&req(vec![3, 7, 1, 9], 2, None), &TapSet::all(L)).unwrap();
     assert_eq!(out.sampled.len(), 3);
     assert_eq!(out.positions, vec![vec![0, 1, 2, 3], vec![4], vec![5]]);
     assert_eq!(out.captures.len(), 3 * Stage::all(L).len());
     let shape = |step, st| out.captures.get(step, st).unwrap().shape().to_vec();
     assert_eq!(shape(Step::Prefill, Stage::Embed), [4, E]);
-    assert_eq!(
-        shape(Step::Prefill, Stage::Block(1, BlockStage::Q)),
-        [4, H, D]
-    );
-    assert_eq!(
-        shape(Step::Prefill, Stage::Block(1, BlockStage::KRope)),
-        [4, KV, D]
-    );
-    assert_eq!(
-        shape(Step::Prefill, Stage::Block(0, BlockStage::AttnProbs)),
-        [H, 4, 4]
-    );
+    assert_eq!(shape(Step::Prefill, Stage::Block(1, BlockStage::Q)), [4, H, D]);
+    assert_eq!(shape(Step::Prefill, Stage::Block(1, BlockStage::KRope)), [4, KV, D]);
+    assert_eq!(shape(Step::Prefill, Stage::Block(0, BlockStage::AttnProbs)), [H, 4, 4]);
     assert_eq!(
         shape(Step::Decode(2), Stage::Block(0, BlockStage::AttnProbs)),
         [H, 1, 6]
     );
-    assert_eq!(
-        shape(Step::Decode(1), Stage::Block(0, BlockStage::AttnCtx)),
-        [1, H * D]
-    );
-    assert_eq!(
-        shape(Step::Decode(1), Stage::Block(1, BlockStage::FfnAct)),
-        [1, F]
-    );
+    assert_eq!(shape(Step::Decode(1), Stage::Block(0, BlockStage::AttnCtx)), [1, H * D]);
+    assert_eq!(shape(Step::Decode(1), Stage::Block(1, BlockStage::FfnAct)), [1, F]);
     assert_eq!(shape(Step::Prefill, Stage::Logits), [4, V]);
     // Greedy: sampled tokens are the argmax of each step's last logits row,
     // and with forcing off each decode step is fed the previous sample.
@@ -73,10 +53,7 @@ fn runs_with_all_taps_in_canonical_shapes() {
         assert_eq!(out.sampled[i], crate::sampling::argmax(last));
     }
     let fed = out.captures.get(Step::Decode(1), Stage::Embed).unwrap();
-    assert_eq!(
-        fed.data(),
-        &eng.weights.embed[out.sampled[0] as usize * E..][..E]
-    );
+    assert_eq!(fed.data(), &eng.weights.embed[out.sampled[0] as usize * E..][..E]);
 }
 
 #[test]
@@ -102,37 +79,20 @@ fn incremental_decode_matches_full_prefill() {
     let taps: TapSet = [Stage::Logits, Stage::Block(1, BlockStage::KRope)]
         .into_iter()
         .collect();
-    let inc = eng
-        .run(&req(prompt.clone(), 3, Some(forced.clone())), &taps)
-        .unwrap();
+    let inc = eng.run(&req(prompt.clone(), 3, Some(forced.clone())), &taps).unwrap();
     let mut all = prompt.clone();
     all.extend(&forced);
     let full = eng.run(&req(all, 0, None), &taps).unwrap();
-    let full_logits = full
-        .captures
-        .get(Step::Prefill, Stage::Logits)
-        .unwrap()
-        .data();
+    let full_logits = full.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
     let t0 = prompt.len();
     // Prefill rows, then each decode step against the matching full row.
-    let pre = inc
-        .captures
-        .get(Step::Prefill, Stage::Logits)
-        .unwrap()
-        .data();
+    let pre = inc.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
     assert!(max_abs(pre, &full_logits[..t0 * V]) < 1e-5);
     for n in 1..=3 {
-        let dec = inc
-            .captures
-            .get(Step::Decode(n), Stage::Logits)
-            .unwrap()
-            .data();
+        let dec = inc.captures.get(Step::Decode(n), Stage::Logits).unwrap().data();
         let row = &full_logits[(t0 + n - 1) * V..][..V];
         let err = max_abs(dec, row);
-        assert!(
-            err < 1e-5,
-            "decode{n} logits differ from full prefill by {err}"
-        );
+        assert!(err < 1e-5, "decode{n} logits differ from full prefill by {err}");
         let k = inc
             .captures
             .get(Step::Decode(n), Stage::Block(1, BlockStage::KRope))
@@ -168,11 +128,7 @@ fn two_runs_are_bitwise_identical() {
     assert_eq!(a.sampled, b.sampled);
     for ((ka, ta), (kb, tb)) in a.captures.iter().zip(b.captures.iter()) {
         assert_eq!(ka, kb);
-        let same = ta
-            .data()
-            .iter()
-            .zip(tb.data())
-            .all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = ta.data().iter().zip(tb.data()).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "{ka:?} differs between runs");
     }
 }
@@ -194,26 +150,16 @@ fn missing_weight_is_an_error_naming_it() {
 fn wrong_shape_and_leftover_weights_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), Opts::default(), |ts| {
-        let t = ts
-            .iter_mut()
-            .find(|(n, _, _)| n == "model.norm.weight")
-            .unwrap();
+        let t = ts.iter_mut().find(|(n, _, _)| n == "model.norm.weight").unwrap();
         t.1 = vec![E + 1];
         t.2 = vec![1.0; E + 1];
     });
     let msg = CpuEngine::load(dir.path()).err().unwrap().to_string();
-    assert!(
-        msg.contains("model.norm.weight") && msg.contains("shape"),
-        "{msg}"
-    );
+    assert!(msg.contains("model.norm.weight") && msg.contains("shape"), "{msg}");
 
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path(), Opts::default(), |ts| {
-        ts.push((
-            "model.layers.0.self_attn.q_norm.weight".into(),
-            vec![D],
-            vec![1.0; D],
-        ));
+        ts.push(("model.layers.0.self_attn.q_norm.weight".into(), vec![D], vec![1.0; D]));
         ts.push((
             "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
             vec![D / 2],
@@ -237,25 +183,16 @@ fn tied_head_uses_embeddings_and_untied_head_differs() {
     let taps: TapSet = [Stage::OutputNorm, Stage::Logits].into_iter().collect();
     let r = req(vec![4, 4, 11], 0, None);
     let a = tied.run(&r, &taps).unwrap();
-    let xn = a
-        .captures
-        .get(Step::Prefill, Stage::OutputNorm)
-        .unwrap()
-        .data();
+    let xn = a.captures.get(Step::Prefill, Stage::OutputNorm).unwrap().data();
     let lg = a.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
     // logits[t, v] = output_norm[t] · embed[v]
     for (t, vv) in [(0, 0), (2, V - 1), (1, 17)] {
-        let want: f32 = (0..E)
-            .map(|i| xn[t * E + i] * tied.weights.embed[vv * E + i])
-            .sum();
+        let want: f32 = (0..E).map(|i| xn[t * E + i] * tied.weights.embed[vv * E + i]).sum();
         assert!((lg[t * V + vv] - want).abs() < 1e-5);
     }
     let b = untied.run(&r, &taps).unwrap();
     let lb = b.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
-    assert!(
-        max_abs(lg, lb) > 1e-2,
-        "an untied head must give other logits"
-    );
+    assert!(max_abs(lg, lb) > 1e-2, "an untied head must give other logits");
 }
 
 #[test]
@@ -267,12 +204,7 @@ fn half_precision_weights_load_and_run() {
     let r = req(vec![9, 8, 7], 1, None);
     let taps: TapSet = [Stage::Logits].into_iter().collect();
     let want = f32_eng.run(&r, &taps).unwrap();
-    let want = want
-        .captures
-        .get(Step::Prefill, Stage::Logits)
-        .unwrap()
-        .data()
-        .to_vec();
+    let want = want.captures.get(Step::Prefill, Stage::Logits).unwrap().data().to_vec();
     for (dtype, tol) in [(Dtype::F16, 0.05), (Dtype::BF16, 0.3)] {
         let (_d, eng) = model(Opts {
             dtype,
@@ -281,11 +213,7 @@ fn half_precision_weights_load_and_run() {
         });
         assert!(eng.weights.blocks[0].q.bias.is_none());
         let out = eng.run(&r, &taps).unwrap();
-        let got = out
-            .captures
-            .get(Step::Prefill, Stage::Logits)
-            .unwrap()
-            .data();
+        let got = out.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
         assert!(got.iter().all(|x| x.is_finite()));
         let err = max_abs(got, &want);
         assert!(err > 0.0 && err < tol, "{dtype:?} logits off by {err}");
