@@ -39,6 +39,13 @@ pub enum StageCheckKind {
         atol: Option<f64>,
         rtol: Option<f64>,
     },
+    /// Golden `other` compared with golden `base` (no engine involved).
+    ReferencesAgree {
+        base: String,
+        other: String,
+        atol: Option<f64>,
+        rtol: Option<f64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -245,6 +252,7 @@ impl StageCheckKind {
             StageCheckKind::Causal => "causal".into(),
             StageCheckKind::Rope { .. } => "rope".into(),
             StageCheckKind::Golden { source, .. } => format!("golden:{source}"),
+            StageCheckKind::ReferencesAgree { base, other, .. } => format!("references_agree:{base}~{other}"),
         }
     }
 }
@@ -280,6 +288,27 @@ fn resolve(check: &StageCheck, stage: Stage, spec: &Spec) -> std::result::Result
                 style: *style,
                 tol: *tol,
             }]
+        }
+        StageCheck::ReferencesAgree { atol, rtol } => {
+            // Every other source against the first (sources sort by name).
+            let mut sources = spec.goldens.keys();
+            let base = sources
+                .next()
+                .ok_or("`references_agree` needs two golden sources; the spec declares none")?;
+            let others: Vec<StageCheckKind> = sources
+                .map(|other| StageCheckKind::ReferencesAgree {
+                    base: base.clone(),
+                    other: other.clone(),
+                    atol: *atol,
+                    rtol: *rtol,
+                })
+                .collect();
+            if others.is_empty() {
+                return Err(format!(
+                    "`references_agree` needs two golden sources; the spec declares only `{base}`"
+                ));
+            }
+            others
         }
         StageCheck::Golden { source, atol, rtol } => {
             let sources: Vec<String> = match source {

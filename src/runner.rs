@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::plan::{CheckInstance, CheckKind, Plan, StageCheckKind, Target};
 use crate::report::{Outcome, SuiteRun};
 use crate::stage::{Stage, Step};
+use crate::tensor::Tensor;
 
 /// Which check instances to run: `None` runs all; otherwise an id must contain
 /// one of the filters (matched against `<engine>::<spec>::<id>`).
@@ -114,6 +115,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
             )
         })
         .collect();
+    attach_budget(&mut outcomes);
     for c in selected.iter().filter(|c| c.target == Target::Run) {
         let CheckKind::Run(rc) = &c.kind else {
             unreachable!("run targets carry run checks")
@@ -131,6 +133,24 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
     Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None))
 }
 
+/// The error budget of a stage is how far the references are from each other
+/// there: an engine error well inside it is noise, one far outside it is a bug.
+/// Golden outcomes get it as `budget_max_abs` beside their own `max_abs`.
+fn attach_budget(outcomes: &mut [Outcome]) {
+    let mut budget: std::collections::BTreeMap<(Step, Stage), f64> = Default::default();
+    for o in outcomes.iter().filter(|o| o.check.starts_with("references_agree")) {
+        if let (Some(at), Some(v)) = (o.at, o.metrics.get("max_abs")) {
+            let e = budget.entry(at).or_insert(0.0);
+            *e = e.max(*v);
+        }
+    }
+    for o in outcomes.iter_mut().filter(|o| o.is_golden()) {
+        if let Some(b) = o.at.and_then(|at| budget.get(&at)) {
+            o.metrics.insert("budget_max_abs".into(), *b);
+        }
+    }
+}
+
 fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
     let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
     format!(
@@ -140,6 +160,15 @@ fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Pat
 }
 
 fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &StageCheckKind) -> Verdict {
+    if let StageCheckKind::ReferencesAgree {
+        base,
+        other,
+        atol,
+        rtol,
+    } = kind
+    {
+        return references_verdict(plan, step, stage, base, other, *atol, *rtol);
+    }
     let Some(t) = out.captures.get(step, stage) else {
         return Verdict::fail(format!(
             "the engine returned no capture for {step}/{stage} although it was tapped"
@@ -160,6 +189,68 @@ fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &
         StageCheckKind::Golden { source, atol, rtol } => {
             golden_verdict(plan, out, step, stage, t, source, *atol, *rtol)
         }
+        StageCheckKind::ReferencesAgree { .. } => unreachable!("handled above"),
+    }
+}
+
+/// The tolerance for comparing `actual` with `expected`: per-check overrides,
+/// else the spec's per-dtype table, else the built-in default for the dtype.
+fn tolerance(plan: &Plan, actual: &Tensor, expected: &Tensor, atol: Option<f64>, rtol: Option<f64>) -> Tolerance {
+    let dtype = actual.dtype().coarser(expected.dtype());
+    let base = plan
+        .spec
+        .tolerance
+        .get(&dtype)
+        .map(|t| Tolerance::new(t.atol, t.rtol))
+        .unwrap_or_else(|| Tolerance::default_for(dtype));
+    Tolerance::new(atol.unwrap_or(base.atol), rtol.unwrap_or(base.rtol))
+}
+
+/// Two golden sources compared with each other at one stage: where the
+/// references disagree, no engine can be judged against them.
+fn references_verdict(
+    plan: &Plan,
+    step: Step,
+    stage: Stage,
+    base: &str,
+    other: &str,
+    atol: Option<f64>,
+    rtol: Option<f64>,
+) -> Verdict {
+    let (b, o) = (&plan.goldens[base], &plan.goldens[other]);
+    let (Some(expected), Some(actual)) = (b.get(step, stage), o.get(step, stage)) else {
+        let missing = if b.get(step, stage).is_none() { b } else { o };
+        return Verdict::fail(format!(
+            "golden `{}` ({}) has no tensor `{step}/{stage}`",
+            missing.source,
+            missing.path.display()
+        ));
+    };
+    if b.tokens.get(&step) != o.tokens.get(&step) {
+        return Verdict::fail(format!(
+            "goldens `{base}` and `{other}` were recorded with different tokens at {step}: {:?} vs {:?}",
+            b.tokens.get(&step),
+            o.tokens.get(&step)
+        ));
+    }
+    let tol = tolerance(plan, actual, expected, atol, rtol);
+    match compare(actual, expected, tol) {
+        Err(m) => Verdict::fail(format!("`{other}` vs `{base}`: {m}")).metric("shape_mismatch", 1.0),
+        Ok(c) => {
+            let message = if c.passed() {
+                format!("`{other}` agrees with `{base}`: {}", c.summary())
+            } else {
+                format!(
+                    "the references disagree: `{other}` ({}) vs `{base}` ({}):\n{}",
+                    o.path.display(),
+                    b.path.display(),
+                    c.explain()
+                )
+            };
+            let mut v = Verdict::check(c.passed(), message);
+            v.metrics = c.metrics();
+            v
+        }
     }
 }
 
@@ -169,7 +260,7 @@ fn golden_verdict(
     out: &RunOutput,
     step: Step,
     stage: Stage,
-    actual: &crate::tensor::Tensor,
+    actual: &Tensor,
     source: &str,
     atol: Option<f64>,
     rtol: Option<f64>,
@@ -188,20 +279,7 @@ fn golden_verdict(
             ));
         }
     }
-    let dtype = actual.dtype().coarser(expected.dtype());
-    let base = plan
-        .spec
-        .tolerance
-        .get(&dtype)
-        .map(|t| Tolerance {
-            atol: t.atol,
-            rtol: t.rtol,
-        })
-        .unwrap_or_else(|| Tolerance::default_for(dtype));
-    let tol = Tolerance {
-        atol: atol.unwrap_or(base.atol),
-        rtol: rtol.unwrap_or(base.rtol),
-    };
+    let tol = tolerance(plan, actual, expected, atol, rtol);
     match compare(actual, expected, tol) {
         Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})")).metric("shape_mismatch", 1.0),
         Ok(c) => {

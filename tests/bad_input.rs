@@ -181,3 +181,16 @@ fn inspect_bad_files() {
     let p = write(d.path(), "x.bin", "");
     expect_exit2(&["inspect", &p.display().to_string()], &["unknown tensor file type"]);
 }
+
+#[test]
+fn references_agree_needs_two_sources() {
+    let d = tempfile::tempdir().unwrap();
+    let text =
+        spec_text(&model_dir(), &hf_golden()).replace("[finite, shape, {golden: hf}]", "[finite, references_agree]");
+    assert!(text.contains("references_agree"));
+    let s = write(d.path(), "s.yaml", &text);
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &["`references_agree` needs two golden sources"],
+    );
+}

@@ -26,7 +26,7 @@ fn default_run_passes_with_table_and_json() {
         "golden:hf",
         "determinism",
         "kv_cache",
-        "greedy_tokens",
+        "greedy_tokens:hf",
     ] {
         assert!(
             checks.iter().any(|c| c["check"] == kind && c["status"] == "pass"),

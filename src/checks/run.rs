@@ -306,7 +306,7 @@ mod tests {
     fn run_checks_pass_on_the_cpu_engine() {
         let plan = plan();
         let engine = CpuEngine::load(&plan.model).unwrap();
-        for id in ["determinism", "kv_cache", "greedy_tokens"] {
+        for id in ["determinism", "kv_cache", "greedy_tokens:hf"] {
             let v = evaluate(&plan, &engine, &check(&plan, id));
             assert!(v.passed(), "{id}: {}", v.message);
         }
@@ -351,7 +351,11 @@ mod tests {
     #[test]
     fn greedy_tokens_fail_on_a_wrong_token() {
         let plan = plan();
-        let v = evaluate(&plan, &faulty(&plan, Fault::WrongToken), &check(&plan, "greedy_tokens"));
+        let v = evaluate(
+            &plan,
+            &faulty(&plan, Fault::WrongToken),
+            &check(&plan, "greedy_tokens:hf"),
+        );
         assert!(v.failed(), "{}", v.message);
         assert!(v.message.starts_with("greedy token 2 differs"), "{}", v.message);
     }

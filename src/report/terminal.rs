@@ -51,6 +51,12 @@ fn render_run(out: &mut String, run: &SuiteRun) {
         s.dedup();
         s
     };
+    // The references' distance from each other, shown as the error budget.
+    let budget_label: Option<String> = run
+        .outcomes
+        .iter()
+        .find_map(|o| o.check.strip_prefix("references_agree:"))
+        .map(|pair| format!("budget {}", pair.replace('~', "↔")));
     let mut rows: BTreeMap<(Step, Stage), Vec<&Outcome>> = BTreeMap::new();
     for o in &run.outcomes {
         if let Some(at) = o.at {
@@ -62,6 +68,9 @@ fn render_run(out: &mut String, run: &SuiteRun) {
         for s in &sources {
             let src = s.trim_start_matches("golden:");
             let _ = write!(header, "  {:>10} {:>10}", format!("max|Δ| {src}"), "cosine");
+        }
+        if let Some(label) = &budget_label {
+            let _ = write!(header, "  {label:>12}");
         }
         let _ = writeln!(out, "{header}  note");
         for ((step, stage), outs) in &rows {
@@ -93,6 +102,14 @@ fn render_run(out: &mut String, run: &SuiteRun) {
                         let _ = write!(line, "  {:>10} {:>10}", "", "");
                     }
                 }
+            }
+            if budget_label.is_some() {
+                let b = outs
+                    .iter()
+                    .filter(|o| o.check.starts_with("references_agree"))
+                    .filter_map(|o| o.metrics.get("max_abs"))
+                    .fold(None, |m: Option<f64>, v| Some(m.map_or(*v, |m| m.max(*v))));
+                let _ = write!(line, "  {:>12}", b.map_or("-".to_string(), |v| format!("{v:.2e}")));
             }
             let note = if let Some(o) = outs.iter().find(|o| o.first_divergence) {
                 format!("<< FIRST DIVERGENCE ({})", o.check)

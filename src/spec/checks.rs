@@ -13,7 +13,15 @@ use super::SamplingSpec;
 use crate::checks::invariants::RopeStyle;
 use crate::suggest;
 
-pub const STAGE_CHECKS: [&str; 6] = ["finite", "shape", "softmax_rows", "causal", "rope", "golden"];
+pub const STAGE_CHECKS: [&str; 7] = [
+    "finite",
+    "shape",
+    "softmax_rows",
+    "causal",
+    "rope",
+    "golden",
+    "references_agree",
+];
 pub const RUN_CHECKS: [&str; 3] = ["determinism", "kv_cache", "greedy_tokens"];
 
 /// A check applied to each (step, stage) a pattern matches.
@@ -29,6 +37,12 @@ pub enum StageCheck {
         input: Option<StageTemplate>,
         style: RopeStyle,
         tol: f64,
+    },
+    /// The golden sources agree with each other at this stage (validates the
+    /// goldens themselves; their distance is the engine's error budget).
+    ReferencesAgree {
+        atol: Option<f64>,
+        rtol: Option<f64>,
     },
     /// `source: None` = every golden source the spec declares.
     Golden {
@@ -47,11 +61,14 @@ pub enum RunCheck {
 }
 
 impl RunCheck {
-    pub fn id(&self) -> &'static str {
+    /// The check's name in ids; greedy_tokens carries its source
+    /// (`greedy_tokens:hf`) so each source can be checked.
+    pub fn id(&self) -> String {
         match self {
-            RunCheck::Determinism(_) => "determinism",
-            RunCheck::KvCache(_) => "kv_cache",
-            RunCheck::GreedyTokens { .. } => "greedy_tokens",
+            RunCheck::Determinism(_) => "determinism".into(),
+            RunCheck::KvCache(_) => "kv_cache".into(),
+            RunCheck::GreedyTokens { source: Some(s) } => format!("greedy_tokens:{s}"),
+            RunCheck::GreedyTokens { source: None } => "greedy_tokens".into(),
         }
     }
 }
@@ -173,6 +190,13 @@ struct GoldenFull {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ToleranceParams {
+    atol: Option<f64>,
+    rtol: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct GreedyParams {
     source: Option<String>,
 }
@@ -213,6 +237,14 @@ fn stage_check_with<'de, A: MapAccess<'de>>(name: &str, map: &mut A) -> Result<S
                 tol: p.tol,
             }
         }
+        "references_agree" => {
+            let p: Option<ToleranceParams> = map.next_value()?;
+            let p = p.unwrap_or(ToleranceParams { atol: None, rtol: None });
+            StageCheck::ReferencesAgree {
+                atol: p.atol,
+                rtol: p.rtol,
+            }
+        }
         "golden" => match map.next_value::<StrOrMap<GoldenFull>>()? {
             StrOrMap::Str(s) => StageCheck::Golden {
                 source: Some(s),
@@ -242,6 +274,7 @@ fn stage_check_bare(name: &str) -> Option<StageCheck> {
             style: RopeStyle::Neox,
             tol: default_rope_tol(),
         },
+        "references_agree" => StageCheck::ReferencesAgree { atol: None, rtol: None },
         "golden" => StageCheck::Golden {
             source: None,
             atol: None,
