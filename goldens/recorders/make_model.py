@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Build the tiny random-weight Qwen2 model the goldens are recorded from.
+"""Build a tiny random-weight model (Qwen2 or Llama) the goldens are recorded from.
 
-usage: make_model.py OUT_DIR [--initializer-range R]
+usage: make_model.py OUT_DIR [--family qwen2|llama] [--initializer-range R]
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -13,6 +13,15 @@ Architecture: Qwen2, hidden 64, FFN 128, 2 layers, 4 query heads sharing
 biases, RMSNorm eps 1e-6, RoPE theta 10000, float32. Small enough that the
 model and its goldens stay well under 2 MB, yet every code path a real Qwen2
 takes (GQA, biases, untied head, NEOX RoPE) is exercised.
+
+--family llama (goldens/llama-tiny/): Llama, hidden 96, FFN 192, 2 layers,
+6 query heads sharing 2 KV heads (GQA group of 3), head_dim 16, vocab 512,
+TIED embeddings (no lm_head weight saved), no biases at all, RMSNorm eps
+1e-5, RoPE theta 500000, float32; tokenizer as for Qwen2 but with Llama 3's
+pre-tokenizer regex (digits in groups of up to 3). It covers what the Qwen2
+model does not: tied head, no biases, a GQA group of 3, another RoPE base,
+and the Q/K row permutation llama.cpp's converter applies to Llama models.
+The default (qwen2) output is byte-identical to before --family existed.
 """
 import argparse
 import hashlib
@@ -29,7 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 512
 
@@ -58,6 +67,8 @@ SEEDS = {"weights": WEIGHT_SEED, "biases_and_norms": BIAS_NORM_SEED}
 #        one-hot rows hide errors in all the other scores of the row.
 # 0.15 is clearly non-uniform (>= 3x) yet stays away from saturation.
 INITIALIZER_RANGE = 0.15
+# The Llama model's value, chosen the same way (sweep in README.md).
+INITIALIZER_RANGE_LLAMA = 0.15
 
 # Byte-level BPE with exactly Qwen2's pre-tokenizer regex. This is the
 # pipeline transformers' Qwen2 tokenizer uses and llama.cpp calls "qwen2",
@@ -66,6 +77,18 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Llama 3's pre-tokenizer (llama.cpp calls it "llama-bpe"): as Qwen2's but
+# numbers split into groups of up to 3 digits.
+LLAMA3_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+LLAMA_SPECIALS = ["<|end_of_text|>", "<|begin_of_text|>", "<|eot_id|>"]
+
+# Per family: pre-tokenizer regex, special tokens (the first is EOS/pad).
+FAMILIES = {
+    "qwen2": (QWEN2_PRETOKENIZE_REGEX, SPECIALS),
+    "llama": (LLAMA3_PRETOKENIZE_REGEX, LLAMA_SPECIALS),
+}
 
 # A few KB of text written for this purpose: no downloads, and the corpus is
 # part of the source so the trained merges are reproducible.
@@ -103,18 +126,18 @@ def corpus():
     return out
 
 
-def build_tokenizer():
+def build_tokenizer(regex=QWEN2_PRETOKENIZE_REGEX, specials=SPECIALS):
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB,
         min_frequency=2,
-        special_tokens=SPECIALS,
+        special_tokens=specials,
         # All 256 byte symbols, so any input text is encodable without <unk>.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -149,6 +172,30 @@ def build_config(eos_id, initializer_range):
     )
 
 
+def build_llama_config(eos_id, initializer_range):
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=initializer_range,
+        dtype="float32",
+    )
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -157,9 +204,14 @@ def sha256(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--initializer-range", type=float, default=INITIALIZER_RANGE,
-                    help="for the attention sweep only; the committed model uses the default")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
+    ap.add_argument("--initializer-range", type=float, default=None,
+                    help="for the attention sweep only; the committed models use the default "
+                         f"({INITIALIZER_RANGE} for qwen2, {INITIALIZER_RANGE_LLAMA} for llama)")
     args = ap.parse_args()
+    if args.initializer_range is None:
+        args.initializer_range = INITIALIZER_RANGE_LLAMA if args.family == "llama" else INITIALIZER_RANGE
+    regex, specials = FAMILIES[args.family]
     out = args.out_dir
     os.makedirs(out, exist_ok=True)
 
@@ -169,23 +221,26 @@ def main():
     torch.use_deterministic_algorithms(True)
     transformers.utils.logging.disable_progress_bar()
 
-    tok = build_tokenizer()
+    tok = build_tokenizer(regex, specials)
     n = tok.get_vocab_size()
     assert n <= VOCAB, f"tokenizer has {n} entries, more than the model's vocab {VOCAB}"
-    eos_id = tok.token_to_id("<|endoftext|>")
+    eos = specials[0]
+    eos_id = tok.token_to_id(eos)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos,
+        pad_token=eos,
         bos_token=None,
         unk_token=None,
         model_max_length=256,
     )
     fast.save_pretrained(out)
 
-    cfg = build_config(eos_id, args.initializer_range)
     torch.manual_seed(WEIGHT_SEED)
-    model = Qwen2ForCausalLM(cfg).to(torch.float32).eval()
+    if args.family == "llama":
+        model = LlamaForCausalLM(build_llama_config(eos_id, args.initializer_range)).to(torch.float32).eval()
+    else:
+        model = Qwen2ForCausalLM(build_config(eos_id, args.initializer_range)).to(torch.float32).eval()
     # HF initialises biases to 0 and norm weights to 1, which would let an
     # engine that forgets the bias add or the norm scale pass. Randomise them
     # (small, so the model stays well behaved) with their own generator.
@@ -197,13 +252,23 @@ def main():
             elif "norm" in name:
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
     # Guard the assumptions the goldens rely on.
-    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr(), "LM head must be untied"
-    assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
+    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    if args.family == "llama":
+        assert tied, "the Llama model's LM head must be tied to the embedding"
+        assert not any(n.endswith(".bias") for n, _ in model.named_parameters()), "Llama model has no biases"
+    else:
+        assert not tied, "LM head must be untied"
+        assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
     model.save_pretrained(out, safe_serialization=True)
+    if tied:
+        from safetensors import safe_open
+        with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+            assert "lm_head.weight" not in f.keys(), "tied LM head must not be saved"
 
     files = sorted(os.listdir(out))
     print(json.dumps({
         "out": out,
+        "family": args.family,
         "files": files,
         "tokenizer_vocab": n,
         "initializer_range": args.initializer_range,

@@ -40,6 +40,7 @@ rerun with the pinned packages is byte-for-byte identical.
 """
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -57,7 +58,6 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.models.qwen2 import modeling_qwen2
 
 # Import the sibling script without leaving a __pycache__ in the repository.
 sys.dont_write_bytecode = True
@@ -92,6 +92,11 @@ class Recorder:
     def __init__(self, model):
         self.model = model
         cfg = model.config
+        # The modeling module whose apply_rotary_pos_emb the attention calls:
+        # modeling_qwen2 for Qwen2, modeling_llama for Llama.
+        self.modeling = importlib.import_module(
+            f"transformers.models.{cfg.model_type}.modeling_{cfg.model_type}")
+        assert type(model.model.layers[0].self_attn).__module__ == self.modeling.__name__
         self.H, self.KV, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.rec = {}
         self.layer = None  # index of the decoder layer currently running
@@ -144,9 +149,10 @@ class Recorder:
         fwd(self.model.lm_head, lambda mod, i, o: self.put("logits", o))
 
         # RoPE is a plain function, not a module, so no hook can see it.
-        # Qwen2Attention.forward looks up the module-level name at call time,
-        # so wrapping that name captures q/k after rotation.
-        self.orig_rope = modeling_qwen2.apply_rotary_pos_emb
+        # Qwen2Attention.forward (LlamaAttention.forward) looks up the
+        # module-level name at call time, so wrapping that name captures q/k
+        # after rotation.
+        self.orig_rope = self.modeling.apply_rotary_pos_emb
         orig = self.orig_rope
 
         def rope_wrapper(q, k, cos, sin, *args, **kwargs):
@@ -156,14 +162,14 @@ class Recorder:
             self.put(p + "q_rope", qe.transpose(1, 2))
             self.put(p + "k_rope", ke.transpose(1, 2))
             return qe, ke
-        modeling_qwen2.apply_rotary_pos_emb = rope_wrapper
+        self.modeling.apply_rotary_pos_emb = rope_wrapper
 
     def remove(self):
         for h in self.handles:
             h.remove()
         self.handles = []
         if self.orig_rope is not None:
-            modeling_qwen2.apply_rotary_pos_emb = self.orig_rope
+            self.modeling.apply_rotary_pos_emb = self.orig_rope
             self.orig_rope = None
 
 

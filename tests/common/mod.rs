@@ -49,12 +49,14 @@ pub fn touchstone(args: &[&str]) -> Output {
     o
 }
 
-/// The default spec's text with its model and golden replaced by absolute paths.
+/// The default spec's text with its model and HF golden replaced by absolute
+/// paths, and every other relative path made absolute.
 pub fn spec_text(model: &Path, golden: &Path) -> String {
     let text = std::fs::read_to_string(root().join("specs/qwen2-tiny.yaml")).unwrap();
     assert!(text.contains("../goldens/qwen2-tiny/model") && text.contains("../goldens/qwen2-tiny/hf.safetensors"));
     text.replace("../goldens/qwen2-tiny/model", &model.display().to_string())
         .replace("../goldens/qwen2-tiny/hf.safetensors", &golden.display().to_string())
+        .replace("../goldens/", &format!("{}/goldens/", root().display()))
 }
 
 /// Writes `text` as `name` in `dir` and returns its path.
