@@ -140,7 +140,7 @@ fn render_run(out: &mut String, run: &SuiteRun) {
                 Status::Skip => "skip",
             };
             let first_line = o.message.lines().next().unwrap_or("");
-            let _ = writeln!(out, "  {status:<5} {:<14} {first_line}", o.check);
+            let _ = writeln!(out, "  {status:<5} {:<24} {first_line}", o.check);
         }
     }
 
