@@ -143,7 +143,10 @@ pub fn run(archs: &[String]) -> Result<Outcome> {
             };
             for k in file.kernels {
                 if !compile::has_entry(&ptx, k) {
-                    problems.push(format!("cuda/{}: kernel {k} is missing from the PTX for {arch}", file.name));
+                    problems.push(format!(
+                        "cuda/{}: kernel {k} is missing from the PTX for {arch}",
+                        file.name
+                    ));
                     continue;
                 }
                 match res.as_ref().map(|m| m.get(*k)) {
@@ -183,8 +186,13 @@ pub fn run(archs: &[String]) -> Result<Outcome> {
         ptx_versions.keys().cloned().collect::<Vec<_>>().join(", ")
     );
     match &ptxas_bin {
-        Some(p) => println!("ptxas: {} (smem = static shared memory; attention's dynamic (D+S)*4 bytes are not included)", p.display()),
-        None => println!("ptxas not on PATH: compiled to PTX only; registers, shared memory and spills were NOT checked"),
+        Some(p) => println!(
+            "ptxas: {} (smem = static shared memory; attention's dynamic (D+S)*4 bytes are not included)",
+            p.display()
+        ),
+        None => {
+            println!("ptxas not on PATH: compiled to PTX only; registers, shared memory and spills were NOT checked")
+        }
     }
     if problems.is_empty() {
         println!("kernels: ok");

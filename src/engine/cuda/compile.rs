@@ -212,7 +212,7 @@ pub fn ptx_version(ptx: &str) -> Option<(u32, u32)> {
 pub fn has_entry(ptx: &str, name: &str) -> bool {
     ptx.lines().any(|l| {
         let l = l.trim();
-        l.starts_with(".visible .entry") && l.split(|c: char| c == ' ' || c == '(').any(|w| w == name)
+        l.starts_with(".visible .entry") && l.split([' ', '(']).any(|w| w == name)
     })
 }
 
@@ -256,7 +256,13 @@ pub fn declared_kernels(source: &str) -> Vec<String> {
         }
         if let Some((mac, args)) = l.split_once('(') {
             if mac.ends_with("_OP") && !mac.contains(' ') {
-                names.push(args.chars().take_while(|c| *c != ',').collect::<String>().trim().to_string());
+                names.push(
+                    args.chars()
+                        .take_while(|c| *c != ',')
+                        .collect::<String>()
+                        .trim()
+                        .to_string(),
+                );
             }
         }
     }
@@ -276,7 +282,10 @@ mod tests {
             assert_eq!(declared_kernels(f.source), listed, "cuda/{}", f.name);
             for k in f.kernels {
                 let (op, dtype) = k.rsplit_once('_').unwrap();
-                assert!(!op.is_empty() && ["f32", "f16", "bf16", "u32", "u16"].contains(&dtype), "{k}: not op_dtype");
+                assert!(
+                    !op.is_empty() && ["f32", "f16", "bf16", "u32", "u16"].contains(&dtype),
+                    "{k}: not op_dtype"
+                );
             }
         }
         let mut all: Vec<&str> = FILES.iter().flat_map(|f| f.kernels.iter().copied()).collect();
@@ -288,7 +297,10 @@ mod tests {
 
     #[test]
     fn options_are_pinned() {
-        assert_eq!(options(90), ["--gpu-architecture=compute_90", "-std=c++17", "--fmad=false"]);
+        assert_eq!(
+            options(90),
+            ["--gpu-architecture=compute_90", "-std=c++17", "--fmad=false"]
+        );
         assert!(!options(80).iter().any(|o| o.contains("fast_math")));
         assert_eq!(arch_number("sm_90").unwrap(), 90);
         assert_eq!(arch_number("compute_80").unwrap(), 80);

@@ -208,7 +208,13 @@ impl CudaEngine {
     ) -> Result<()> {
         assert!(x.len() >= rows * in_f && w.len() == out_f * in_f && y.len() >= rows * out_f);
         let g = launch::linear_gemm(rows, in_f, out_f);
-        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
         let gc = GemmConfig {
             transa: op(g.transa),
             transb: op(g.transb),
@@ -247,7 +253,14 @@ impl CudaEngine {
         let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
         let (xv, mut ov) = (x.view(), out.view_mut());
         let mut b = self.stream.launch_builder(&self.f.rope_neox);
-        b.arg(&xv).arg(&mut ov).arg(&tabs.cos).arg(&tabs.sin).arg(&r).arg(&h).arg(&d).arg(&p);
+        b.arg(&xv)
+            .arg(&mut ov)
+            .arg(&tabs.cos)
+            .arg(&tabs.sin)
+            .arg(&r)
+            .arg(&h)
+            .arg(&d)
+            .arg(&p);
         // SAFETY: rope_neox_f32 over [rows, heads, D]; tables cover positions < pos0 + rows.
         unsafe { b.launch(lcfg(launch::elementwise(rows * heads * self.cfg.head_dim / 2))) }.map_err(err)?;
         Ok(())
@@ -274,8 +287,11 @@ impl CudaEngine {
         buf.g
             .check(&full)
             .map_err(|v| err(format!("{}/{stage}: {v}", tc.step)))?;
-        tc.caps
-            .insert(tc.step, stage, Tensor::new(shape.to_vec(), full[buf.g.interior()].to_vec()));
+        tc.caps.insert(
+            tc.step,
+            stage,
+            Tensor::new(shape.to_vec(), full[buf.g.interior()].to_vec()),
+        );
         Ok(())
     }
 }
@@ -377,8 +393,10 @@ impl Engine for CudaEngine {
             },
         };
         for _ in 0..cfg.layers {
-            st.k_cache.push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
-            st.v_cache.push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
+            st.k_cache
+                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
+            st.v_cache
+                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
         }
 
         let mut sampler = Sampler::new(req.sampling.clone(), req.seed);
@@ -501,7 +519,11 @@ impl CudaEngine {
                 let null: u64 = 0;
                 let mut pv = probs.as_mut().filter(|_| want_probs).map(|p| p.view_mut());
                 let decode = t == 1;
-                let func = if decode { &self.f.attention_decode } else { &self.f.attention_prefill };
+                let func = if decode {
+                    &self.f.attention_decode
+                } else {
+                    &self.f.attention_prefill
+                };
                 let mut bld = self.stream.launch_builder(func);
                 bld.arg(&qv).arg(&st.k_cache[l]).arg(&st.v_cache[l]);
                 match pv.as_mut() {

@@ -156,7 +156,10 @@ mod tests {
         for width in [1usize, 31, 32, 33, 64, 896, 4096] {
             let l = per_row(7, width);
             assert_eq!(l.grid, (7, 1, 1));
-            assert!(l.block % 32 == 0 && l.block <= 1024 && l.block >= 32, "width {width}");
+            assert!(
+                l.block.is_multiple_of(32) && l.block <= 1024 && l.block >= 32,
+                "width {width}"
+            );
         }
         assert_eq!(per_row(1, 40).block, 64);
     }
@@ -178,6 +181,6 @@ mod tests {
     fn argmax_is_one_block_of_whole_warps() {
         let l = argmax();
         assert_eq!(l.grid, (1, 1, 1));
-        assert!(l.block % 32 == 0 && l.block <= 1024);
+        assert!(l.block.is_multiple_of(32) && l.block <= 1024);
     }
 }

@@ -20,7 +20,7 @@ pub fn argmax_prefers(va: f32, ia: i64, vb: f32, ib: i64) -> bool {
 
 /// The reduction of `argmax` in `cuda/sampling.cu` with `threads` threads.
 pub fn argmax_reduction(x: &[f32], threads: usize) -> u32 {
-    assert!(threads % 32 == 0 && threads <= 1024);
+    assert!(threads.is_multiple_of(32) && threads <= 1024);
     let take = |(bv, bi): (f32, i64), (ov, oi): (f32, i64)| {
         if oi >= 0 && (bi < 0 || argmax_prefers(ov, oi, bv, bi)) {
             (ov, oi)
@@ -51,7 +51,13 @@ pub fn argmax_reduction(x: &[f32], threads: usize) -> u32 {
         butterfly(warp);
     }
     let mut partials: Vec<(f32, i64)> = (0..32)
-        .map(|l| if l < threads / 32 { lanes[l * 32] } else { (f32::NAN, -1) })
+        .map(|l| {
+            if l < threads / 32 {
+                lanes[l * 32]
+            } else {
+                (f32::NAN, -1)
+            }
+        })
         .collect();
     butterfly(&mut partials);
     partials[0].1.max(0) as u32
