@@ -22,6 +22,5 @@ fi
 CU="$PWD/$WHEELS/nvidia/cu13"
 export LD_LIBRARY_PATH="$CU/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$CU/bin:$PATH"
-cargo build --locked --quiet --bin touchstone
-./target/debug/touchstone kernels --arch sm_90 --arch sm_80
+cargo run --locked --quiet --bin touchstone -- kernels --arch sm_90 --arch sm_80
 cargo test --locked --quiet --test kernels
