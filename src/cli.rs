@@ -49,6 +49,9 @@ pub enum Command {
         /// `decode2/blk.1.q::golden:hf`.
         #[arg(long, value_name = "ID")]
         only: Vec<String>,
+        /// Fail (exit 2) instead of skipping when a requested GPU engine is unavailable.
+        #[arg(long)]
+        require_gpu: bool,
     },
     /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
     List {
@@ -60,6 +63,13 @@ pub enum Command {
     },
     /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors or .npy file.
     Inspect { file: PathBuf },
+    /// Compile every CUDA kernel with NVRTC and, where ptxas is on PATH, report
+    /// registers, shared memory, stack and spills (exit 1 on a compile error or spill).
+    Kernels {
+        /// GPU architecture (repeatable; default sm_90 and sm_80).
+        #[arg(long, value_name = "SM")]
+        arch: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -112,7 +122,18 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             model,
             json,
             only,
+            require_gpu,
         } => {
+            if require_gpu {
+                for kind in engine.kinds().into_iter().filter(|k| *k != EngineKind::Cpu) {
+                    if let crate::engine::Availability::Unavailable(reason) = kind.availability() {
+                        return Err(Error::Usage(format!(
+                            "--require-gpu: the {} engine is unavailable: {reason}",
+                            kind.name()
+                        )));
+                    }
+                }
+            }
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
             let mut report = Report::default();
             // Plan everything first so bad input anywhere fails before any engine runs.
@@ -152,6 +173,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             }
             Ok(Outcome::Passed)
         }
+        Command::Kernels { arch } => crate::kernels::run(&arch),
         Command::Inspect { file } => {
             print!("{}", crate::inspect::render(&file)?);
             Ok(Outcome::Passed)

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod golden;
 pub mod inspect;
+pub mod kernels;
 pub mod model;
 pub mod plan;
 pub mod report;

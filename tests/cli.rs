@@ -62,14 +62,27 @@ fn list_names_every_trial_canonically() {
 
 #[test]
 fn cuda_is_skipped_with_a_reason_not_passed() {
+    use touchstone::engine::{Availability, EngineKind};
+    let Availability::Unavailable(reason) = EngineKind::Cuda.availability() else {
+        return; // a machine with a GPU runs the CUDA trials for real
+    };
     let o = touchstone(&["run", "--engine", "cuda"]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(
-        o.stdout.contains("skipped: the CUDA engine is not implemented yet"),
+        o.stdout.contains(&format!("skipped: {}", &reason[..30])),
         "{}",
         o.stdout
     );
     assert!(o.stdout.contains("NOTHING RAN: 0 passed, 0 failed"), "{}", o.stdout);
+    // --require-gpu turns the skip into exit 2, naming what is missing.
+    let o = touchstone(&["run", "--engine", "cuda", "--require-gpu"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("--require-gpu: the cuda engine is unavailable"),
+        "{}",
+        o.all()
+    );
+    assert!(o.stderr.contains(&reason), "{}", o.all());
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! and the checks only ever see this trait.
 
 pub mod cpu;
+pub mod cuda;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -42,11 +43,7 @@ impl EngineKind {
     pub fn availability(self) -> Availability {
         match self {
             EngineKind::Cpu => Availability::Available,
-            EngineKind::Cuda => Availability::Unavailable(
-                "the CUDA engine is not implemented yet (it arrives with the CUDA engine issue); \
-                 nothing was run on a GPU"
-                    .into(),
-            ),
+            EngineKind::Cuda => cuda::availability(),
         }
     }
 
@@ -54,13 +51,10 @@ impl EngineKind {
     pub fn load(self, model: &Path) -> Result<Box<dyn Engine>> {
         match self {
             EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load(model)?)),
-            EngineKind::Cuda => Err(crate::error::Error::engine(
-                "cuda",
-                match self.availability() {
-                    Availability::Unavailable(r) => r,
-                    Availability::Available => unreachable!("cuda is never available yet"),
-                },
-            )),
+            EngineKind::Cuda => match self.availability() {
+                Availability::Unavailable(r) => Err(crate::error::Error::engine("cuda", r)),
+                Availability::Available => Ok(Box::new(cuda::CudaEngine::load(model)?)),
+            },
         }
     }
 }

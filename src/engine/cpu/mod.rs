@@ -7,8 +7,8 @@
 mod attention;
 mod forward;
 mod kv_cache;
-mod layers;
-mod ops;
+pub(crate) mod layers;
+pub(crate) mod ops;
 #[cfg(test)]
 mod test_model;
 #[cfg(test)]

@@ -208,7 +208,7 @@ impl Rope {
     }
 
     /// cos and sin (each D/2 wide; HF's second half repeats the first) at `pos`.
-    fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;
         self.inv_freq
             .iter()

@@ -1,0 +1,630 @@
+//! The CUDA engine proper: weights loaded on the host by the CPU engine's own
+//! strict loader (same formats, same checks) and uploaded once as f32; one
+//! forward pass per step in the canonical stage order, every stage writing its
+//! own guarded device buffer; taps copy a stage back only when it is requested
+//! (and check its guards in the same copy). With nothing tapped, the only
+//! device→host copy of a step is the sampled token (greedy: argmax on the
+//! device, 4 bytes) or, for seeded random sampling, the last logits row, which
+//! the host's `Sampler` draws from exactly as the CPU engine does.
+//!
+//! Matrix products go through cuBLAS sgemm (f32 in, f32 accumulate, default
+//! math mode, so no TF32): it is the fastest correct f32 GEMM on every
+//! architecture, it is deterministic run to run on one device and stream, and
+//! a hand-written GEMM would add the riskiest kernel to review without a GPU.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::engine::cpu::layers::{Linear, ModelWeights};
+use crate::engine::cpu::ops::Rope;
+use crate::engine::{Captures, Engine, RunOutput, RunRequest, TapSet};
+use crate::error::{Error, Result};
+use crate::model::{ModelConfig, Weights};
+use crate::sampling::{Sampler, Sampling};
+use crate::stage::{BlockStage as B, Stage, Step};
+use crate::tensor::Tensor;
+
+use super::compile::{self, FILES};
+use super::guard::{Guarded, SENTINEL_BITS};
+use super::launch::{self, Launch};
+
+fn err(what: impl std::fmt::Display) -> Error {
+    Error::engine("cuda", what.to_string())
+}
+
+fn lcfg(l: Launch) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: l.grid,
+        block_dim: (l.block, 1, 1),
+        shared_mem_bytes: l.smem,
+    }
+}
+
+struct DevLinear {
+    w: CudaSlice<f32>,
+    bias: Option<CudaSlice<f32>>,
+    out_f: usize,
+    in_f: usize,
+}
+
+struct DevBlock {
+    attn_norm: CudaSlice<f32>,
+    q: DevLinear,
+    k: DevLinear,
+    v: DevLinear,
+    o: DevLinear,
+    ffn_norm: CudaSlice<f32>,
+    gate: DevLinear,
+    up: DevLinear,
+    down: DevLinear,
+}
+
+struct DevWeights {
+    embed: CudaSlice<f32>,
+    blocks: Vec<DevBlock>,
+    norm: CudaSlice<f32>,
+    lm_head: Option<DevLinear>,
+}
+
+/// The f32 kernels the forward pass launches.
+struct Funcs {
+    embedding: CudaFunction,
+    rmsnorm: CudaFunction,
+    rope_neox: CudaFunction,
+    attention_prefill: CudaFunction,
+    attention_decode: CudaFunction,
+    bias_add: CudaFunction,
+    silu_mul: CudaFunction,
+    add: CudaFunction,
+    fill_u32: CudaFunction,
+    argmax: CudaFunction,
+}
+
+/// A device buffer with guard regions (see `guard`).
+struct GBuf {
+    buf: CudaSlice<f32>,
+    g: Guarded,
+}
+
+impl GBuf {
+    fn view(&self) -> CudaView<'_, f32> {
+        self.buf.slice(self.g.interior())
+    }
+    fn view_mut(&mut self) -> CudaViewMut<'_, f32> {
+        let r = self.g.interior();
+        self.buf.slice_mut(r)
+    }
+}
+
+pub struct CudaEngine {
+    cfg: ModelConfig,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    f: Funcs,
+    w: DevWeights,
+    rope: Rope,
+    /// One run at a time: the engine's stream and cuBLAS handle are shared.
+    run_lock: Mutex<()>,
+}
+
+impl CudaEngine {
+    /// Loads an HF model folder with the CPU engine's loader, then uploads it.
+    pub fn load(model_dir: &Path) -> Result<CudaEngine> {
+        let ctx = super::context().map_err(err)?;
+        let cfg = ModelConfig::from_hf_dir(model_dir)?;
+        let mut ws = Weights::from_hf_dir(model_dir)?;
+        let host = ModelWeights::load(&cfg, &mut ws)?;
+        let stream = ctx.default_stream();
+        let f = load_funcs(&ctx)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| err(format!("cuBLAS init: {e}")))?;
+        let up = |v: &[f32]| stream.clone_htod(v).map_err(|e| err(format!("weight upload: {e}")));
+        let lin = |l: &Linear| -> Result<DevLinear> {
+            Ok(DevLinear {
+                w: up(&l.w)?,
+                bias: l.bias.as_deref().map(up).transpose()?,
+                out_f: l.out_f,
+                in_f: l.in_f,
+            })
+        };
+        let mut blocks = Vec::with_capacity(host.blocks.len());
+        for b in &host.blocks {
+            blocks.push(DevBlock {
+                attn_norm: up(&b.attn_norm)?,
+                q: lin(&b.q)?,
+                k: lin(&b.k)?,
+                v: lin(&b.v)?,
+                o: lin(&b.o)?,
+                ffn_norm: up(&b.ffn_norm)?,
+                gate: lin(&b.gate)?,
+                up: lin(&b.up)?,
+                down: lin(&b.down)?,
+            });
+        }
+        let w = DevWeights {
+            embed: up(&host.embed)?,
+            blocks,
+            norm: up(&host.norm)?,
+            lm_head: host.lm_head.as_ref().map(lin).transpose()?,
+        };
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
+        Ok(CudaEngine {
+            cfg,
+            stream,
+            blas,
+            f,
+            w,
+            rope,
+            run_lock: Mutex::new(()),
+        })
+    }
+
+    fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<()> {
+        if let Some((i, &tok)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.cfg.vocab) {
+            return Err(err(format!(
+                "{what} token {i} is id {tok}, outside the vocabulary of {}",
+                self.cfg.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// A guarded buffer of `len` f32, filled with the sentinel (guards and interior).
+    fn gbuf(&self, len: usize) -> Result<GBuf> {
+        let g = Guarded { len };
+        // SAFETY: every element is written by fill_u32 below before any read.
+        let mut buf = unsafe { self.stream.alloc::<f32>(g.total()) }.map_err(err)?;
+        let n = g.total() as i64;
+        let mut b = self.stream.launch_builder(&self.f.fill_u32);
+        b.arg(&mut buf).arg(&SENTINEL_BITS).arg(&n);
+        // SAFETY: fill_u32(unsigned* x, unsigned bits, long long n) over n words of buf.
+        unsafe { b.launch(lcfg(launch::elementwise(g.total()))) }.map_err(err)?;
+        Ok(GBuf { buf, g })
+    }
+
+    /// `y[rows, out] = x[rows, in] · wᵀ (+ bias)`, as the CPU's `Linear::forward`.
+    fn linear(&self, x: &CudaView<f32>, rows: usize, lin: &DevLinear, y: &mut CudaViewMut<f32>) -> Result<()> {
+        self.gemm_bias(x, rows, &lin.w, lin.bias.as_ref(), lin.in_f, lin.out_f, y)
+    }
+
+    /// The GEMM (cuBLAS sgemm), then the bias added in place (not fused, as
+    /// torch's `bias + x·wᵀ` and the CPU engine).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_bias(
+        &self,
+        x: &CudaView<f32>,
+        rows: usize,
+        w: &CudaSlice<f32>,
+        bias: Option<&CudaSlice<f32>>,
+        in_f: usize,
+        out_f: usize,
+        y: &mut CudaViewMut<f32>,
+    ) -> Result<()> {
+        assert!(x.len() >= rows * in_f && w.len() == out_f * in_f && y.len() >= rows * out_f);
+        let g = launch::linear_gemm(rows, in_f, out_f);
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let gc = GemmConfig {
+            transa: op(g.transa),
+            transb: op(g.transb),
+            m: g.m as i32,
+            n: g.n as i32,
+            k: g.k as i32,
+            alpha: 1.0f32,
+            lda: g.lda as i32,
+            ldb: g.ldb as i32,
+            beta: 0.0f32,
+            ldc: g.ldc as i32,
+        };
+        // SAFETY: w is [out, in], x at least [rows, in], y at least [rows, out] (asserted).
+        unsafe { self.blas.gemm(gc, w, x, y) }.map_err(|e| err(format!("cuBLAS sgemm: {e}")))?;
+        if let Some(bias) = bias {
+            let (r, c) = (rows as i32, out_f as i32);
+            let mut b = self.stream.launch_builder(&self.f.bias_add);
+            b.arg(&mut *y).arg(bias).arg(&r).arg(&c);
+            // SAFETY: bias_add_f32(y [rows, cols], b [cols], rows, cols).
+            unsafe { b.launch(lcfg(launch::elementwise(rows * out_f))) }.map_err(err)?;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&self, x: &CudaView<f32>, w: &CudaSlice<f32>, out: &mut CudaViewMut<f32>, rows: usize) -> Result<()> {
+        let width = self.cfg.hidden as i32;
+        let eps = self.cfg.rms_eps as f32;
+        let mut b = self.stream.launch_builder(&self.f.rmsnorm);
+        b.arg(x).arg(w).arg(out).arg(&width).arg(&eps);
+        // SAFETY: rmsnorm_f32(x [rows, width], w [width], out [rows, width], width, eps).
+        unsafe { b.launch(lcfg(launch::per_row(rows, self.cfg.hidden))) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn rope(&self, x: &GBuf, out: &mut GBuf, tabs: &RopeTables, rows: usize, heads: usize, pos0: usize) -> Result<()> {
+        let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
+        let (xv, mut ov) = (x.view(), out.view_mut());
+        let mut b = self.stream.launch_builder(&self.f.rope_neox);
+        b.arg(&xv)
+            .arg(&mut ov)
+            .arg(&tabs.cos)
+            .arg(&tabs.sin)
+            .arg(&r)
+            .arg(&h)
+            .arg(&d)
+            .arg(&p);
+        // SAFETY: rope_neox_f32 over [rows, heads, D]; tables cover positions < pos0 + rows.
+        unsafe { b.launch(lcfg(launch::elementwise(rows * heads * self.cfg.head_dim / 2))) }.map_err(err)?;
+        Ok(())
+    }
+
+    fn add(&self, a: &CudaView<f32>, bb: &CudaView<f32>, out: &mut GBuf) -> Result<()> {
+        let n = out.g.len as i64;
+        let mut ov = out.view_mut();
+        let mut b = self.stream.launch_builder(&self.f.add);
+        b.arg(a).arg(bb).arg(&mut ov).arg(&n);
+        // SAFETY: add_f32(a, b, out, n), all n long.
+        unsafe { b.launch(lcfg(launch::elementwise(n as usize))) }.map_err(err)?;
+        Ok(())
+    }
+
+    /// Copies `buf` back if `stage` is tapped, checks its guards, captures it.
+    fn tap(&self, tc: &mut TapCtx, stage: Stage, shape: &[usize], buf: &GBuf) -> Result<()> {
+        if !tc.taps.contains(stage) {
+            return Ok(());
+        }
+        debug_assert_eq!(shape.iter().product::<usize>(), buf.g.len);
+        let full = self.stream.clone_dtoh(&buf.buf).map_err(err)?;
+        self.stream.synchronize().map_err(err)?;
+        buf.g
+            .check(&full)
+            .map_err(|v| err(format!("{}/{stage}: {v}", tc.step)))?;
+        tc.caps.insert(
+            tc.step,
+            stage,
+            Tensor::new(shape.to_vec(), full[buf.g.interior()].to_vec()),
+        );
+        Ok(())
+    }
+}
+
+fn load_funcs(ctx: &Arc<CudaContext>) -> Result<Funcs> {
+    let (major, minor) = ctx.compute_capability().map_err(err)?;
+    let arch = format!("sm_{major}{minor}");
+    let mut modules = Vec::new();
+    for file in FILES {
+        let ptx = compile::ptx(file, &arch).map_err(err)?;
+        let m = ctx
+            .load_module(Ptx::from_src(ptx.as_str()))
+            .map_err(|e| err(format!("loading the PTX of cuda/{} for {arch}: {e}", file.name)))?;
+        modules.push((file, m));
+    }
+    let get = |name: &str| -> Result<CudaFunction> {
+        let (_, m) = modules
+            .iter()
+            .find(|(f, _)| f.kernels.contains(&name))
+            .ok_or_else(|| err(format!("kernel {name} is in no kernel file")))?;
+        m.load_function(name).map_err(|e| err(format!("kernel {name}: {e}")))
+    };
+    Ok(Funcs {
+        embedding: get("embedding_f32")?,
+        rmsnorm: get("rmsnorm_f32")?,
+        rope_neox: get("rope_neox_f32")?,
+        attention_prefill: get("attention_prefill_f32")?,
+        attention_decode: get("attention_decode_f32")?,
+        bias_add: get("bias_add_f32")?,
+        silu_mul: get("silu_mul_f32")?,
+        add: get("add_f32")?,
+        fill_u32: get("fill_u32")?,
+        argmax: get("argmax_f32")?,
+    })
+}
+
+/// cos/sin tables `[positions, D/2]` from the CPU engine's own `Rope`.
+struct RopeTables {
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+}
+
+struct TapCtx<'a> {
+    taps: &'a TapSet,
+    step: Step,
+    caps: &'a mut Captures,
+}
+
+/// Per-run device state: the KV cache of every layer, `[capacity, KV, D]`.
+struct RunState {
+    k_cache: Vec<CudaSlice<f32>>,
+    v_cache: Vec<CudaSlice<f32>>,
+    tabs: RopeTables,
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
+        if req.prompt.is_empty() {
+            return Err(err("the prompt is empty (a prefill needs at least one token)"));
+        }
+        self.check_tokens("prompt", &req.prompt)?;
+        if let Some(forced) = &req.forced {
+            if forced.len() < req.decode_steps {
+                return Err(err(format!(
+                    "teacher forcing gives {} token(s) for {} decode step(s)",
+                    forced.len(),
+                    req.decode_steps
+                )));
+            }
+            self.check_tokens("forced", &forced[..req.decode_steps])?;
+        }
+        let _one_run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let cfg = &self.cfg;
+        let total = req.prompt.len() + req.decode_steps;
+        launch::attention(1, cfg.heads, cfg.head_dim, total).map_err(err)?;
+
+        let half = cfg.head_dim / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
+        for p in 0..total {
+            let (c, s) = self.rope.cos_sin(p);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let kvd = cfg.kv_heads * cfg.head_dim;
+        let mut st = RunState {
+            k_cache: Vec::with_capacity(cfg.layers),
+            v_cache: Vec::with_capacity(cfg.layers),
+            tabs: RopeTables {
+                cos: self.stream.clone_htod(&cos).map_err(err)?,
+                sin: self.stream.clone_htod(&sin).map_err(err)?,
+            },
+        };
+        for _ in 0..cfg.layers {
+            st.k_cache
+                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
+            st.v_cache
+                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
+        }
+
+        let mut sampler = Sampler::new(req.sampling.clone(), req.seed);
+        let mut captures = Captures::default();
+        let mut sampled = Vec::with_capacity(req.decode_steps + 1);
+        let mut positions = Vec::with_capacity(req.decode_steps + 1);
+        let mut tokens = req.prompt.clone();
+        let mut pos0 = 0;
+        for step in Step::sequence(req.decode_steps) {
+            if let Step::Decode(n) = step {
+                let fed = match &req.forced {
+                    Some(f) => f[n - 1],
+                    None => *sampled.last().expect("the prefill sampled a token"),
+                };
+                tokens = vec![fed];
+            }
+            let mut tc = TapCtx {
+                taps,
+                step,
+                caps: &mut captures,
+            };
+            let tok = self.forward(&mut st, &tokens, pos0, &mut tc, &req.sampling, &mut sampler)?;
+            sampled.push(tok);
+            positions.push((pos0..pos0 + tokens.len()).collect());
+            pos0 += tokens.len();
+        }
+        self.stream.synchronize().map_err(err)?;
+        Ok(RunOutput {
+            captures,
+            sampled,
+            positions,
+        })
+    }
+}
+
+impl CudaEngine {
+    /// One step at positions `pos0..pos0+T`; returns the sampled token.
+    fn forward(
+        &self,
+        st: &mut RunState,
+        tokens: &[u32],
+        pos0: usize,
+        tc: &mut TapCtx,
+        sampling: &Sampling,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
+        let cfg = &self.cfg;
+        let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
+        let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
+        let (qd, kvd) = (h * d, kv * d);
+        let s = pos0 + t;
+        let w = &self.w;
+
+        let tok_dev = self.stream.clone_htod(tokens).map_err(err)?;
+        let mut embed = self.gbuf(t * e)?;
+        {
+            let (rows, width) = (t as i32, e as i32);
+            let mut ev = embed.view_mut();
+            let mut b = self.stream.launch_builder(&self.f.embedding);
+            b.arg(&w.embed).arg(&tok_dev).arg(&mut ev).arg(&rows).arg(&width);
+            // SAFETY: embedding_f32(table [V, E], tokens [T] (< V, checked), out [T, E]).
+            unsafe { b.launch(lcfg(launch::elementwise(t * e))) }.map_err(err)?;
+        }
+        self.tap(tc, Stage::Embed, &[t, e], &embed)?;
+
+        let mut attn_norm = self.gbuf(t * e)?;
+        let mut q = self.gbuf(t * qd)?;
+        let mut k = self.gbuf(t * kvd)?;
+        let mut vv = self.gbuf(t * kvd)?;
+        let mut q_rope = self.gbuf(t * qd)?;
+        let mut k_rope = self.gbuf(t * kvd)?;
+        let any_probs = (0..cfg.layers).any(|l| tc.taps.contains(Stage::Block(l, B::AttnProbs)));
+        let mut probs = if any_probs { Some(self.gbuf(h * t * s)?) } else { None };
+        let mut ctx = self.gbuf(t * qd)?;
+        let mut attn_out = self.gbuf(t * e)?;
+        let mut ffn_inp = self.gbuf(t * e)?;
+        let mut ffn_norm = self.gbuf(t * e)?;
+        let mut gate = self.gbuf(t * f)?;
+        let mut up = self.gbuf(t * f)?;
+        let mut act = self.gbuf(t * f)?;
+        let mut ffn_out = self.gbuf(t * e)?;
+        let mut out = self.gbuf(t * e)?;
+        let attn_launch = launch::attention(t, h, d, s).map_err(err)?;
+
+        for (l, b) in w.blocks.iter().enumerate() {
+            let stg = |x: B| Stage::Block(l, x);
+            // The block input: the embeddings, then the previous block's output
+            // (read here and by the residual add below, before `out` is rewritten).
+            let x_in: &GBuf = if l == 0 { &embed } else { &out };
+            self.rmsnorm(&x_in.view(), &b.attn_norm, &mut attn_norm.view_mut(), t)?;
+            self.tap(tc, stg(B::AttnNorm), &[t, e], &attn_norm)?;
+
+            self.linear(&attn_norm.view(), t, &b.q, &mut q.view_mut())?;
+            self.linear(&attn_norm.view(), t, &b.k, &mut k.view_mut())?;
+            self.linear(&attn_norm.view(), t, &b.v, &mut vv.view_mut())?;
+            self.tap(tc, stg(B::Q), &[t, h, d], &q)?;
+            self.tap(tc, stg(B::K), &[t, kv, d], &k)?;
+            self.tap(tc, stg(B::V), &[t, kv, d], &vv)?;
+            self.rope(&q, &mut q_rope, &st.tabs, t, h, pos0)?;
+            self.rope(&k, &mut k_rope, &st.tabs, t, kv, pos0)?;
+            self.tap(tc, stg(B::QRope), &[t, h, d], &q_rope)?;
+            self.tap(tc, stg(B::KRope), &[t, kv, d], &k_rope)?;
+
+            // Append this step's keys (after RoPE) and values to the cache.
+            let span = pos0 * kvd..s * kvd;
+            self.stream
+                .memcpy_dtod(&k_rope.view(), &mut st.k_cache[l].slice_mut(span.clone()))
+                .map_err(err)?;
+            self.stream
+                .memcpy_dtod(&vv.view(), &mut st.v_cache[l].slice_mut(span))
+                .map_err(err)?;
+
+            let want_probs = tc.taps.contains(stg(B::AttnProbs));
+            {
+                let (rows, hh, kvh, dd, p0, ss) = (t as i32, h as i32, kv as i32, d as i32, pos0 as i32, s as i32);
+                // HF's `head_dim ** -0.5` rounded to f32, as the CPU engine.
+                let scale = (d as f64).powf(-0.5) as f32;
+                let qv = q_rope.view();
+                let mut cv = ctx.view_mut();
+                let null: u64 = 0;
+                let mut pv = probs.as_mut().filter(|_| want_probs).map(|p| p.view_mut());
+                let decode = t == 1;
+                let func = if decode {
+                    &self.f.attention_decode
+                } else {
+                    &self.f.attention_prefill
+                };
+                let mut bld = self.stream.launch_builder(func);
+                bld.arg(&qv).arg(&st.k_cache[l]).arg(&st.v_cache[l]);
+                match pv.as_mut() {
+                    Some(p) => bld.arg(p),
+                    None => bld.arg(&null),
+                };
+                bld.arg(&mut cv);
+                if !decode {
+                    bld.arg(&rows);
+                }
+                bld.arg(&hh).arg(&kvh).arg(&dd).arg(&p0).arg(&ss).arg(&scale);
+                let lc = if decode {
+                    Launch {
+                        grid: (h as u32, 1, 1),
+                        ..attn_launch
+                    }
+                } else {
+                    attn_launch
+                };
+                // SAFETY: q [T, H, D], caches [capacity >= S, KV, D], probs [H, T, S] or NULL,
+                // ctx [T, H*D]; smem (D + S) floats as `launch::attention` computed.
+                unsafe { bld.launch(lcfg(lc)) }.map_err(err)?;
+            }
+            if want_probs {
+                let p = probs.as_ref().expect("allocated when any layer taps attn_probs");
+                self.tap(tc, stg(B::AttnProbs), &[h, t, s], p)?;
+            }
+            self.tap(tc, stg(B::AttnCtx), &[t, qd], &ctx)?;
+            self.linear(&ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
+            self.tap(tc, stg(B::AttnOut), &[t, e], &attn_out)?;
+
+            let x_in: &GBuf = if l == 0 { &embed } else { &out };
+            self.add(&x_in.view(), &attn_out.view(), &mut ffn_inp)?;
+            self.tap(tc, stg(B::FfnInp), &[t, e], &ffn_inp)?;
+            self.rmsnorm(&ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
+            self.tap(tc, stg(B::FfnNorm), &[t, e], &ffn_norm)?;
+            self.linear(&ffn_norm.view(), t, &b.gate, &mut gate.view_mut())?;
+            self.tap(tc, stg(B::FfnGate), &[t, f], &gate)?;
+            self.linear(&ffn_norm.view(), t, &b.up, &mut up.view_mut())?;
+            self.tap(tc, stg(B::FfnUp), &[t, f], &up)?;
+            {
+                let n = (t * f) as i64;
+                let (gv, uv, mut av) = (gate.view(), up.view(), act.view_mut());
+                let mut bld = self.stream.launch_builder(&self.f.silu_mul);
+                bld.arg(&gv).arg(&uv).arg(&mut av).arg(&n);
+                // SAFETY: silu_mul_f32(gate, up, out, n), all [T, F].
+                unsafe { bld.launch(lcfg(launch::elementwise(t * f))) }.map_err(err)?;
+            }
+            self.tap(tc, stg(B::FfnAct), &[t, f], &act)?;
+            self.linear(&act.view(), t, &b.down, &mut ffn_out.view_mut())?;
+            self.tap(tc, stg(B::FfnOut), &[t, e], &ffn_out)?;
+            self.add(&ffn_inp.view(), &ffn_out.view(), &mut out)?;
+            self.tap(tc, stg(B::Out), &[t, e], &out)?;
+        }
+
+        // As the CPU engine: only the last row is normed and projected unless
+        // output_norm or logits is tapped.
+        let all_rows = tc.taps.contains(Stage::OutputNorm) || tc.taps.contains(Stage::Logits);
+        let first = if all_rows { 0 } else { t - 1 };
+        let nrows = t - first;
+        let x_fin: &GBuf = if w.blocks.is_empty() { &embed } else { &out };
+        let mut onorm = self.gbuf(nrows * e)?;
+        self.rmsnorm(&x_fin.view().slice(first * e..), &w.norm, &mut onorm.view_mut(), nrows)?;
+        self.tap(tc, Stage::OutputNorm, &[t, e], &onorm)?;
+        let head_rows = if tc.taps.contains(Stage::Logits) { t } else { 1 };
+        let mut logits = self.gbuf(head_rows * v)?;
+        {
+            let ov = onorm.view();
+            let head_in = ov.slice((nrows - head_rows) * e..);
+            let mut lv = logits.view_mut();
+            match &w.lm_head {
+                Some(lin) => self.linear(&head_in, head_rows, lin, &mut lv)?,
+                // Tied head: the embedding matrix [V, E] is the weight.
+                None => self.gemm_bias(&head_in, head_rows, &w.embed, None, e, v, &mut lv)?,
+            }
+        }
+        self.tap(tc, Stage::Logits, &[t, v], &logits)?;
+
+        let lv = logits.view();
+        let last = lv.slice((head_rows - 1) * v..head_rows * v);
+        let greedy = match sampling {
+            Sampling::Greedy => true,
+            Sampling::Random { temperature, .. } => *temperature <= 0.0,
+        };
+        if greedy {
+            // The only device→host copy of an untapped greedy step: 4 bytes.
+            let mut tok = self.stream.alloc_zeros::<u32>(1).map_err(err)?;
+            let n = v as i32;
+            let mut bld = self.stream.launch_builder(&self.f.argmax);
+            bld.arg(&last).arg(&n).arg(&mut tok);
+            // SAFETY: argmax_f32(x [n], n, out [1]).
+            unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
+            let host = self.stream.clone_dtoh(&tok).map_err(err)?;
+            self.stream.synchronize().map_err(err)?;
+            Ok(host[0])
+        } else {
+            // Seeded sampling on the host, from the last row: the same Sampler
+            // (ChaCha8, same seed) as the CPU engine.
+            let row = self.stream.clone_dtoh(&last).map_err(err)?;
+            self.stream.synchronize().map_err(err)?;
+            Ok(sampler.sample(&row))
+        }
+    }
+}

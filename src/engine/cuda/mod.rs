@@ -1,0 +1,72 @@
+//! The CUDA engine: the same Llama/Qwen2 decoder as the CPU reference engine,
+//! stage for stage, with its kernels in `cuda/*.cu` compiled at run time by
+//! NVRTC and driven through cudarc. It is always compiled (cudarc loads
+//! libcuda, libnvrtc and libcublas dynamically); without a driver or a device
+//! it reports `Unavailable(reason)` and is never run.
+//!
+//! - `compile`: the embedded kernel sources, pinned NVRTC options, PTX cache.
+//! - `device`: the engine (weights upload, forward pass, taps, sampling).
+//! - `guard`: guard regions around device outputs (host-side checking).
+//! - `launch`: launch configurations and cuBLAS argument mapping.
+//! - `reference`: host mirrors of device-side decisions, for tests.
+
+pub mod compile;
+mod device;
+pub mod guard;
+pub mod launch;
+pub mod reference;
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::CudaContext;
+
+use super::Availability;
+
+pub use device::CudaEngine;
+
+/// The reason given when libcuda cannot be loaded.
+pub const NO_DRIVER: &str = "libcuda.so.1 not found (no NVIDIA driver): the CUDA engine needs the NVIDIA \
+                             driver library on the loader path; nothing was run on a GPU";
+
+/// The process's CUDA context on device 0, created once. `Err` carries the
+/// reason the engine is unavailable.
+pub(crate) fn context() -> Result<Arc<CudaContext>, String> {
+    static CTX: OnceLock<Result<Arc<CudaContext>, String>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        // CudaContext::new panics (rather than returning Err) without libcuda.
+        // SAFETY: only tries to dlopen the driver library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(NO_DRIVER.to_string());
+        }
+        let n = CudaContext::device_count()
+            .map_err(|e| format!("the NVIDIA driver is loaded but reports no usable CUDA device ({e})"))?;
+        if n < 1 {
+            return Err("the NVIDIA driver is loaded but reports 0 CUDA devices".into());
+        }
+        CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context on device 0: {e}"))
+    })
+    .clone()
+}
+
+/// Whether the CUDA engine can run here: driver, device, NVRTC and cuBLAS.
+pub fn availability() -> Availability {
+    if let Err(reason) = context() {
+        return Availability::Unavailable(reason);
+    }
+    if !compile::nvrtc_present() {
+        return Availability::Unavailable(
+            "libnvrtc.so.13 not found (CUDA 13 NVRTC): the CUDA engine compiles its kernels at run time; \
+             put the toolkit's lib folder on LD_LIBRARY_PATH"
+                .into(),
+        );
+    }
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Availability::Unavailable(
+            "libcublas.so.13 not found (CUDA 13 cuBLAS): the CUDA engine's matrix products use cuBLAS; \
+             put the toolkit's lib folder on LD_LIBRARY_PATH"
+                .into(),
+        );
+    }
+    Availability::Available
+}
