@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::Result;
-use crate::model::ModelConfig;
+use crate::model::{LoadOptions, ModelConfig};
 use crate::sampling::Sampling;
 use crate::stage::{Stage, Step};
 use crate::tensor::Tensor;
@@ -50,10 +50,10 @@ impl EngineKind {
         }
     }
 
-    /// Loads `model` (an HF folder) into this engine.
-    pub fn load(self, model: &Path) -> Result<Box<dyn Engine>> {
+    /// Loads `model` (an HF folder or a `.gguf` file) into this engine.
+    pub fn load(self, model: &Path, opts: &LoadOptions) -> Result<Box<dyn Engine>> {
         match self {
-            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load(model)?)),
+            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load_with(model, opts)?)),
             EngineKind::Cuda => Err(crate::error::Error::engine(
                 "cuda",
                 match self.availability() {
