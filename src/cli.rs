@@ -39,9 +39,14 @@ pub enum Command {
         /// Engine to run.
         #[arg(long, value_enum, default_value_t = EngineArg::Cpu)]
         engine: EngineArg,
-        /// Model to run instead of the spec's (an HF model folder).
+        /// Model to run instead of the spec's (an HF model folder or a .gguf file).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Test aid: keep llama.cpp's Q/K row permutation of Llama GGUF weights
+        /// instead of undoing it, to show the failure it causes (first divergence
+        /// at blk.0.q). Hidden: never needed for a real run.
+        #[arg(long, hide = true)]
+        keep_gguf_qk_permutation: bool,
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -61,7 +66,8 @@ pub enum Command {
         #[arg(long)]
         model: Option<PathBuf>,
     },
-    /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors or .npy file.
+    /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors, .npy or .gguf
+    /// file (GGUF: version, metadata and the tensor table too).
     Inspect { file: PathBuf },
     /// Compile every CUDA kernel with NVRTC and, where ptxas is on PATH, report
     /// registers, shared memory, stack and spills (exit 1 on a compile error or spill).
@@ -120,6 +126,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             specs,
             engine,
             model,
+            keep_gguf_qk_permutation,
             json,
             only,
             require_gpu,
@@ -139,7 +146,11 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             // Plan everything first so bad input anywhere fails before any engine runs.
             let plans = specs_or_default(specs)
                 .iter()
-                .map(|p| Plan::build(Spec::load(p)?, model.as_deref()))
+                .map(|p| {
+                    let mut plan = Plan::build(Spec::load(p)?, model.as_deref())?;
+                    plan.load_options.keep_gguf_qk_permutation = keep_gguf_qk_permutation;
+                    Ok(plan)
+                })
                 .collect::<Result<Vec<_>>>()?;
             for plan in &plans {
                 for kind in engine.kinds() {

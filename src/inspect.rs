@@ -1,4 +1,5 @@
-//! `touchstone inspect FILE`: what is in a tensor file — provenance, then every
+//! `touchstone inspect FILE`: what is in a tensor file (GGUF files: see
+//! `gguf::inspect`) — provenance, then every
 //! tensor's dtype, shape and basic statistics, with non-finite values counted
 //! (a NaN in a golden is the first thing a user should see).
 
@@ -10,6 +11,9 @@ use crate::tensor::Tensor;
 use crate::tensor_io::TensorFile;
 
 pub fn render(path: &Path) -> Result<String> {
+    if crate::gguf::is_gguf_path(path) {
+        return crate::gguf::inspect::render(path);
+    }
     let file = TensorFile::read(path)?;
     let mut out = String::new();
     let _ = writeln!(out, "{}", path.display());
@@ -73,16 +77,16 @@ pub fn render(path: &Path) -> Result<String> {
 }
 
 /// Statistics over the finite values; `non_finite` counts the rest.
-struct Stats {
-    min: f64,
-    max: f64,
-    mean: f64,
-    std: f64,
-    non_finite: usize,
+pub(crate) struct Stats {
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub non_finite: usize,
 }
 
 impl Stats {
-    fn of(t: &Tensor) -> Stats {
+    pub(crate) fn of(t: &Tensor) -> Stats {
         let (mut n, mut sum, mut sq) = (0usize, 0f64, 0f64);
         let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
         for &x in t.data() {

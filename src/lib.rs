@@ -9,6 +9,7 @@ pub mod cli;
 pub mod compare;
 pub mod engine;
 pub mod error;
+pub mod gguf;
 pub mod golden;
 pub mod inspect;
 pub mod kernels;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
-use crate::model::ModelConfig;
+use crate::model::{self, LoadOptions, ModelConfig};
 use crate::spec::{RunCheck, Spec, StageCheck};
 use crate::stage::{BlockStage, Stage, Step};
 
@@ -74,6 +74,8 @@ pub struct Plan {
     /// The model the plan runs (the spec's, or `--model`).
     pub model: PathBuf,
     pub config: ModelConfig,
+    /// How engines load the model (default: faithfully; see `LoadOptions`).
+    pub load_options: LoadOptions,
     pub goldens: BTreeMap<String, Arc<GoldenSet>>,
     pub prompt: Vec<u32>,
     pub decode_steps: usize,
@@ -90,7 +92,7 @@ impl Plan {
         if !model.exists() {
             return Err(Error::model(&model, "model not found (no such file or folder)"));
         }
-        let config = ModelConfig::from_hf_dir(&model)?;
+        let config = model::read_config(&model)?;
         let mut goldens = BTreeMap::new();
         for (source, path) in &spec.goldens {
             goldens.insert(source.clone(), Arc::new(GoldenSet::load(source, path)?));
@@ -194,6 +196,7 @@ impl Plan {
             spec,
             model,
             config,
+            load_options: LoadOptions::default(),
             goldens,
             prompt,
             decode_steps,

@@ -39,7 +39,8 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         .iter()
         .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", kind.name(), c.id)))
         .collect();
-    let rerun = |id: &str| rerun_command(&spec_path, kind, id, model_override);
+    let keep_perm = plan.load_options.keep_gguf_qk_permutation;
+    let rerun = |id: &str| rerun_command(&spec_path, kind, id, model_override, keep_perm);
     let at = |c: &CheckInstance| match c.target {
         Target::Stage { step, stage } => Some((step, stage)),
         Target::Run => None,
@@ -67,7 +68,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
             Some(reason),
         ));
     }
-    let engine = kind.load(&plan.model)?;
+    let engine = kind.load(&plan.model, &plan.load_options)?;
 
     let mut taps = TapSet::none();
     for c in &selected {
@@ -151,10 +152,11 @@ fn attach_budget(outcomes: &mut [Outcome]) {
     }
 }
 
-fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
+fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>, keep_perm: bool) -> String {
     let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
+    let keep = if keep_perm { " --keep-gguf-qk-permutation" } else { "" };
     format!(
-        "touchstone run {spec_path} --engine {}{model} --only '{id}'",
+        "touchstone run {spec_path} --engine {}{model}{keep} --only '{id}'",
         kind.name()
     )
 }

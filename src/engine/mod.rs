@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::Result;
-use crate::model::ModelConfig;
+use crate::model::{LoadOptions, ModelConfig};
 use crate::sampling::Sampling;
 use crate::stage::{Stage, Step};
 use crate::tensor::Tensor;
@@ -47,13 +47,13 @@ impl EngineKind {
         }
     }
 
-    /// Loads `model` (an HF folder) into this engine.
-    pub fn load(self, model: &Path) -> Result<Box<dyn Engine>> {
+    /// Loads `model` (an HF folder or a `.gguf` file) into this engine.
+    pub fn load(self, model: &Path, opts: &LoadOptions) -> Result<Box<dyn Engine>> {
         match self {
-            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load(model)?)),
+            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load_with(model, opts)?)),
             EngineKind::Cuda => match self.availability() {
                 Availability::Unavailable(r) => Err(crate::error::Error::engine("cuda", r)),
-                Availability::Available => Ok(Box::new(cuda::CudaEngine::load(model)?)),
+                Availability::Available => Ok(Box::new(cuda::CudaEngine::load(model, opts)?)),
             },
         }
     }

@@ -94,7 +94,7 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
+    pub(crate) fn validate(&self) -> std::result::Result<(), String> {
         for (name, n) in [
             ("vocab_size", self.vocab),
             ("hidden_size", self.hidden),

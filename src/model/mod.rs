@@ -1,6 +1,65 @@
-//! Model description and weights, independent of any engine.
+//! Model description and weights, independent of any engine, and the one entry
+//! point for reading a model: an HF folder (`config.json` + `*.safetensors`) or
+//! a `.gguf` file.
 pub mod config;
 pub mod weights;
 
+use std::path::Path;
+
 pub use config::ModelConfig;
 pub use weights::Weights;
+
+use crate::error::{Error, Result};
+use crate::gguf::{self, GgufFile};
+
+/// How a model is loaded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Test aid: keep llama.cpp's Q/K row permutation of Llama GGUF weights
+    /// instead of undoing it, so the engine computes the wrong model and a spec
+    /// shows where (the first divergence is `blk.0.q`). Never set it otherwise.
+    pub keep_gguf_qk_permutation: bool,
+}
+
+enum Format {
+    HfDir,
+    Gguf,
+}
+
+fn format_of(path: &Path) -> Result<Format> {
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::model(path, "model not found (no such file or folder)"),
+        _ => Error::io(path, e),
+    })?;
+    if meta.is_dir() {
+        Ok(Format::HfDir)
+    } else if gguf::is_gguf_path(path) {
+        Ok(Format::Gguf)
+    } else {
+        Err(Error::model(
+            path,
+            "not a model: expected an HF model folder (config.json + *.safetensors) or a .gguf file",
+        ))
+    }
+}
+
+/// Reads only the config of a model (an HF folder or a `.gguf` file).
+pub fn read_config(path: &Path) -> Result<ModelConfig> {
+    match format_of(path)? {
+        Format::HfDir => ModelConfig::from_hf_dir(path),
+        Format::Gguf => gguf::model::config(&GgufFile::open(path)?),
+    }
+}
+
+/// Reads the config and the weights (HF names, f32 values) of a model.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
+    match format_of(path)? {
+        Format::HfDir => Ok((ModelConfig::from_hf_dir(path)?, Weights::from_hf_dir(path)?)),
+        Format::Gguf => {
+            let f = GgufFile::open(path)?;
+            let cfg = gguf::model::config(&f)?;
+            let ws = gguf::model::weights(&f, &cfg, opts)?;
+            Ok((cfg, ws))
+        }
+    }
+}

@@ -10,14 +10,14 @@ mod kv_cache;
 pub(crate) mod layers;
 pub(crate) mod ops;
 #[cfg(test)]
-mod test_model;
+pub(crate) mod test_model;
 #[cfg(test)]
 mod tests;
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, Weights};
+use crate::model::{self, LoadOptions, ModelConfig, Weights};
 use crate::sampling::Sampler;
 use crate::stage::Step;
 
@@ -34,11 +34,15 @@ pub struct CpuEngine {
 }
 
 impl CpuEngine {
-    /// Loads an HF model folder (`config.json` + `*.safetensors`, f32/f16/bf16
-    /// weights, widened to f32).
-    pub fn load(model_dir: &Path) -> Result<CpuEngine> {
-        let cfg = ModelConfig::from_hf_dir(model_dir)?;
-        let mut ws = Weights::from_hf_dir(model_dir)?;
+    /// Loads an HF model folder (`config.json` + `*.safetensors`) or a `.gguf`
+    /// file (f32/f16/bf16 weights, Q8_0 in GGUF, all widened to f32).
+    pub fn load(model: &Path) -> Result<CpuEngine> {
+        CpuEngine::load_with(model, &LoadOptions::default())
+    }
+
+    /// `load` with options (see `LoadOptions`).
+    pub fn load_with(model: &Path, opts: &LoadOptions) -> Result<CpuEngine> {
+        let (cfg, mut ws) = model::load(model, opts)?;
         CpuEngine::from_weights(cfg, &mut ws)
     }
 

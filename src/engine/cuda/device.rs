@@ -26,7 +26,7 @@ use crate::engine::cpu::layers::{Linear, ModelWeights};
 use crate::engine::cpu::ops::Rope;
 use crate::engine::{Captures, Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, Weights};
+use crate::model::ModelConfig;
 use crate::sampling::{Sampler, Sampling};
 use crate::stage::{BlockStage as B, Stage, Step};
 use crate::tensor::Tensor;
@@ -116,10 +116,11 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     /// Loads an HF model folder with the CPU engine's loader, then uploads it.
-    pub fn load(model_dir: &Path) -> Result<CudaEngine> {
+    /// Loads a model (HF folder or GGUF, through the same loader as the CPU
+    /// engine) and uploads its weights.
+    pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine> {
         let ctx = super::context().map_err(err)?;
-        let cfg = ModelConfig::from_hf_dir(model_dir)?;
-        let mut ws = Weights::from_hf_dir(model_dir)?;
+        let (cfg, mut ws) = crate::model::load(model, opts)?;
         let host = ModelWeights::load(&cfg, &mut ws)?;
         let stream = ctx.default_stream();
         let f = load_funcs(&ctx)?;

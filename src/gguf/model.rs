@@ -1,0 +1,318 @@
+//! A GGUF file as a model: the `ModelConfig` from its metadata and the weights
+//! renamed to HF names, so the engines' loaders (which take HF names from
+//! `Weights`) work unchanged.
+//!
+//! Llama: llama.cpp's converter (`LlamaModel.permute` in convert_hf_to_gguf.py)
+//! reorders the rows of `attn_q` / `attn_k` within each head from HF's
+//! rotate-half layout to interleaved pairs:
+//! `w.reshape(n_head, 2, D/2, E).swapaxes(1, 2).reshape(w.shape)` (n_head_kv
+//! heads for K). The loader undoes it, so the CPU engine (rotate-half RoPE)
+//! computes exactly the HF model. Qwen2 GGUFs are not permuted.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::model::{LoadOptions, ModelConfig, Weights};
+use crate::tensor::Tensor;
+
+use super::{GgufFile, Value};
+
+/// `general.architecture` values this loader accepts.
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "llama"];
+
+/// Reads the model config from metadata (and the presence / shape of
+/// `token_embd.weight` and `output.weight`).
+pub fn config(f: &GgufFile) -> Result<ModelConfig> {
+    let bad = |msg: String| Error::model(&f.path, msg);
+    let arch = req(f, "general.architecture")?
+        .as_str()
+        .ok_or_else(|| bad(wrong_type(f, "general.architecture", "a string")))?
+        .to_string();
+    if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
+        return Err(bad(format!(
+            "general.architecture is `{arch}`, which is not supported (supported: {})",
+            SUPPORTED_ARCHS.join(", ")
+        )));
+    }
+    let uint = |k: &str| -> Result<usize> {
+        let key = format!("{arch}.{k}");
+        req(f, &key)?
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| bad(wrong_type(f, &key, "a non-negative integer")))
+    };
+    let opt_uint = |k: &str| -> Result<Option<usize>> {
+        let key = format!("{arch}.{k}");
+        match f.get(&key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| bad(wrong_type(f, &key, "a non-negative integer"))),
+        }
+    };
+    let hidden = uint("embedding_length")?;
+    let layers = uint("block_count")?;
+    let heads = uint("attention.head_count")?;
+    let kv_heads = opt_uint("attention.head_count_kv")?.unwrap_or(heads);
+    let ffn = uint("feed_forward_length")?;
+    let head_dim = opt_uint("attention.key_length")?.unwrap_or(hidden / heads.max(1));
+    if let Some(vl) = opt_uint("attention.value_length")? {
+        if vl != head_dim {
+            return Err(bad(format!(
+                "{arch}.attention.value_length ({vl}) differs from the key length ({head_dim}); not supported"
+            )));
+        }
+    }
+    if let Some(rd) = opt_uint("rope.dimension_count")? {
+        if rd != head_dim {
+            return Err(bad(format!(
+                "{arch}.rope.dimension_count is {rd} but the head dim is {head_dim}: partial RoPE is not supported"
+            )));
+        }
+    }
+    let scaling_key = format!("{arch}.rope.scaling.type");
+    if let Some(s) = f.get(&scaling_key).and_then(Value::as_str) {
+        if s != "none" {
+            return Err(bad(format!("{scaling_key} is `{s}`: RoPE scaling is not supported")));
+        }
+    }
+    // llama.cpp's default when the key is absent.
+    let rope_key = format!("{arch}.rope.freq_base");
+    let rope_theta = match f.get(&rope_key) {
+        None => 10000.0,
+        Some(v) => v.as_f64().ok_or_else(|| bad(wrong_type(f, &rope_key, "a number")))?,
+    };
+    let eps_key = format!("{arch}.attention.layer_norm_rms_epsilon");
+    let rms_eps = req(f, &eps_key)?
+        .as_f64()
+        .ok_or_else(|| bad(wrong_type(f, &eps_key, "a number")))?;
+
+    req(f, "tokenizer.ggml.model")?
+        .as_str()
+        .ok_or_else(|| bad(wrong_type(f, "tokenizer.ggml.model", "a string")))?;
+    let vocab = match req(f, "tokenizer.ggml.tokens")?.as_array() {
+        Some((super::ValueType::String, items)) => items.len(),
+        _ => return Err(bad(wrong_type(f, "tokenizer.ggml.tokens", "an array of strings"))),
+    };
+    let embd = f.tensor("token_embd.weight").ok_or_else(|| {
+        bad(
+            "missing tensor `token_embd.weight` (HF `model.embed_tokens.weight`), required by every architecture"
+                .into(),
+        )
+    })?;
+    let shape = embd.shape();
+    if shape.len() != 2 || shape[0] != vocab {
+        return Err(bad(format!(
+            "tokenizer.ggml.tokens has {vocab} tokens but tensor `token_embd.weight` has shape {shape:?} \
+             (expected [{vocab}, {hidden}])"
+        )));
+    }
+    if let Some(v) = opt_uint("vocab_size")? {
+        if v != vocab {
+            return Err(bad(format!(
+                "{arch}.vocab_size is {v} but tokenizer.ggml.tokens has {vocab} tokens"
+            )));
+        }
+    }
+    let cfg = ModelConfig {
+        arch,
+        vocab,
+        hidden,
+        ffn,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        rope_theta,
+        rms_eps,
+        tie_embeddings: f.tensor("output.weight").is_none(),
+    };
+    cfg.validate()
+        .map_err(|m| bad(format!("{m} (from the GGUF metadata)")))?;
+    Ok(cfg)
+}
+
+fn req<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value> {
+    f.get(key)
+        .ok_or_else(|| Error::model(&f.path, format!("missing metadata key `{key}`")))
+}
+
+fn wrong_type(f: &GgufFile, key: &str, expected: &str) -> String {
+    let got = f.get(key).map(Value::type_name).unwrap_or_default();
+    format!("metadata key `{key}` is a {got}, expected {expected}")
+}
+
+/// The HF name of a GGUF tensor name (Llama / Qwen2 layout), if it has one.
+pub fn hf_name(gguf: &str) -> Option<String> {
+    let fixed = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_norm" => "post_attention_layernorm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// The GGUF name of an HF tensor name (the inverse of `hf_name`).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Some(n.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    let g = match part {
+        "input_layernorm" => "attn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "post_attention_layernorm" => "ffn_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}.{suffix}"))
+}
+
+/// The tensors an architecture needs, with their row-major shapes: (name, shape, required).
+pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
+    let (e, f, v) = (cfg.hidden, cfg.ffn, cfg.vocab);
+    let (qd, kvd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+    let mut out = vec![
+        ("token_embd.weight".to_string(), vec![v, e], true),
+        ("output_norm.weight".to_string(), vec![e], true),
+        ("output.weight".to_string(), vec![v, e], false),
+    ];
+    for i in 0..cfg.layers {
+        let b = |n: &str| format!("blk.{i}.{n}");
+        out.extend([
+            (b("attn_norm.weight"), vec![e], true),
+            (b("attn_q.weight"), vec![qd, e], true),
+            (b("attn_k.weight"), vec![kvd, e], true),
+            (b("attn_v.weight"), vec![kvd, e], true),
+            (b("attn_q.bias"), vec![qd], false),
+            (b("attn_k.bias"), vec![kvd], false),
+            (b("attn_v.bias"), vec![kvd], false),
+            (b("attn_output.weight"), vec![e, qd], true),
+            (b("ffn_norm.weight"), vec![e], true),
+            (b("ffn_gate.weight"), vec![f, e], true),
+            (b("ffn_up.weight"), vec![f, e], true),
+            (b("ffn_down.weight"), vec![e, f], true),
+        ]);
+    }
+    out
+}
+
+/// Reads every tensor as f32, renamed to HF names, checked against the
+/// architecture's expected tensors and shapes; Llama Q/K rows un-permuted
+/// unless `opts.keep_gguf_qk_permutation`. Tensors with no HF name keep their
+/// GGUF name (the engine then reports them as unused).
+pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<Weights> {
+    let bad = |msg: String| Error::model(&f.path, msg);
+    for (name, shape, required) in expected_tensors(cfg) {
+        match f.tensor(&name) {
+            None if required => {
+                return Err(bad(format!(
+                    "missing tensor `{name}` (HF `{}`), required by the {} architecture",
+                    hf_name(&name).unwrap_or_default(),
+                    cfg.arch
+                )))
+            }
+            None => {}
+            Some(t) if t.shape() != shape => {
+                return Err(bad(format!(
+                    "tensor `{name}` has shape {:?} (GGUF ne {:?}), expected {shape:?}",
+                    t.shape(),
+                    t.ne
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let unpermute = cfg.arch == "llama" && !opts.keep_gguf_qk_permutation;
+    let mut out = BTreeMap::new();
+    for info in &f.tensors {
+        let mut t = f.read_tensor(info)?;
+        if unpermute {
+            let heads = if info.name.contains(".attn_q.") {
+                Some(cfg.heads)
+            } else if info.name.contains(".attn_k.") {
+                Some(cfg.kv_heads)
+            } else {
+                None
+            };
+            if let Some(n_head) = heads {
+                t = unpermute_rows(t, n_head);
+            }
+        }
+        let name = hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+        out.insert(name, t);
+    }
+    Ok(Weights::from_map(f.path.clone(), out))
+}
+
+/// llama.cpp's `permute(w, n_head)`: within each head of D rows, HF row
+/// `t·D/2 + j` (t ∈ {0,1}) is stored at row `2j + t`. Rows are the first axis;
+/// a bias is a tensor of one-element rows.
+pub fn permute_rows(t: Tensor, n_head: usize) -> Tensor {
+    reorder_rows(t, n_head, false)
+}
+
+/// The inverse of [`permute_rows`]: back to HF's layout.
+pub fn unpermute_rows(t: Tensor, n_head: usize) -> Tensor {
+    reorder_rows(t, n_head, true)
+}
+
+fn reorder_rows(t: Tensor, n_head: usize, inverse: bool) -> Tensor {
+    let shape = t.shape().to_vec();
+    let dtype = t.dtype();
+    let rows = shape[0];
+    let row_len: usize = shape[1..].iter().product();
+    let d = rows / n_head;
+    let half = d / 2;
+    let src = t.into_data();
+    let mut dst = vec![0f32; src.len()];
+    for h in 0..n_head {
+        for tt in 0..2 {
+            for j in 0..half {
+                let hf = h * d + tt * half + j;
+                let gg = h * d + 2 * j + tt;
+                let (from, to) = if inverse { (gg, hf) } else { (hf, gg) };
+                dst[to * row_len..(to + 1) * row_len].copy_from_slice(&src[from * row_len..(from + 1) * row_len]);
+            }
+        }
+    }
+    Tensor::new(shape, dst).with_dtype(dtype)
+}
