@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::engine::EngineKind;
+use crate::goldens::SourceFilter;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::report::{self, Report};
@@ -49,6 +50,8 @@ pub enum Command {
         /// `decode2/blk.1.q::golden:hf`.
         #[arg(long, value_name = "ID")]
         only: Vec<String>,
+        #[command(flatten)]
+        sinks: SinkArgs,
     },
     /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
     List {
@@ -60,6 +63,109 @@ pub enum Command {
     },
     /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors or .npy file.
     Inspect { file: PathBuf },
+    /// Regenerate goldens into pending files, review, accept or reject them.
+    Goldens {
+        #[command(subcommand)]
+        action: GoldensAction,
+    },
+    /// Regression report between two `run --json` reports (exit 1 on a regression).
+    Diff {
+        base: PathBuf,
+        new: PathBuf,
+        /// A passing check regresses when its error grows by more than this factor.
+        #[arg(long, default_value_t = 10.0)]
+        factor: f64,
+        #[command(flatten)]
+        sinks: SinkArgs,
+    },
+    /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        /// Absolute tolerance (default: by dtype, as golden checks).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: by dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+    },
+}
+
+/// Extra report files (`run` and `diff`).
+#[derive(clap::Args, Debug, Default)]
+pub struct SinkArgs {
+    /// Write JUnit XML (one testcase per check) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write a Markdown summary (failures first) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Write a self-contained HTML page with per-layer error plots to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GoldensAction {
+    /// Record goldens into pending `<golden>.new` files and show the change
+    /// (exit 0 unchanged, 1 changed; refused with exit 2 when CI is set).
+    Regen {
+        /// Spec files (default: specs/qwen2-tiny.yaml).
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+        /// Python interpreter with the pinned recorder packages (default: a venv in .cache/).
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
+    /// List pending goldens.
+    Status { specs: Vec<PathBuf> },
+    /// Replace goldens with their pending files (atomic rename).
+    Accept {
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+    /// Delete pending goldens.
+    Reject {
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceArg {
+    Hf,
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+    All,
+}
+
+impl SourceArg {
+    fn filter(self) -> SourceFilter {
+        match self {
+            SourceArg::Hf => SourceFilter::Hf,
+            SourceArg::LlamaCpp => SourceFilter::LlamaCpp,
+            SourceArg::All => SourceFilter::All,
+        }
+    }
+}
+
+impl SinkArgs {
+    /// Writes each requested file (atomically) from its renderer.
+    fn write(&self, junit: impl Fn() -> String, markdown: impl Fn() -> String, html: impl Fn() -> String) -> Result<()> {
+        for (path, render) in [
+            (&self.junit, &junit as &dyn Fn() -> String),
+            (&self.markdown, &markdown),
+            (&self.html, &html),
+        ] {
+            if let Some(p) = path {
+                crate::goldens::pending::write_atomic(p, render().as_bytes())?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -112,6 +218,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             model,
             json,
             only,
+            sinks,
         } => {
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
             let mut report = Report::default();
@@ -135,6 +242,11 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             if let Some(path) = json {
                 report::json::write(&report, &path)?;
             }
+            sinks.write(
+                || report::junit::render(&report),
+                || report::markdown::render(&report),
+                || report::html::render(&report),
+            )?;
             Ok(if report.passed() {
                 Outcome::Passed
             } else {
@@ -154,6 +266,64 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         }
         Command::Inspect { file } => {
             print!("{}", crate::inspect::render(&file)?);
+            Ok(Outcome::Passed)
+        }
+        Command::Goldens { action } => goldens(action),
+        Command::Diff {
+            base,
+            new,
+            factor,
+            sinks,
+        } => {
+            use crate::diff::render;
+            let d = crate::diff::diff_files(&base, &new, factor)?;
+            print!("{}", render::terminal(&d));
+            sinks.write(|| render::junit(&d), || render::markdown(&d), || render::html(&d))?;
+            Ok(if d.regressed() {
+                Outcome::Failed
+            } else {
+                Outcome::Passed
+            })
+        }
+        Command::Compare { a, b, atol, rtol } => {
+            let c = crate::compare_files::compare_files(&a, &b, atol, rtol)?;
+            print!("{}", c.text);
+            Ok(if c.passed {
+                Outcome::Passed
+            } else {
+                Outcome::Failed
+            })
+        }
+    }
+}
+
+fn goldens(action: GoldensAction) -> Result<Outcome> {
+    use crate::goldens::{jobs, pending, refs, regen, repo_root};
+    match action {
+        GoldensAction::Regen { specs, source, python } => {
+            // Refuse before reading anything, so CI cannot write even a cache file.
+            regen::refuse_on_ci("regenerate")?;
+            let specs = specs_or_default(specs);
+            let jobs = jobs(&specs, source.filter())?;
+            let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
+            print!("{}", r.text);
+            Ok(if r.changed {
+                Outcome::Failed
+            } else {
+                Outcome::Passed
+            })
+        }
+        GoldensAction::Status { specs } => {
+            print!("{}", pending::status(&refs(&jobs(&specs_or_default(specs), SourceFilter::All)?)));
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Accept { specs, source } => {
+            regen::refuse_on_ci("accept")?;
+            print!("{}", pending::accept(&refs(&jobs(&specs_or_default(specs), source.filter())?))?);
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Reject { specs, source } => {
+            print!("{}", pending::reject(&refs(&jobs(&specs_or_default(specs), source.filter())?))?);
             Ok(Outcome::Passed)
         }
     }

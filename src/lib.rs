@@ -7,12 +7,16 @@
 pub mod checks;
 pub mod cli;
 pub mod compare;
+pub mod compare_files;
+pub mod diff;
 pub mod engine;
 pub mod error;
 pub mod golden;
+pub mod goldens;
 pub mod inspect;
 pub mod model;
 pub mod plan;
+pub mod provenance;
 pub mod report;
 pub mod runner;
 pub mod sampling;
