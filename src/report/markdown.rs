@@ -61,7 +61,7 @@ pub fn render(report: &Report) -> String {
                     metric(o, "max_abs"),
                     metric(o, "nmse"),
                     tag,
-                    cell(o.message.lines().next().unwrap_or(""))
+                    cell(&o.message)
                 );
             }
             out.push('\n');
