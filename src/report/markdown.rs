@@ -12,7 +12,12 @@ use crate::stage::{Stage, Step};
 
 /// Makes text safe inside a table cell: no pipes, no line breaks.
 pub fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\r', "").replace('\n', "<br>")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('|', "\\|")
+        .replace('\r', "")
+        .replace('\n', "<br>")
 }
 
 fn metric(o: &Outcome, k: &str) -> String {

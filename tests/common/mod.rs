@@ -75,3 +75,22 @@ pub fn altered_golden(dst: &Path, mut edit: impl FnMut(&mut BTreeMap<String, Ten
 pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
+
+/// Runs the touchstone binary with extra environment variables.
+pub fn touchstone_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_touchstone"))
+        .args(args)
+        // CI (if the test suite itself runs on CI) is cleared unless a test sets it.
+        .env_remove("CI")
+        .envs(envs.iter().copied())
+        .current_dir(root())
+        .output()
+        .expect("the touchstone binary runs");
+    let o = Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!o.all().contains("panicked"), "touchstone panicked:\n{}", o.all());
+    o
+}
