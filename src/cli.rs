@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::engine::EngineKind;
-use crate::goldens::SourceFilter;
 use crate::error::{Error, Result};
+use crate::goldens::SourceFilter;
 use crate::plan::Plan;
 use crate::report::{self, Report};
 use crate::runner::{run_plan, Filter};
@@ -154,7 +154,12 @@ impl SourceArg {
 
 impl SinkArgs {
     /// Writes each requested file (atomically) from its renderer.
-    fn write(&self, junit: impl Fn() -> String, markdown: impl Fn() -> String, html: impl Fn() -> String) -> Result<()> {
+    fn write(
+        &self,
+        junit: impl Fn() -> String,
+        markdown: impl Fn() -> String,
+        html: impl Fn() -> String,
+    ) -> Result<()> {
         for (path, render) in [
             (&self.junit, &junit as &dyn Fn() -> String),
             (&self.markdown, &markdown),
@@ -288,11 +293,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         Command::Compare { a, b, atol, rtol } => {
             let c = crate::compare_files::compare_files(&a, &b, atol, rtol)?;
             print!("{}", c.text);
-            Ok(if c.passed {
-                Outcome::Passed
-            } else {
-                Outcome::Failed
-            })
+            Ok(if c.passed { Outcome::Passed } else { Outcome::Failed })
         }
     }
 }
@@ -307,23 +308,28 @@ fn goldens(action: GoldensAction) -> Result<Outcome> {
             let jobs = jobs(&specs, source.filter())?;
             let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
             print!("{}", r.text);
-            Ok(if r.changed {
-                Outcome::Failed
-            } else {
-                Outcome::Passed
-            })
+            Ok(if r.changed { Outcome::Failed } else { Outcome::Passed })
         }
         GoldensAction::Status { specs } => {
-            print!("{}", pending::status(&refs(&jobs(&specs_or_default(specs), SourceFilter::All)?)));
+            print!(
+                "{}",
+                pending::status(&refs(&jobs(&specs_or_default(specs), SourceFilter::All)?))
+            );
             Ok(Outcome::Passed)
         }
         GoldensAction::Accept { specs, source } => {
             regen::refuse_on_ci("accept")?;
-            print!("{}", pending::accept(&refs(&jobs(&specs_or_default(specs), source.filter())?))?);
+            print!(
+                "{}",
+                pending::accept(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+            );
             Ok(Outcome::Passed)
         }
         GoldensAction::Reject { specs, source } => {
-            print!("{}", pending::reject(&refs(&jobs(&specs_or_default(specs), source.filter())?))?);
+            print!(
+                "{}",
+                pending::reject(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+            );
             Ok(Outcome::Passed)
         }
     }

@@ -39,7 +39,11 @@ pub fn compare_files(a: &Path, b: &Path, atol: Option<f64>, rtol: Option<f64>) -
         match compare(ta, tb, tol) {
             Err(m) => {
                 failed += 1;
-                let _ = writeln!(out, "{name:<32} {:<14} {dtype:<5} FAIL   {m}", format!("{:?}", ta.shape()));
+                let _ = writeln!(
+                    out,
+                    "{name:<32} {:<14} {dtype:<5} FAIL   {m}",
+                    format!("{:?}", ta.shape())
+                );
             }
             Ok(c) => {
                 let status = if c.passed() { "pass" } else { "FAIL" };
@@ -57,7 +61,10 @@ pub fn compare_files(a: &Path, b: &Path, atol: Option<f64>, rtol: Option<f64>) -
                 );
                 if !c.passed() {
                     failed += 1;
-                    details.push(format!("--- FAIL {name} (A actual, B expected)\n{}", indent(&c.explain())));
+                    details.push(format!(
+                        "--- FAIL {name} (A actual, B expected)\n{}",
+                        indent(&c.explain())
+                    ));
                 }
             }
         }
@@ -90,7 +97,9 @@ pub fn compare_files(a: &Path, b: &Path, atol: Option<f64>, rtol: Option<f64>) -
     for n in na.iter().filter(|n| nb.contains(n)) {
         if fa.floats.contains_key(n) != fb.floats.contains_key(n) {
             failed += 1;
-            details.push(format!("--- FAIL {n}: floating point on one side, integer on the other"));
+            details.push(format!(
+                "--- FAIL {n}: floating point on one side, integer on the other"
+            ));
         }
     }
     for d in &details {

@@ -116,8 +116,8 @@ fn le_f32(bytes: &[u8]) -> Vec<f32> {
 /// Reads one `.npy` array; the tensor is named after the file stem.
 pub fn read_npy(path: &Path) -> Result<TensorFile> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let npy = npyz::NpyFile::new(&bytes[..])
-        .map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
+    let npy =
+        npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
     let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
     let mut out = TensorFile {
         path: path.to_path_buf(),

@@ -59,7 +59,10 @@ fn diff_names_the_first_regressed_stage_and_exits_1() {
         .lines()
         .find(|l| l.starts_with("decode2/blk.0.k::golden:hf"))
         .unwrap();
-    assert!(grew.contains("REGRESSION: error grew") && grew.contains("pass"), "{grew}");
+    assert!(
+        grew.contains("REGRESSION: error grew") && grew.contains("pass"),
+        "{grew}"
+    );
     assert!(o.stdout.contains("REGRESSED: 2 regression(s)"), "{}", o.stdout);
 
     // The sinks: JUnit parses, one testcase per check, two failures.
@@ -69,7 +72,10 @@ fn diff_names_the_first_regressed_stage_and_exits_1() {
     assert_eq!(doc.descendants().filter(|n| n.has_tag_name("testcase")).count(), checks);
     assert_eq!(doc.descendants().filter(|n| n.has_tag_name("failure")).count(), 2);
     let md = std::fs::read_to_string(&md).unwrap();
-    assert!(md.contains("❌ REGRESSED") && md.contains("decode1/blk.0.ffn_out"), "{md}");
+    assert!(
+        md.contains("❌ REGRESSED") && md.contains("decode1/blk.0.ffn_out"),
+        "{md}"
+    );
     let html = std::fs::read_to_string(&html).unwrap();
     assert!(html.contains("<svg") && html.contains("first regression"), "html plot");
 
@@ -124,7 +130,11 @@ fn diff_bad_input_exits_2_naming_the_file() {
     assert!(o.stderr.contains("missing.json"), "{}", o.stderr);
     let o = touchstone(&["diff", &s(&bad), &s(&bad)]);
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("bad.json") && o.stderr.contains("not a touchstone JSON report"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("bad.json") && o.stderr.contains("not a touchstone JSON report"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]
@@ -156,7 +166,12 @@ fn diff_growth_from_synthetic_reports() {
     let o = touchstone(&["diff", &s(&base), &s(&new)]);
     assert_eq!(o.code, 1, "{}", o.all());
     // 50x at decode1 is a regression; 9x at prefill is not; execution order names decode1.
-    assert!(o.stdout.contains("first regressed stage in execution order: decode1/logits"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("first regressed stage in execution order: decode1/logits"),
+        "{}",
+        o.stdout
+    );
     assert!(o.stdout.contains("50.000x"), "{}", o.stdout);
     assert!(o.stdout.contains("REGRESSED: 1 regression(s)"), "{}", o.stdout);
 }
@@ -219,7 +234,11 @@ fn compare_safetensors_npy_and_npz() {
     assert!(o.stdout.contains("PASSED: 2 tensors match"), "{}", o.stdout);
     let o = touchstone(&["compare", &s(&npz), &s(&npy)]);
     assert_eq!(o.code, 1, "{}", o.all());
-    assert!(o.stdout.contains("--- FAIL x") && o.stdout.contains("only in A (1): y"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("--- FAIL x") && o.stdout.contains("only in A (1): y"),
+        "{}",
+        o.stdout
+    );
     // Nothing in common is not a pass.
     let o = touchstone(&["compare", &s(&npy), &s(&a)]);
     assert_eq!(o.code, 1, "{}", o.all());

@@ -47,7 +47,9 @@ fn leftovers(dir: &Path) -> Vec<String> {
 
 /// A golden like the committed one with decode2/blk.1.attn_out[5] moved by 1e-2.
 fn perturbed(dst: &Path) {
-    altered_golden(dst, |t| t.get_mut("decode2/blk.1.attn_out").unwrap().data_mut()[5] += 1e-2);
+    altered_golden(dst, |t| {
+        t.get_mut("decode2/blk.1.attn_out").unwrap().data_mut()[5] += 1e-2
+    });
 }
 
 /// A fake interpreter: passes the pin check, logs each recorder call, and
@@ -115,17 +117,35 @@ fn accept_refuses_a_broken_pending_file_and_ci() {
 #[test]
 fn regen_on_ci_refuses_and_writes_nothing() {
     let sc = scratch("ci");
-    let before: Vec<_> = std::fs::read_dir(sc.dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let before: Vec<_> = std::fs::read_dir(sc.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     let log = sc.dir.path().join("log");
     let fake = fake_python(sc.dir.path());
     let o = touchstone_env(
         &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
-        &[("CI", "true"), ("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&hf_golden()))],
+        &[
+            ("CI", "true"),
+            ("FAKE_LOG", &s(&log)),
+            ("FAKE_GOLDEN", &s(&hf_golden())),
+        ],
     );
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("refusing to regenerate goldens on CI"), "{}", o.stderr);
-    let after: Vec<_> = std::fs::read_dir(sc.dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(before.len() + 1, after.len(), "only the fake interpreter was added: {after:?}");
+    assert!(
+        o.stderr.contains("refusing to regenerate goldens on CI"),
+        "{}",
+        o.stderr
+    );
+    let after: Vec<_> = std::fs::read_dir(sc.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        before.len() + 1,
+        after.len(),
+        "only the fake interpreter was added: {after:?}"
+    );
     assert!(!log.exists(), "no recorder ran");
     assert!(!pending(&sc.golden).exists());
 }
@@ -139,7 +159,15 @@ fn regen_writes_a_pending_golden_and_shows_the_change() {
     let log = sc.dir.path().join("log");
     let fake = fake_python(sc.dir.path());
     let o = touchstone_env(
-        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake), "--source", "hf"],
+        &[
+            "goldens",
+            "regen",
+            &s(&sc.spec),
+            "--python",
+            &s(&fake),
+            "--source",
+            "hf",
+        ],
         &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&recorded))],
     );
     assert_eq!(o.code, 1, "a changed golden exits 1:\n{}", o.all());
@@ -149,8 +177,15 @@ fn regen_writes_a_pending_golden_and_shows_the_change() {
         calls.contains("record_hf.py") && calls.contains("--prompt Golden tensors check every stage. --decode-steps 3"),
         "{calls}"
     );
-    assert_eq!(std::fs::read(pending(&sc.golden)).unwrap(), std::fs::read(&recorded).unwrap());
-    assert_eq!(std::fs::read(&sc.golden).unwrap(), original, "regen never writes the golden");
+    assert_eq!(
+        std::fs::read(pending(&sc.golden)).unwrap(),
+        std::fs::read(&recorded).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(&sc.golden).unwrap(),
+        original,
+        "regen never writes the golden"
+    );
     for needle in [
         "decode2/blk.1.attn_out",
         "1.0e-2",
@@ -169,17 +204,24 @@ fn regen_writes_a_pending_golden_and_shows_the_change() {
         &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
     );
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.contains("every stage unchanged: max abs change 0, NMSE 0"), "{}", o.stdout);
-    assert!(o.stdout.contains("byte-identical to the current golden"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("every stage unchanged: max abs change 0, NMSE 0"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("byte-identical to the current golden"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]
 fn llama_cpp_source_without_its_recorder_is_a_clear_error() {
     let sc = scratch("llama");
-    let text = std::fs::read_to_string(&sc.spec).unwrap().replace(
-        "goldens:\n",
-        &format!("goldens:\n  llama.cpp: {}\n", s(&sc.golden)),
-    );
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&sc.golden)));
     std::fs::write(&sc.spec, text).unwrap();
     let recorder = root().join("goldens/recorders/record_llamacpp.py");
     let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--source", "llama.cpp"], &[]);
@@ -187,7 +229,11 @@ fn llama_cpp_source_without_its_recorder_is_a_clear_error() {
         return; // the llama.cpp recorder has landed; nothing to assert here
     }
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("is missing") && o.stderr.contains("llama.cpp"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("is missing") && o.stderr.contains("llama.cpp"),
+        "{}",
+        o.stderr
+    );
 }
 
 /// Starts a regen that will pause as told, waits for `ready`, SIGKILLs it.
@@ -204,7 +250,10 @@ fn kill_regen_when(sc: &Scratch, envs: &[(&str, String)], ready: impl Fn() -> bo
         .unwrap();
     let t = Instant::now();
     while !ready() {
-        assert!(t.elapsed() < Duration::from_secs(60), "regen never reached the kill point");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "regen never reached the kill point"
+        );
         assert!(child.try_wait().unwrap().is_none(), "regen ended before the kill point");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -239,7 +288,11 @@ fn sigkill_during_regen_leaves_the_golden_byte_identical() {
     ];
     let dir = sc.dir.path().to_path_buf();
     kill_regen_when(&sc, &envs, || !leftovers(&dir).is_empty());
-    assert_eq!(std::fs::read(&sc.golden).unwrap(), original, "committed golden byte-identical");
+    assert_eq!(
+        std::fs::read(&sc.golden).unwrap(),
+        original,
+        "committed golden byte-identical"
+    );
     assert!(!pending(&sc.golden).exists(), "no half-written pending file");
     // The interrupted temporary is reported and cleaned up by reject.
     let o = touchstone_env(&["goldens", "status", &s(&sc.spec)], &[]);
@@ -266,8 +319,7 @@ fn a_golden_recorded_for_another_model_is_stale() {
     let mut floats = w.floats;
     let first = floats.keys().next().unwrap().clone();
     floats.get_mut(&first).unwrap().data_mut()[0] += 0.5;
-    touchstone::tensor_io::write_safetensors(&model.join("model.safetensors"), &floats, &w.ints, &w.metadata)
-        .unwrap();
+    touchstone::tensor_io::write_safetensors(&model.join("model.safetensors"), &floats, &w.ints, &w.metadata).unwrap();
     let o = touchstone(&["run", "--model", &s(&model)]);
     assert_eq!(o.code, 2, "{}", o.all());
     for needle in [
@@ -278,16 +330,28 @@ fn a_golden_recorded_for_another_model_is_stale() {
     ] {
         assert!(o.stderr.contains(needle), "no `{needle}` in:\n{}", o.stderr);
     }
-    assert!(o.stderr.lines().count() <= 2, "one message, not a wall of mismatches:\n{}", o.stderr);
+    assert!(
+        o.stderr.lines().count() <= 2,
+        "one message, not a wall of mismatches:\n{}",
+        o.stderr
+    );
 
     // Other dimensions (config.json), same weights file: the dims fallback names them.
     std::fs::copy(model_dir().join("model.safetensors"), model.join("model.safetensors")).unwrap();
     let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
     assert!(cfg.contains("\"vocab_size\": 512"), "{cfg}");
-    std::fs::write(model.join("config.json"), cfg.replace("\"vocab_size\": 512", "\"vocab_size\": 600")).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        cfg.replace("\"vocab_size\": 512", "\"vocab_size\": 600"),
+    )
+    .unwrap();
     let o = touchstone(&["run", "--model", &s(&model)]);
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("stale golden") && o.stderr.contains("vocab 512 vs 600"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("stale golden") && o.stderr.contains("vocab 512 vs 600"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]
@@ -299,5 +363,9 @@ fn a_spec_prompt_other_than_the_goldens_is_stale() {
     std::fs::write(&sc.spec, text).unwrap();
     let o = touchstone(&["run", &s(&sc.spec)]);
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("stale golden") && o.stderr.contains("[1, 2, 3]"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("stale golden") && o.stderr.contains("[1, 2, 3]"),
+        "{}",
+        o.stderr
+    );
 }

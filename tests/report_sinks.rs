@@ -15,7 +15,10 @@ use touchstone::stage::{BlockStage, Stage, Step};
 fn verdict(status: Status, message: &str, metrics: &[(&str, f64)]) -> Verdict {
     Verdict {
         status,
-        metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+        metrics: metrics
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect::<BTreeMap<_, _>>(),
         message: message.to_string(),
     }
 }
@@ -39,7 +42,11 @@ pub fn fixture() -> Report {
         outcome(
             Some((step, stage)),
             "golden:hf",
-            verdict(Status::Pass, &format!("within tolerance of golden `hf`: max|Δ| {max_abs:.1e}"), &m),
+            verdict(
+                Status::Pass,
+                &format!("within tolerance of golden `hf`: max|Δ| {max_abs:.1e}"),
+                &m,
+            ),
         )
     };
     let a0 = Stage::Block(0, BlockStage::AttnOut);
@@ -49,11 +56,20 @@ pub fn fixture() -> Report {
                     Mismatched elements: 1 / 64 (1.56%) under |a-e| <= atol 1e-5 + rtol 1.3e-6*|e|\n\
                     Greatest absolute difference: 1.0e-2 at index [0, 5] (actual 0.1234, expected 0.1334; allowed there 1.0e-5)\n\
                     NMSE 2.1e-3, cosine 0.9989000, max ULP 123456 <&\"'>";
-    let mut fail_m = vec![("max_abs", 1e-2), ("nmse", 2.1e-3), ("cosine", 0.9989), ("mismatched", 1.0)];
+    let mut fail_m = vec![
+        ("max_abs", 1e-2),
+        ("nmse", 2.1e-3),
+        ("cosine", 0.9989),
+        ("mismatched", 1.0),
+    ];
     fail_m.extend(tol);
     let outcomes = vec![
         golden_pass(Step::Prefill, Stage::Embed, 0.0),
-        outcome(Some((Step::Prefill, Stage::Embed)), "finite", verdict(Status::Pass, "all finite", &[])),
+        outcome(
+            Some((Step::Prefill, Stage::Embed)),
+            "finite",
+            verdict(Status::Pass, "all finite", &[]),
+        ),
         golden_pass(Step::Prefill, p0, 8.9e-8),
         outcome(
             Some((Step::Prefill, p0)),
@@ -65,14 +81,24 @@ pub fn fixture() -> Report {
         golden_pass(Step::Prefill, Stage::Logits, 1.9e-6),
         golden_pass(Step::Decode(1), Stage::Embed, 0.0),
         golden_pass(Step::Decode(1), a0, 2.0e-7),
-        outcome(Some((Step::Decode(1), a1)), "golden:hf", verdict(Status::Fail, fail_msg, &fail_m)),
+        outcome(
+            Some((Step::Decode(1), a1)),
+            "golden:hf",
+            verdict(Status::Fail, fail_msg, &fail_m),
+        ),
         outcome(
             Some((Step::Decode(1), Stage::Logits)),
             "golden:hf",
             verdict(
                 Status::Fail,
                 "differs from golden `hf`: 12/512 mismatched",
-                &[("max_abs", 4e-3), ("nmse", 1e-4), ("cosine", 0.9999), ("atol", 1e-5), ("rtol", 1.3e-6)],
+                &[
+                    ("max_abs", 4e-3),
+                    ("nmse", 1e-4),
+                    ("cosine", 0.9999),
+                    ("atol", 1e-5),
+                    ("rtol", 1.3e-6),
+                ],
             ),
         ),
         outcome(
@@ -80,11 +106,19 @@ pub fn fixture() -> Report {
             "shape",
             verdict(Status::Skip, "no capture requested", &[]),
         ),
-        outcome(None, "determinism", verdict(Status::Pass, "3 runs bitwise identical", &[("runs", 3.0)])),
+        outcome(
+            None,
+            "determinism",
+            verdict(Status::Pass, "3 runs bitwise identical", &[("runs", 3.0)]),
+        ),
         outcome(
             None,
             "greedy_tokens",
-            verdict(Status::Fail, "token 2 differs: engine 17, golden 249", &[("first_mismatch", 2.0)]),
+            verdict(
+                Status::Fail,
+                "token 2 differs: engine 17, golden 249",
+                &[("first_mismatch", 2.0)],
+            ),
         ),
     ];
     Report {
@@ -121,7 +155,10 @@ fn junit_parses_with_one_testcase_per_check_and_full_failure_messages() {
     let failure = failed.children().find(|n| n.has_tag_name("failure")).unwrap();
     let text = failure.text().unwrap();
     // The whole message, unescaped back, and the rerun command.
-    assert!(text.contains("Greatest absolute difference: 1.0e-2 at index [0, 5]"), "{text}");
+    assert!(
+        text.contains("Greatest absolute difference: 1.0e-2 at index [0, 5]"),
+        "{text}"
+    );
     assert!(text.contains("<&\"'>"), "{text}");
     assert!(text.contains("rerun: touchstone run"), "{text}");
     assert!(text.starts_with("[FIRST DIVERGENCE]"), "{text}");

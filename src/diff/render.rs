@@ -67,7 +67,11 @@ pub fn terminal(d: &DiffReport) -> String {
     };
     for r in d.rows.iter().filter(|r| shown(r)) {
         let name = if multi { &r.key } else { &r.id };
-        let mark = if r.change == Change::Regressed { "<< REGRESSION: " } else { "" };
+        let mark = if r.change == Change::Regressed {
+            "<< REGRESSION: "
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
             "{:<48} {:>10} {:>10} {:>9}  {:<14} {mark}{}",
@@ -87,7 +91,11 @@ pub fn markdown(d: &DiffReport) -> String {
     let regressed = d.regressed();
     let mut out = format!(
         "## touchstone diff: {}\n\n{}\n\n",
-        if regressed { "❌ REGRESSED" } else { "✅ no regression" },
+        if regressed {
+            "❌ REGRESSED"
+        } else {
+            "✅ no regression"
+        },
         cell(&verdict(d))
     );
     let head = "| check | before | after | ratio | status | note |\n|---|---:|---:|---:|---|---|\n";
@@ -109,7 +117,11 @@ pub fn markdown(d: &DiffReport) -> String {
         }
         out.push('\n');
     }
-    let rest: Vec<&Row> = d.rows.iter().filter(|r| r.change != Change::Regressed && shown(r)).collect();
+    let rest: Vec<&Row> = d
+        .rows
+        .iter()
+        .filter(|r| r.change != Change::Regressed && shown(r))
+        .collect();
     if !rest.is_empty() {
         let _ = write!(out, "<details><summary>{} other checks</summary>\n\n{head}", rest.len());
         for r in rest {

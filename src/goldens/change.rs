@@ -21,7 +21,11 @@ pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {
     let mut out = String::new();
     let new_bytes = std::fs::read(pending).map_err(|e| crate::Error::io(pending, e))?;
     let Ok(old_bytes) = std::fs::read(current) else {
-        let _ = writeln!(out, "  no current golden at {}: the pending file is new", current.display());
+        let _ = writeln!(
+            out,
+            "  no current golden at {}: the pending file is new",
+            current.display()
+        );
         return Ok((out, true));
     };
     let identical = old_bytes == new_bytes;
@@ -56,13 +60,7 @@ pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {
         };
         rows.push(match (new.floats.get(k), old.floats.get(k)) {
             (Some(a), Some(e)) => match compare(a, e, exact) {
-                Ok(c) => row(
-                    c.max_abs.map_or(0.0, |(d, _)| d),
-                    c.nmse,
-                    c.mismatched,
-                    c.numel,
-                    "",
-                ),
+                Ok(c) => row(c.max_abs.map_or(0.0, |(d, _)| d), c.nmse, c.mismatched, c.numel, ""),
                 Err(m) => row(f64::INFINITY, f64::INFINITY, a.numel(), a.numel(), &m.to_string()),
             },
             (Some(a), None) => row(f64::NAN, f64::NAN, a.numel(), a.numel(), "added"),

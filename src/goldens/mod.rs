@@ -71,7 +71,11 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
     if jobs.is_empty() {
         return Err(Error::Usage(format!(
             "no golden matches --source {filter:?} in {}",
-            specs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            specs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok(jobs)

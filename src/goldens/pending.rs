@@ -29,7 +29,10 @@ pub fn pending_path(golden: &Path) -> PathBuf {
 fn temp_prefix(target: &Path) -> String {
     format!(
         ".{}.tmp.",
-        target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     )
 }
 
@@ -51,7 +54,10 @@ pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
         return Err(Error::io(&tmp, e));
     }
     if let Some(ms) = std::env::var(PAUSE_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
-        eprintln!("touchstone: test hook: {} written, pausing {ms} ms before rename", tmp.display());
+        eprintln!(
+            "touchstone: test hook: {} written, pausing {ms} ms before rename",
+            tmp.display()
+        );
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     rename_durable(&tmp, target)

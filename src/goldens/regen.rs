@@ -132,7 +132,9 @@ impl Progress {
 fn run_streaming(mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<(bool, String)> {
     let prog = format!("{:?}", cmd.get_program());
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| Error::Usage(format!("cannot run {prog}: {e}")))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Usage(format!("cannot run {prog}: {e}")))?;
     let stderr = child.stderr.take().expect("piped");
     // stderr on a thread so neither pipe can fill up and block the child.
     let errs = std::thread::spawn(move || {
@@ -220,7 +222,10 @@ fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> 
         if py.exists() {
             match pins_ok(&py, &reqs) {
                 Ok(()) => {
-                    progress.println(&format!("reusing {} (every pin of requirements.txt installed)", venv.display()));
+                    progress.println(&format!(
+                        "reusing {} (every pin of requirements.txt installed)",
+                        venv.display()
+                    ));
                     return Ok(py);
                 }
                 Err(why) => progress.println(&format!("not reusing {}: {why}", venv.display())),
@@ -244,11 +249,22 @@ fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> 
             )));
         }
     }
-    progress.detail(&format!("pip install -r {} (torch is a large download)", reqs.display()));
+    progress.detail(&format!(
+        "pip install -r {} (torch is a large download)",
+        reqs.display()
+    ));
     let t = Instant::now();
     let mut cmd = Command::new(&py);
-    cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "-r"])
-        .arg(&reqs);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-r",
+    ])
+    .arg(&reqs);
     let (ok, out) = run_streaming(cmd, |l| {
         if l.starts_with("Collecting") || l.starts_with("Downloading") || l.starts_with("Installing") {
             progress.detail(l.trim());
@@ -357,7 +373,12 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
     ordered.sort_by_key(|j| j.recorder == Recorder::LlamaCpp);
     for j in ordered {
         let g = &j.golden;
-        progress.start(&format!("recording `{}` golden of {} from {}", g.source, g.spec, j.model.display()));
+        progress.start(&format!(
+            "recording `{}` golden of {} from {}",
+            g.source,
+            g.spec,
+            j.model.display()
+        ));
         let t = Instant::now();
         let out = work.join(format!("{}-{}.safetensors", g.spec, g.source));
         let _ = std::fs::remove_file(&out);

@@ -60,10 +60,12 @@ pub fn svg(plot: &Plot) -> String {
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .chain(plot.tolerance.iter().map(|t| t.0))
-        .filter(|v| v.is_finite() && *v > 0.0)
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(|v| v.max(FLOOR))
         .collect();
-    let lo = ys.iter().cloned().fold(f64::INFINITY, f64::min).min(1e-9).max(FLOOR) / 3.0;
-    let hi = ys.iter().cloned().fold(0.0, f64::max).max(lo * 100.0) * 3.0;
+    let lo = ys.iter().cloned().fold(f64::INFINITY, f64::min).clamp(FLOOR, 1e-9) / 3.0;
+    // Headroom above the largest value keeps the legend clear of the data.
+    let hi = ys.iter().cloned().fold(0.0, f64::max).max(lo * 100.0) * 300.0;
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (1100, 420)).into_drawing_area();
@@ -88,11 +90,7 @@ pub fn svg(plot: &Plot) -> String {
                 }
                 labels.get(i as usize).cloned().unwrap_or_default()
             })
-            .x_label_style(
-                ("sans-serif", 10)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
+            .x_label_style(("sans-serif", 10).into_font().transform(FontTransform::Rotate90))
             .y_desc("max |Δ| (log)")
             .y_label_formatter(&|y| format!("{y:.0e}"))
             .light_line_style(WHITE.mix(0.0))
@@ -254,11 +252,7 @@ pub fn render(report: &Report) -> String {
                         .collect(),
                 })
                 .collect();
-            let atol = stages
-                .values()
-                .flatten()
-                .find_map(|o| o.metrics.get("atol"))
-                .copied();
+            let atol = stages.values().flatten().find_map(|o| o.metrics.get("atol")).copied();
             let highlight = stages.iter().enumerate().find_map(|(i, (_, outs))| {
                 outs.iter()
                     .find(|o| o.first_divergence)
@@ -285,7 +279,10 @@ pub fn render(report: &Report) -> String {
                         .map(|d| format!(" [downstream of {d}]"))
                         .unwrap_or_default()
                 };
-                (format!("{}{tag}", o.full_id()), format!("{}\nrerun: {}", o.message, o.rerun))
+                (
+                    format!("{}{tag}", o.full_id()),
+                    format!("{}\nrerun: {}", o.message, o.rerun),
+                )
             })
             .collect();
         sections.push(Section {

@@ -81,7 +81,11 @@ pub fn render_suites(root: &str, suites: &[Suite]) -> String {
                     );
                 }
                 Status::Skip => {
-                    let _ = writeln!(out, "{open}>\n      <skipped message=\"{}\"/>\n    </testcase>", escape(first));
+                    let _ = writeln!(
+                        out,
+                        "{open}>\n      <skipped message=\"{}\"/>\n    </testcase>",
+                        escape(first)
+                    );
                 }
             }
         }

@@ -50,7 +50,10 @@ pub fn render(report: &Report) -> String {
         let mut failures: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.status == Status::Fail).collect();
         failures.sort_by_key(|o| !o.first_divergence);
         if !failures.is_empty() {
-            let _ = writeln!(out, "| | check | max\\|Δ\\| | NMSE | message |\n|---|---|---:|---:|---|");
+            let _ = writeln!(
+                out,
+                "| | check | max\\|Δ\\| | NMSE | message |\n|---|---|---:|---:|---|"
+            );
             for o in &failures {
                 let tag = if o.first_divergence {
                     "**first divergence** "
