@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::engine::EngineKind;
 use crate::error::{Error, Result};
+use crate::goldens::SourceFilter;
 use crate::plan::Plan;
 use crate::report::{self, Report};
 use crate::runner::{run_plan, Filter};
@@ -57,6 +58,8 @@ pub enum Command {
         /// Fail (exit 2) instead of skipping when a requested GPU engine is unavailable.
         #[arg(long)]
         require_gpu: bool,
+        #[command(flatten)]
+        sinks: SinkArgs,
     },
     /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
     List {
@@ -76,6 +79,114 @@ pub enum Command {
         #[arg(long, value_name = "SM")]
         arch: Vec<String>,
     },
+    /// Regenerate goldens into pending files, review, accept or reject them.
+    Goldens {
+        #[command(subcommand)]
+        action: GoldensAction,
+    },
+    /// Regression report between two `run --json` reports (exit 1 on a regression).
+    Diff {
+        base: PathBuf,
+        new: PathBuf,
+        /// A passing check regresses when its error grows by more than this factor.
+        #[arg(long, default_value_t = 10.0)]
+        factor: f64,
+        #[command(flatten)]
+        sinks: SinkArgs,
+    },
+    /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
+    Compare {
+        a: PathBuf,
+        b: PathBuf,
+        /// Absolute tolerance (default: by dtype, as golden checks).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: by dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+    },
+}
+
+/// Extra report files (`run` and `diff`).
+#[derive(clap::Args, Debug, Default)]
+pub struct SinkArgs {
+    /// Write JUnit XML (one testcase per check) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write a Markdown summary (failures first) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Write a self-contained HTML page with per-layer error plots to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GoldensAction {
+    /// Record goldens into pending `<golden>.new` files and show the change
+    /// (exit 0 unchanged, 1 changed; refused with exit 2 when CI is set).
+    Regen {
+        /// Spec files (default: specs/qwen2-tiny.yaml).
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+        /// Python interpreter with the pinned recorder packages (default: a venv in .cache/).
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
+    /// List pending goldens.
+    Status { specs: Vec<PathBuf> },
+    /// Replace goldens with their pending files (atomic rename).
+    Accept {
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+    /// Delete pending goldens.
+    Reject {
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceArg {
+    Hf,
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+    All,
+}
+
+impl SourceArg {
+    fn filter(self) -> SourceFilter {
+        match self {
+            SourceArg::Hf => SourceFilter::Hf,
+            SourceArg::LlamaCpp => SourceFilter::LlamaCpp,
+            SourceArg::All => SourceFilter::All,
+        }
+    }
+}
+
+impl SinkArgs {
+    /// Writes each requested file (atomically) from its renderer.
+    fn write(
+        &self,
+        junit: impl Fn() -> String,
+        markdown: impl Fn() -> String,
+        html: impl Fn() -> String,
+    ) -> Result<()> {
+        for (path, render) in [
+            (&self.junit, &junit as &dyn Fn() -> String),
+            (&self.markdown, &markdown),
+            (&self.html, &html),
+        ] {
+            if let Some(p) = path {
+                crate::goldens::pending::write_atomic(p, render().as_bytes())?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -130,6 +241,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             json,
             only,
             require_gpu,
+            sinks,
         } => {
             if require_gpu {
                 for kind in engine.kinds().into_iter().filter(|k| *k != EngineKind::Cpu) {
@@ -167,6 +279,11 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             if let Some(path) = json {
                 report::json::write(&report, &path)?;
             }
+            sinks.write(
+                || report::junit::render(&report),
+                || report::markdown::render(&report),
+                || report::html::render(&report),
+            )?;
             Ok(if report.passed() {
                 Outcome::Passed
             } else {
@@ -187,6 +304,65 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         Command::Kernels { arch } => crate::kernels::run(&arch),
         Command::Inspect { file } => {
             print!("{}", crate::inspect::render(&file)?);
+            Ok(Outcome::Passed)
+        }
+        Command::Goldens { action } => goldens(action),
+        Command::Diff {
+            base,
+            new,
+            factor,
+            sinks,
+        } => {
+            use crate::diff::render;
+            let d = crate::diff::diff_files(&base, &new, factor)?;
+            print!("{}", render::terminal(&d));
+            sinks.write(|| render::junit(&d), || render::markdown(&d), || render::html(&d))?;
+            Ok(if d.regressed() {
+                Outcome::Failed
+            } else {
+                Outcome::Passed
+            })
+        }
+        Command::Compare { a, b, atol, rtol } => {
+            let c = crate::compare_files::compare_files(&a, &b, atol, rtol)?;
+            print!("{}", c.text);
+            Ok(if c.passed { Outcome::Passed } else { Outcome::Failed })
+        }
+    }
+}
+
+fn goldens(action: GoldensAction) -> Result<Outcome> {
+    use crate::goldens::{jobs, pending, refs, regen, repo_root};
+    match action {
+        GoldensAction::Regen { specs, source, python } => {
+            // Refuse before reading anything, so CI cannot write even a cache file.
+            regen::refuse_on_ci("regenerate")?;
+            let specs = specs_or_default(specs);
+            let jobs = jobs(&specs, source.filter())?;
+            let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
+            print!("{}", r.text);
+            Ok(if r.changed { Outcome::Failed } else { Outcome::Passed })
+        }
+        GoldensAction::Status { specs } => {
+            print!(
+                "{}",
+                pending::status(&refs(&jobs(&specs_or_default(specs), SourceFilter::All)?))
+            );
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Accept { specs, source } => {
+            regen::refuse_on_ci("accept")?;
+            print!(
+                "{}",
+                pending::accept(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+            );
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Reject { specs, source } => {
+            print!(
+                "{}",
+                pending::reject(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+            );
             Ok(Outcome::Passed)
         }
     }

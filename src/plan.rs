@@ -121,6 +121,8 @@ impl Plan {
             }
             (None, None) => unreachable!("Spec::parse requires tokens or golden"),
         };
+        // Goldens recorded for another model or prompt: one clear error, not a wall of mismatches.
+        crate::provenance::check_fresh(&model, &config, &goldens, spec.prompt.tokens.as_deref())?;
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
             return Err(invalid(format!(
                 "prompt token {bad} is outside the model's vocabulary of {}",

@@ -28,9 +28,10 @@ impl TensorFile {
         match path.extension().and_then(|e| e.to_str()) {
             Some("safetensors") => read_safetensors(path),
             Some("npy") => read_npy(path),
+            Some("npz") => read_npz(path),
             _ => Err(Error::tensor_file(
                 path,
-                "unknown tensor file type (expected .safetensors or .npy)",
+                "unknown tensor file type (expected .safetensors, .npy or .npz)",
             )),
         }
     }
@@ -115,22 +116,53 @@ fn le_f32(bytes: &[u8]) -> Vec<f32> {
 /// Reads one `.npy` array; the tensor is named after the file stem.
 pub fn read_npy(path: &Path) -> Result<TensorFile> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let npy =
+        npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
+    let mut out = TensorFile {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    read_npy_array(npy, name, path, &mut out)?;
+    Ok(out)
+}
+
+/// Reads every array of a `.npz` archive (numpy's `savez`); tensors keep their array names.
+pub fn read_npz(path: &Path) -> Result<TensorFile> {
     let bad = |msg: String| Error::tensor_file(path, msg);
-    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| bad(format!("not a valid .npy file: {e}")))?;
+    let mut npz = npyz::npz::NpzArchive::open(path).map_err(|e| bad(format!("not a valid .npz archive: {e}")))?;
+    let names: Vec<String> = npz.array_names().map(str::to_string).collect();
+    let mut out = TensorFile {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    for name in names {
+        let npy = npz
+            .by_name(&name)
+            .map_err(|e| bad(format!("array `{name}`: {e}")))?
+            .ok_or_else(|| bad(format!("array `{name}` is listed but cannot be read")))?;
+        read_npy_array(npy, name, path, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn read_npy_array<R: std::io::Read>(
+    npy: npyz::NpyFile<R>,
+    name: String,
+    path: &Path,
+    out: &mut TensorFile,
+) -> Result<()> {
+    let label = name.clone();
+    let bad = |msg: String| Error::tensor_file(path, format!("`{label}`: {msg}"));
     if npy.order() != npyz::Order::C {
         return Err(bad("Fortran-ordered arrays are not supported".into()));
     }
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
     let expected: usize = shape.iter().product();
     let dtype = npy.dtype();
     let descr = match &dtype {
         npyz::DType::Plain(ts) => ts.to_string(),
         other => return Err(bad(format!("unsupported structured dtype {other:?}"))),
-    };
-    let mut out = TensorFile {
-        path: path.to_path_buf(),
-        ..Default::default()
     };
     let short = |got: usize| bad(format!("truncated: header says {expected} values, file has {got}"));
     match descr.trim_start_matches(['<', '|', '=']) {
@@ -184,7 +216,7 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
             )))
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Writes float tensors (as F32), integer tensors (as I64) and metadata to a

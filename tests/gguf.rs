@@ -40,7 +40,12 @@ fn expect_exit2(args: &[&str], needles: &[&str]) {
 fn rejected(p: &Path, needle: &str) {
     let s = p.display().to_string();
     expect_exit2(&["inspect", &s], &[&s, needle]);
-    expect_exit2(&["run", "--model", &s], &[&s, needle]);
+    let spec = write(
+        p.parent().unwrap(),
+        "hf-only.yaml",
+        &hf_only_spec_text(&model_dir(), &hf_golden()),
+    );
+    expect_exit2(&["run", &spec.display().to_string(), "--model", &s], &[&s, needle]);
 }
 
 #[test]
@@ -48,7 +53,8 @@ fn qwen2_gguf_passes_the_default_spec() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("qwen2.gguf");
     tiny_writer("qwen2").write(&p).unwrap();
-    let o = touchstone(&["run", "--model", &p.display().to_string()]);
+    let spec = write(d.path(), "hf-only.yaml", &hf_only_spec_text(&model_dir(), &hf_golden()));
+    let o = touchstone(&["run", &spec.display().to_string(), "--model", &p.display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
 }
 
@@ -58,12 +64,15 @@ fn llama_gguf_is_unpermuted_and_the_switch_shows_the_failure() {
     let p = d.path().join("llama.gguf");
     tiny_writer("llama").write(&p).unwrap();
     let s = p.display().to_string();
-    let o = touchstone(&["run", "--model", &s]);
+    let spec = write(d.path(), "hf-only.yaml", &hf_only_spec_text(&model_dir(), &hf_golden()));
+    let spec = spec.display().to_string();
+    let o = touchstone(&["run", &spec, "--model", &s]);
     assert_eq!(o.code, 0, "{}", o.all());
 
     let json = d.path().join("r.json");
     let o = touchstone(&[
         "run",
+        &spec,
         "--model",
         &s,
         "--keep-gguf-qk-permutation",
@@ -156,9 +165,10 @@ fn missing_required_tensor() {
     let p = d.path().join("m.gguf");
     w.write(&p).unwrap();
     let s = p.display().to_string();
+    let spec = write(d.path(), "hf-only.yaml", &hf_only_spec_text(&model_dir(), &hf_golden()));
     // Plan building reads the config only; the engine load names the tensor.
     expect_exit2(
-        &["run", "--model", &s],
+        &["run", &spec.display().to_string(), "--model", &s],
         &[
             &s,
             "missing tensor `blk.1.ffn_down.weight`",
@@ -200,7 +210,7 @@ fn a_spec_may_name_a_gguf_model() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("qwen2.gguf");
     tiny_writer("qwen2").write(&p).unwrap();
-    let s = write(d.path(), "s.yaml", &spec_text(&p, &hf_golden()));
+    let s = write(d.path(), "s.yaml", &hf_only_spec_text(&p, &hf_golden()));
     let o = touchstone(&["run", &s.display().to_string(), "--only", "prefill/logits"]);
     assert_eq!(o.code, 0, "{}", o.all());
     // A model file that is neither a folder nor .gguf.

@@ -1,8 +1,12 @@
 //! Outcomes of check instances, grouped per (spec, engine) run, with the first
-//! divergence marked. Rendering lives in `terminal` and `json`; this module only
-//! aggregates, so every sink sees the same facts.
+//! divergence marked. Rendering lives in the sinks (`terminal`, `json`,
+//! `junit`, `markdown`, `html`); this module only aggregates, so every sink sees
+//! the same facts.
 
+pub mod html;
 pub mod json;
+pub mod junit;
+pub mod markdown;
 pub mod terminal;
 
 use std::collections::BTreeMap;

@@ -77,3 +77,37 @@ pub fn altered_golden(dst: &Path, mut edit: impl FnMut(&mut BTreeMap<String, Ten
 pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
+
+/// Runs the touchstone binary with extra environment variables.
+pub fn touchstone_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_touchstone"))
+        .args(args)
+        // CI (if the test suite itself runs on CI) is cleared unless a test sets it.
+        .env_remove("CI")
+        .envs(envs.iter().copied())
+        .current_dir(root())
+        .output()
+        .expect("the touchstone binary runs");
+    let o = Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!o.all().contains("panicked"), "touchstone panicked:\n{}", o.all());
+    o
+}
+
+/// The default spec reduced to its HF golden, for a model file the llama.cpp
+/// golden was not recorded from, and for tests that write beside the golden
+/// (no path in it may lead back into the repository's goldens) (that golden pins the sha256 of llama.cpp's own
+/// GGUF, so any other file is rightly reported as a stale golden).
+pub fn hf_only_spec_text(model: &Path, golden: &Path) -> String {
+    let text = spec_text(model, golden).replace(", {golden: llama.cpp}, references_agree", "");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("llama.cpp:") && !l.contains("greedy_tokens: llama.cpp"))
+        .collect();
+    let out = kept.join("\n") + "\n";
+    assert!(!out.contains("{golden: llama.cpp}") && out.contains("{golden: hf}"));
+    out
+}

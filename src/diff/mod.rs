@@ -1,0 +1,229 @@
+//! `touchstone diff BASE.json NEW.json`: the regression report between two runs
+//! (two `--json` reports). Checks are matched by `<engine>::<spec>::<id>`; for
+//! each, the error before and after (the check's error metric: `max_abs` for
+//! golden checks, the invariant's own worst error otherwise), their ratio and
+//! the status change.
+//!
+//! A **regression** is a check that newly fails (failing now, not failing or
+//! absent before), or a check passing on both sides whose error grew by more
+//! than `factor` (an error appearing where there was exactly none counts: a
+//! stage that was exact is not any more). The first regression in execution
+//! order (step, then stage, then run checks) is named: like the first
+//! divergence, it is where to look first.
+
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::stage::{parse_key, Stage, Step};
+
+/// Error metrics, most specific first; the first one a check has is its error.
+const ERROR_METRICS: &[&str] = &["max_abs", "max_row_err", "future_max_abs", "pos0_max_abs"];
+
+/// One check as the JSON report stores it (only what a diff needs).
+#[derive(Clone, Debug, Deserialize)]
+pub struct JsonCheck {
+    pub spec: String,
+    pub engine: String,
+    pub id: String,
+    #[serde(default)]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub stage: Option<String>,
+    pub check: String,
+    pub status: String,
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+struct JsonReport {
+    checks: Vec<JsonCheck>,
+}
+
+impl JsonCheck {
+    pub fn error(&self) -> Option<(&'static str, f64)> {
+        ERROR_METRICS
+            .iter()
+            .find_map(|k| self.metrics.get(*k).map(|v| (*k, *v)))
+    }
+    fn key(&self) -> String {
+        format!("{}::{}::{}", self.engine, self.spec, self.id)
+    }
+    fn at(&self) -> Option<(Step, Stage)> {
+        parse_key(&format!("{}/{}", self.step.as_deref()?, self.stage.as_deref()?))
+    }
+}
+
+/// Reads a `--json` report; a missing or malformed file is bad input naming it.
+pub fn load(path: &Path) -> Result<Vec<JsonCheck>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let r: JsonReport = serde_json::from_str(&text).map_err(|e| {
+        Error::Usage(format!(
+            "{}: not a touchstone JSON report (`touchstone run --json FILE` writes one): {e}",
+            path.display()
+        ))
+    })?;
+    Ok(r.checks)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Change {
+    /// Newly failing, or error grown beyond the factor.
+    Regressed,
+    /// Failing before, not now.
+    Fixed,
+    /// Still failing.
+    StillFailing,
+    /// Present on one side only (not failing).
+    Added,
+    Removed,
+    /// Anything else (error within the factor, or improved).
+    Same,
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// `<engine>::<spec>`.
+    pub run: String,
+    /// `<engine>::<spec>::<id>`.
+    pub key: String,
+    pub id: String,
+    pub check: String,
+    pub at: Option<(Step, Stage)>,
+    pub before: Option<JsonCheck>,
+    pub after: Option<JsonCheck>,
+    /// after / before of the error metric (inf when before is 0 and after is not).
+    pub ratio: Option<f64>,
+    pub change: Change,
+    /// Why it is a regression (or other note).
+    pub note: String,
+}
+
+impl Row {
+    pub fn before_error(&self) -> Option<f64> {
+        self.before.as_ref().and_then(|c| c.error()).map(|e| e.1)
+    }
+    pub fn after_error(&self) -> Option<f64> {
+        self.after.as_ref().and_then(|c| c.error()).map(|e| e.1)
+    }
+    pub fn status(side: &Option<JsonCheck>) -> &str {
+        side.as_ref().map_or("absent", |c| c.status.as_str())
+    }
+    pub fn step_stage(&self) -> Option<String> {
+        self.at.map(|(s, t)| format!("{s}/{t}"))
+    }
+}
+
+pub struct DiffReport {
+    pub base: PathBuf,
+    pub new: PathBuf,
+    pub factor: f64,
+    /// In execution order.
+    pub rows: Vec<Row>,
+}
+
+impl DiffReport {
+    pub fn regressions(&self) -> impl Iterator<Item = &Row> {
+        self.rows.iter().filter(|r| r.change == Change::Regressed)
+    }
+    pub fn first_regression(&self) -> Option<&Row> {
+        self.regressions().next()
+    }
+    pub fn regressed(&self) -> bool {
+        self.first_regression().is_some()
+    }
+}
+
+pub fn diff_files(base: &Path, new: &Path, factor: f64) -> Result<DiffReport> {
+    if !(factor.is_finite() && factor >= 1.0) {
+        return Err(Error::Usage(format!("--factor must be a number >= 1, got {factor}")));
+    }
+    let b = load(base)?;
+    let n = load(new)?;
+    Ok(DiffReport {
+        base: base.to_path_buf(),
+        new: new.to_path_buf(),
+        factor,
+        rows: diff(b, n, factor),
+    })
+}
+
+pub fn diff(base: Vec<JsonCheck>, new: Vec<JsonCheck>, factor: f64) -> Vec<Row> {
+    let mut by_key: BTreeMap<String, (Option<JsonCheck>, Option<JsonCheck>)> = BTreeMap::new();
+    let mut first_seen: Vec<String> = Vec::new();
+    for c in base {
+        let k = c.key();
+        if !by_key.contains_key(&k) {
+            first_seen.push(k.clone());
+        }
+        by_key.entry(k).or_default().0 = Some(c);
+    }
+    for c in new {
+        let k = c.key();
+        if !by_key.contains_key(&k) {
+            first_seen.push(k.clone());
+        }
+        by_key.entry(k).or_default().1 = Some(c);
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for key in first_seen {
+        let (before, after) = by_key.remove(&key).expect("key recorded");
+        let any = after.as_ref().or(before.as_ref()).expect("one side present");
+        let (id, check, at) = (any.id.clone(), any.check.clone(), any.at());
+        let run = format!("{}::{}", any.engine, any.spec);
+        let fails = |s: &Option<JsonCheck>| s.as_ref().is_some_and(|c| c.status == "fail");
+        let passes = |s: &Option<JsonCheck>| s.as_ref().is_some_and(|c| c.status == "pass");
+        let eb = before.as_ref().and_then(|c| c.error()).map(|e| e.1);
+        let ea = after.as_ref().and_then(|c| c.error()).map(|e| e.1);
+        let ratio = match (eb, ea) {
+            (Some(b), Some(a)) if b > 0.0 => Some(a / b),
+            (Some(_), Some(a)) if a > 0.0 => Some(f64::INFINITY),
+            (Some(_), Some(_)) => Some(1.0),
+            _ => None,
+        };
+        let (change, note) = if fails(&after) && !fails(&before) {
+            let was = Row::status(&before).to_string();
+            (Change::Regressed, format!("newly failing (was {was})"))
+        } else if fails(&after) {
+            (Change::StillFailing, "still failing".into())
+        } else if fails(&before) {
+            (Change::Fixed, "fixed".into())
+        } else if passes(&before) && passes(&after) && ratio.is_some_and(|r| r > factor) {
+            let r = ratio.expect("checked");
+            let note = if r.is_infinite() {
+                "error grew from exactly 0".to_string()
+            } else {
+                format!("error grew {r:.3}x (> {factor}x)")
+            };
+            (Change::Regressed, note)
+        } else if before.is_none() {
+            (Change::Added, "only in NEW".into())
+        } else if after.is_none() {
+            (Change::Removed, "only in BASE".into())
+        } else {
+            (Change::Same, String::new())
+        };
+        rows.push(Row {
+            run,
+            key,
+            id,
+            check,
+            at,
+            before,
+            after,
+            ratio,
+            change,
+            note,
+        });
+    }
+    // Execution order: stage checks by (step, stage), then run checks; ties keep report order.
+    rows.sort_by_key(|r| (r.at.is_none(), r.at));
+    rows
+}

@@ -1,0 +1,200 @@
+//! What a pending golden changes, for review before `accept`: whether the files
+//! are byte-identical, per step the largest change over its stages, per stage
+//! (changed ones) the max abs change and NMSE from the same comparator the
+//! checks use (pending as actual, current as expected), token-id changes, and
+//! the provenance key by key.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::compare::{compare, sci, Tolerance};
+use crate::error::Result;
+use crate::stage::parse_key;
+use crate::tensor_io::read_safetensors;
+
+/// The review text for `pending` against `current` (absent for a new golden).
+/// Returns the text and whether anything changed (bytes differ).
+pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {
+    let mut out = String::new();
+    let new_bytes = std::fs::read(pending).map_err(|e| crate::Error::io(pending, e))?;
+    let Ok(old_bytes) = std::fs::read(current) else {
+        let _ = writeln!(
+            out,
+            "  no current golden at {}: the pending file is new",
+            current.display()
+        );
+        return Ok((out, true));
+    };
+    let identical = old_bytes == new_bytes;
+    let old = read_safetensors(current)?;
+    let new = read_safetensors(pending)?;
+
+    // Per-stage comparison; keys in execution order (step, stage).
+    let mut keys: Vec<&String> = old.floats.keys().chain(new.floats.keys()).collect();
+    keys.sort_by_key(|k| (parse_key(k), k.to_string()));
+    keys.dedup();
+    let exact = Tolerance::new(0.0, 0.0);
+    struct Row {
+        step: String,
+        key: String,
+        max_abs: f64,
+        nmse: f64,
+        changed: usize,
+        numel: usize,
+        note: String,
+    }
+    let mut rows = Vec::new();
+    for k in keys {
+        let step = k.split('/').next().unwrap_or("").to_string();
+        let row = |max_abs, nmse, changed, numel, note: &str| Row {
+            step: step.clone(),
+            key: k.clone(),
+            max_abs,
+            nmse,
+            changed,
+            numel,
+            note: note.to_string(),
+        };
+        rows.push(match (new.floats.get(k), old.floats.get(k)) {
+            (Some(a), Some(e)) => match compare(a, e, exact) {
+                Ok(c) => row(c.max_abs.map_or(0.0, |(d, _)| d), c.nmse, c.mismatched, c.numel, ""),
+                Err(m) => row(f64::INFINITY, f64::INFINITY, a.numel(), a.numel(), &m.to_string()),
+            },
+            (Some(a), None) => row(f64::NAN, f64::NAN, a.numel(), a.numel(), "added"),
+            (None, Some(e)) => row(f64::NAN, f64::NAN, e.numel(), e.numel(), "removed"),
+            (None, None) => unreachable!("key comes from one side"),
+        });
+    }
+    let f = |x: f64| if x.is_nan() { "-".to_string() } else { sci(x) };
+    let _ = writeln!(
+        out,
+        "  {:<8} {:>7} {:>8} {:>14} {:>10}",
+        "step", "stages", "changed", "max|Δ| change", "max NMSE"
+    );
+    let mut steps: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !steps.contains(&r.step.as_str()) {
+            steps.push(&r.step);
+        }
+    }
+    for s in &steps {
+        let rs: Vec<&Row> = rows.iter().filter(|r| r.step == *s).collect();
+        let changed = rs.iter().filter(|r| r.changed > 0 || !r.note.is_empty()).count();
+        let max_abs = rs.iter().map(|r| r.max_abs).fold(0.0, f64::max);
+        let nmse = rs.iter().map(|r| r.nmse).fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "  {:<8} {:>7} {:>8} {:>14} {:>10}",
+            s,
+            rs.len(),
+            changed,
+            f(max_abs),
+            f(nmse)
+        );
+    }
+    let changed: Vec<&Row> = rows.iter().filter(|r| r.changed > 0 || !r.note.is_empty()).collect();
+    if changed.is_empty() {
+        let _ = writeln!(out, "  every stage unchanged: max abs change 0, NMSE 0");
+    } else {
+        let _ = writeln!(
+            out,
+            "\n  {:<32} {:>14} {:>10} {:>16}  note",
+            "changed stage", "max|Δ| change", "NMSE", "elements changed"
+        );
+        for r in changed {
+            let _ = writeln!(
+                out,
+                "  {:<32} {:>14} {:>10} {:>16}  {}",
+                r.key,
+                f(r.max_abs),
+                f(r.nmse),
+                format!("{}/{}", r.changed, r.numel),
+                r.note
+            );
+        }
+    }
+
+    // Integer tensors (tokens, positions).
+    let mut ikeys: Vec<&String> = old.ints.keys().chain(new.ints.keys()).collect();
+    ikeys.sort();
+    ikeys.dedup();
+    for k in ikeys {
+        match (old.ints.get(k), new.ints.get(k)) {
+            (Some(a), Some(b)) if a == b => {}
+            (a, b) => {
+                let _ = writeln!(
+                    out,
+                    "  {k}: {} -> {}",
+                    a.map_or("(absent)".into(), |v| format!("{:?}", v.1)),
+                    b.map_or("(absent)".into(), |v| format!("{:?}", v.1))
+                );
+            }
+        }
+    }
+
+    // Provenance, key by key (flattened to dotted paths).
+    let prov = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        let mut flat = BTreeMap::new();
+        if let Some(v) = m.get("provenance").and_then(|p| serde_json::from_str::<Value>(p).ok()) {
+            flatten("", &v, &mut flat);
+        }
+        for (k, v) in m.iter().filter(|(k, _)| k.as_str() != "provenance") {
+            flat.insert(format!("metadata.{k}"), v.clone());
+        }
+        flat
+    };
+    let (po, pn) = (prov(&old.metadata), prov(&new.metadata));
+    let mut pkeys: Vec<&String> = po.keys().chain(pn.keys()).collect();
+    pkeys.sort();
+    pkeys.dedup();
+    let pchanges: Vec<String> = pkeys
+        .into_iter()
+        .filter(|k| po.get(*k) != pn.get(*k))
+        .map(|k| {
+            format!(
+                "    {k}: {} -> {}",
+                po.get(k).map_or("(absent)", String::as_str),
+                pn.get(k).map_or("(absent)", String::as_str)
+            )
+        })
+        .collect();
+    if pchanges.is_empty() {
+        let _ = writeln!(out, "  provenance: unchanged ({} keys)", po.len());
+    } else {
+        let _ = writeln!(out, "  provenance: {} key(s) changed:", pchanges.len());
+        for l in pchanges {
+            let _ = writeln!(out, "{l}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  file: {}",
+        if identical {
+            "byte-identical to the current golden"
+        } else {
+            "DIFFERS from the current golden"
+        }
+    );
+    Ok((out, !identical))
+}
+
+fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, x) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&p, x, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The golden review flow, modelled on insta's pending snapshots: `regen`
+//! records goldens into pending files beside the committed ones and shows what
+//! changed; `status` lists pending files; `accept` renames them over the
+//! goldens (atomic); `reject` deletes them. CI never writes goldens.
+
+pub mod change;
+pub mod pending;
+pub mod regen;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::spec::Spec;
+use pending::GoldenRef;
+use regen::{Job, Recorder};
+
+/// Which golden sources a command applies to (`--source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceFilter {
+    Hf,
+    LlamaCpp,
+    All,
+}
+
+impl SourceFilter {
+    fn accepts(self, source: &str) -> bool {
+        match self {
+            SourceFilter::All => true,
+            SourceFilter::Hf => Recorder::for_source(source) == Some(Recorder::Hf),
+            SourceFilter::LlamaCpp => Recorder::for_source(source) == Some(Recorder::LlamaCpp),
+        }
+    }
+}
+
+/// The repository a spec belongs to: the nearest ancestor holding
+/// `goldens/recorders/requirements.txt`, else the source tree of this binary.
+pub fn repo_root(spec: &Path) -> PathBuf {
+    let abs = std::fs::canonicalize(spec).unwrap_or_else(|_| spec.to_path_buf());
+    abs.ancestors()
+        .find(|d| d.join("goldens/recorders/requirements.txt").is_file())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// Every golden the specs declare, filtered by source, with the spec's model.
+pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
+    let mut jobs = Vec::new();
+    for p in specs {
+        let spec = Spec::load(p)?;
+        for (source, golden) in &spec.goldens {
+            if !filter.accepts(source) {
+                continue;
+            }
+            let recorder = Recorder::for_source(source).ok_or_else(|| {
+                Error::Usage(format!(
+                    "{}: no recorder for golden source `{source}` (known: hf, llama.cpp)",
+                    p.display()
+                ))
+            })?;
+            jobs.push(Job {
+                golden: GoldenRef {
+                    spec: spec.name.clone(),
+                    source: source.clone(),
+                    golden: golden.clone(),
+                },
+                model: spec.model.clone(),
+                recorder,
+            });
+        }
+    }
+    if jobs.is_empty() {
+        return Err(Error::Usage(format!(
+            "no golden matches --source {filter:?} in {}",
+            specs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(jobs)
+}
+
+pub fn refs(jobs: &[Job]) -> Vec<GoldenRef> {
+    jobs.iter().map(|j| j.golden.clone()).collect()
+}

@@ -1,0 +1,180 @@
+//! Pending goldens and the only two ways files under `goldens/` change.
+//!
+//! `regen` never touches a committed golden: it writes `<golden>.new` beside it
+//! with [`write_atomic`] (a temporary file in the same folder, written, fsynced,
+//! then renamed, then the folder fsynced), so a reader — or a kill at any
+//! moment — sees the old pending file or the new one, never half of one.
+//! `accept` replaces the golden with its pending file by one `rename(2)`, which
+//! is atomic on POSIX file systems; `reject` deletes the pending file.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::golden::GoldenSet;
+
+/// Test hook: milliseconds to sleep after the temporary file is written and
+/// fsynced, before the rename (lets a test SIGKILL a writer mid-write).
+pub const PAUSE_ENV: &str = "TOUCHSTONE_TEST_PAUSE_BEFORE_RENAME_MS";
+
+/// `<golden>.new`: `hf.safetensors` -> `hf.safetensors.new`.
+pub fn pending_path(golden: &Path) -> PathBuf {
+    let mut s = golden.as_os_str().to_owned();
+    s.push(".new");
+    PathBuf::from(s)
+}
+
+/// Prefix of the temporary files `write_atomic` leaves behind if it is killed.
+fn temp_prefix(target: &Path) -> String {
+    format!(
+        ".{}.tmp.",
+        target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    )
+}
+
+/// Writes `bytes` to `target` atomically: temp file in the same folder
+/// (`.<name>.tmp.<pid>`), write, fsync, rename over `target`, fsync the folder.
+pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = parent(target);
+    let tmp = dir.join(format!("{}{}", temp_prefix(target), std::process::id()));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| Error::io(&tmp, e))?;
+    let written = f.write_all(bytes).and_then(|_| f.sync_all());
+    drop(f);
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    if let Some(ms) = std::env::var(PAUSE_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+        eprintln!(
+            "touchstone: test hook: {} written, pausing {ms} ms before rename",
+            tmp.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    rename_durable(&tmp, target)
+}
+
+/// `rename(2)` then fsync of the destination folder so the rename survives a crash.
+pub fn rename_durable(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).map_err(|e| Error::io(to, e))?;
+    if let Ok(d) = File::open(parent(to)) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn parent(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Temporary files an interrupted `write_atomic` left beside `target`.
+pub fn leftovers(target: &Path) -> Vec<PathBuf> {
+    let prefix = temp_prefix(target);
+    let Ok(rd) = fs::read_dir(parent(target)) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// One golden a spec declares, with where its pending file goes.
+#[derive(Clone, Debug)]
+pub struct GoldenRef {
+    pub spec: String,
+    pub source: String,
+    pub golden: PathBuf,
+}
+
+impl GoldenRef {
+    pub fn pending(&self) -> PathBuf {
+        pending_path(&self.golden)
+    }
+}
+
+/// `touchstone goldens status`: one line per golden with a pending file.
+pub fn status(goldens: &[GoldenRef]) -> String {
+    let mut out = String::new();
+    let mut n = 0;
+    for g in goldens {
+        let p = g.pending();
+        if p.exists() {
+            n += 1;
+            let same = match (fs::read(&p), fs::read(&g.golden)) {
+                (Ok(a), Ok(b)) if a == b => "byte-identical to the current golden",
+                (Ok(_), Ok(_)) => "DIFFERS from the current golden",
+                (Ok(_), Err(_)) => "NEW (no current golden)",
+                _ => "unreadable",
+            };
+            out += &format!("pending {} ({} `{}`): {same}\n", p.display(), g.spec, g.source);
+        }
+        for l in leftovers(&p) {
+            out += &format!(
+                "leftover {} (an interrupted write; `touchstone goldens reject` removes it)\n",
+                l.display()
+            );
+        }
+    }
+    if n == 0 {
+        out += "no pending goldens\n";
+    } else {
+        out += &format!(
+            "{n} pending golden(s): review with `touchstone goldens regen` output or `touchstone compare NEW CURRENT`; \
+             then `touchstone goldens accept` or `touchstone goldens reject`\n"
+        );
+    }
+    out
+}
+
+/// `touchstone goldens accept`: validates each pending file as a golden, then
+/// renames it over the current golden (atomic). Returns what was done.
+pub fn accept(goldens: &[GoldenRef]) -> Result<String> {
+    let mut out = String::new();
+    // Validate everything first so a bad pending file accepts nothing.
+    let todo: Vec<&GoldenRef> = goldens.iter().filter(|g| g.pending().exists()).collect();
+    for g in &todo {
+        GoldenSet::load(&g.source, &g.pending())?;
+    }
+    for g in &todo {
+        rename_durable(&g.pending(), &g.golden)?;
+        out += &format!("accepted {} -> {}\n", g.pending().display(), g.golden.display());
+    }
+    if todo.is_empty() {
+        out += "no pending goldens to accept\n";
+    }
+    Ok(out)
+}
+
+/// `touchstone goldens reject`: deletes pending files and interrupted-write leftovers.
+pub fn reject(goldens: &[GoldenRef]) -> Result<String> {
+    let mut out = String::new();
+    let mut n = 0;
+    for g in goldens {
+        let p = g.pending();
+        for f in leftovers(&p).into_iter().chain(p.exists().then(|| p.clone())) {
+            fs::remove_file(&f).map_err(|e| Error::io(&f, e))?;
+            out += &format!("rejected {}\n", f.display());
+            n += 1;
+        }
+    }
+    if n == 0 {
+        out += "no pending goldens to reject\n";
+    }
+    Ok(out)
+}

@@ -1,0 +1,437 @@
+//! `touchstone goldens regen`: set up the recorders' Python environment, run
+//! the recorders for each golden a spec declares, and write the results as
+//! pending files (`<golden>.new`) for review. Never writes a committed golden,
+//! and refuses to run at all on CI (`CI=true`): CI checks goldens, it never
+//! makes them.
+//!
+//! Environment: the first interpreter whose installed packages match every
+//! pin of `goldens/recorders/requirements.txt` (checked offline) among
+//! `--python`, `<repo>/.cache/recorders-venv` and `<repo>/.venv-recorders`
+//! (the one `regen.sh` makes); failing that, `.cache/recorders-venv` is
+//! created (`$PYTHON -m venv`, default `python3`) and `pip install -r` run.
+//! Recorders run as `regen.sh` runs them: CPU only, one thread, offline.
+
+use std::io::{BufRead, BufReader, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+
+use super::change;
+use super::pending::{write_atomic, GoldenRef};
+use crate::error::{Error, Result};
+use crate::golden::GoldenSet;
+
+/// Which recorders to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorder {
+    Hf,
+    LlamaCpp,
+}
+
+impl Recorder {
+    /// The recorder for a golden source name as specs spell it.
+    pub fn for_source(source: &str) -> Option<Recorder> {
+        match source {
+            "hf" => Some(Recorder::Hf),
+            "llama.cpp" | "llamacpp" | "llama_cpp" => Some(Recorder::LlamaCpp),
+            _ => None,
+        }
+    }
+    fn scripts(self) -> &'static [&'static str] {
+        match self {
+            Recorder::Hf => &["record_hf.py"],
+            Recorder::LlamaCpp => &["convert_gguf.py", "record_llamacpp.py"],
+        }
+    }
+}
+
+/// A golden to regenerate: the ref plus the model it is recorded from.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub golden: GoldenRef,
+    pub model: PathBuf,
+    pub recorder: Recorder,
+}
+
+/// True when the environment says this is CI (`CI=true`, or `CI=1`, as CI services set it).
+pub fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| {
+        let v = v.trim().to_ascii_lowercase();
+        !v.is_empty() && v != "false" && v != "0"
+    })
+}
+
+/// Exit-2 error when on CI: goldens are never written there.
+pub fn refuse_on_ci(what: &str) -> Result<()> {
+    if on_ci() {
+        return Err(Error::Usage(format!(
+            "refusing to {what} goldens on CI (CI is set in the environment): CI checks goldens, it never writes \
+             them; run `touchstone goldens regen` locally, review, accept and commit"
+        )));
+    }
+    Ok(())
+}
+
+/// Progress: an indicatif bar when stderr is a terminal, plain lines otherwise.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    step: u64,
+    total: u64,
+}
+
+impl Progress {
+    pub fn new(total: u64) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new(total);
+            b.set_style(
+                ProgressStyle::with_template("{spinner} regen [{pos}/{len}] {wide_msg} {elapsed}")
+                    .expect("valid template"),
+            );
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        Progress { bar, step: 0, total }
+    }
+    /// Starts the next long step.
+    pub fn start(&mut self, msg: &str) {
+        self.step += 1;
+        match &self.bar {
+            Some(b) => {
+                b.set_position(self.step - 1);
+                b.set_message(msg.to_string());
+            }
+            None => eprintln!("regen: [{}/{}] {msg}", self.step, self.total),
+        }
+    }
+    /// Detail inside a step (e.g. pip's progress): the bar's message, or a plain line.
+    pub fn detail(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.set_message(msg.to_string()),
+            None => eprintln!("regen:       {msg}"),
+        }
+    }
+    /// A line that stays (printed above the bar).
+    pub fn println(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None => eprintln!("regen: {msg}"),
+        }
+    }
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Runs `cmd`, streaming its output lines to `on_line`; returns the collected
+/// output and whether it succeeded.
+fn run_streaming(mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<(bool, String)> {
+    let prog = format!("{:?}", cmd.get_program());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Usage(format!("cannot run {prog}: {e}")))?;
+    let stderr = child.stderr.take().expect("piped");
+    // stderr on a thread so neither pipe can fill up and block the child.
+    let errs = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(|l| l.ok())
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    let mut all = String::new();
+    for line in BufReader::new(child.stdout.take().expect("piped"))
+        .lines()
+        .map_while(|l| l.ok())
+    {
+        on_line(&line);
+        all += &line;
+        all.push('\n');
+    }
+    let status = child.wait().map_err(|e| Error::Usage(format!("{prog}: {e}")))?;
+    all += &errs.join().unwrap_or_default();
+    Ok((status.success(), all))
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+const PINS_OK: &str = r##"
+import sys
+from importlib.metadata import PackageNotFoundError, version
+bad = []
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    name, _, want = line.partition("==")
+    try:
+        have = version(name.strip())
+    except PackageNotFoundError:
+        have = None
+    if have != want.strip():
+        bad.append(f"{name.strip()} (want {want.strip()}, have {have})")
+if bad:
+    print("pins not satisfied: " + ", ".join(bad))
+    sys.exit(1)
+"##;
+
+/// `Ok(())` when `python` has every pin of `reqs` installed at exactly that version.
+fn pins_ok(python: &Path, reqs: &Path) -> std::result::Result<(), String> {
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(PINS_OK)
+        .arg(reqs)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Finds or builds the recorders' interpreter (see the module comment).
+fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> Result<PathBuf> {
+    let reqs = root.join("goldens/recorders/requirements.txt");
+    let cache_venv = root.join(".cache/recorders-venv");
+    progress.start("checking the recorders' Python environment");
+    if let Some(p) = explicit {
+        return match pins_ok(p, &reqs) {
+            Ok(()) => Ok(p.to_path_buf()),
+            Err(why) => Err(Error::Usage(format!(
+                "--python {}: {why}; install {} into it or leave out --python",
+                p.display(),
+                reqs.display()
+            ))),
+        };
+    }
+    for venv in [&cache_venv, &root.join(".venv-recorders")] {
+        let py = venv.join("bin/python");
+        if py.exists() {
+            match pins_ok(&py, &reqs) {
+                Ok(()) => {
+                    progress.println(&format!(
+                        "reusing {} (every pin of requirements.txt installed)",
+                        venv.display()
+                    ));
+                    return Ok(py);
+                }
+                Err(why) => progress.println(&format!("not reusing {}: {why}", venv.display())),
+            }
+        }
+    }
+    let py = cache_venv.join("bin/python");
+    if !py.exists() {
+        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        progress.detail(&format!("creating {} with {base}", cache_venv.display()));
+        let out = Command::new(&base)
+            .args(["-m", "venv"])
+            .arg(&cache_venv)
+            .output()
+            .map_err(|e| Error::Usage(format!("cannot run `{base}` (set PYTHON=/path/to/python3.11): {e}")))?;
+        if !out.status.success() {
+            return Err(Error::Usage(format!(
+                "`{base} -m venv {}` failed: {}",
+                cache_venv.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    progress.detail(&format!(
+        "pip install -r {} (torch is a large download)",
+        reqs.display()
+    ));
+    let t = Instant::now();
+    let mut cmd = Command::new(&py);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-r",
+    ])
+    .arg(&reqs);
+    let (ok, out) = run_streaming(cmd, |l| {
+        if l.starts_with("Collecting") || l.starts_with("Downloading") || l.starts_with("Installing") {
+            progress.detail(l.trim());
+        }
+    })?;
+    if !ok {
+        return Err(Error::Usage(format!(
+            "pip install -r {} failed:\n{}",
+            reqs.display(),
+            tail(&out, 20)
+        )));
+    }
+    pins_ok(&py, &reqs).map_err(|why| Error::Usage(format!("after pip install: {why}")))?;
+    progress.println(&format!(
+        "installed requirements.txt into {} in {:.0} s",
+        cache_venv.display(),
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(py)
+}
+
+/// Recorder arguments taken from the current golden's provenance, so a regen
+/// records the same prompt and number of decode steps.
+fn prompt_args(golden: &Path) -> Vec<String> {
+    let Ok(g) = GoldenSet::load("current", golden) else {
+        return Vec::new();
+    };
+    let mut args = Vec::new();
+    if let Some(t) = g.provenance.pointer("/prompt/text").and_then(Value::as_str) {
+        args.extend(["--prompt".to_string(), t.to_string()]);
+    }
+    if let Some(n) = g.provenance.get("decode_steps").and_then(Value::as_u64) {
+        args.extend(["--decode-steps".to_string(), n.to_string()]);
+    }
+    args
+}
+
+fn recorder_cmd(python: &Path, script: &Path) -> Command {
+    let mut c = Command::new(python);
+    c.arg(script);
+    // As regen.sh: CPU only, one thread, deterministic hashing, no Hub access.
+    for (k, v) in [
+        ("CUDA_VISIBLE_DEVICES", ""),
+        ("OMP_NUM_THREADS", "1"),
+        ("MKL_NUM_THREADS", "1"),
+        ("PYTHONHASHSEED", "0"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ] {
+        c.env(k, v);
+    }
+    c
+}
+
+fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<()> {
+    let (ok, out) = run_streaming(cmd, |_| {})?;
+    if !ok {
+        progress.finish();
+        return Err(Error::Usage(format!("{what} failed:\n{}", tail(&out, 25))));
+    }
+    Ok(())
+}
+
+/// The outcome of a regen: the review text and whether any pending golden differs.
+pub struct RegenResult {
+    pub text: String,
+    pub changed: bool,
+}
+
+/// Records every job into its pending file and describes each change.
+pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenResult> {
+    refuse_on_ci("regenerate")?;
+    let recorders = root.join("goldens/recorders");
+    for j in jobs {
+        for s in j.recorder.scripts() {
+            if !recorders.join(s).exists() {
+                return Err(Error::Usage(format!(
+                    "no recorder for golden `{}` of spec `{}`: {} is missing (the {} recorder has not landed in this \
+                     checkout)",
+                    j.golden.source,
+                    j.golden.spec,
+                    recorders.join(s).display(),
+                    match j.recorder {
+                        Recorder::Hf => "HF",
+                        Recorder::LlamaCpp => "llama.cpp",
+                    }
+                )));
+            }
+        }
+    }
+    let work = root.join(".cache/regen/work");
+    std::fs::create_dir_all(&work).map_err(|e| Error::io(&work, e))?;
+    let mut progress = Progress::new(1 + jobs.len() as u64);
+    let t0 = Instant::now();
+    let py = python_env(root, python, &mut progress)?;
+    let setup = t0.elapsed();
+    let mut text = String::new();
+    let mut changed = false;
+    let mut record_times = Vec::new();
+    // An HF golden regenerated in this run is what a llama.cpp recorder compares against.
+    let mut fresh_hf: std::collections::BTreeMap<String, PathBuf> = Default::default();
+    // HF first, so llama.cpp jobs of the same spec see the fresh HF golden.
+    let mut ordered: Vec<&Job> = jobs.iter().collect();
+    ordered.sort_by_key(|j| j.recorder == Recorder::LlamaCpp);
+    for j in ordered {
+        let g = &j.golden;
+        progress.start(&format!(
+            "recording `{}` golden of {} from {}",
+            g.source,
+            g.spec,
+            j.model.display()
+        ));
+        let t = Instant::now();
+        let out = work.join(format!("{}-{}.safetensors", g.spec, g.source));
+        let _ = std::fs::remove_file(&out);
+        match j.recorder {
+            Recorder::Hf => {
+                let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
+                c.arg(&j.model).arg(&out).args(prompt_args(&g.golden));
+                run_recorder(c, "record_hf.py", &progress)?;
+                fresh_hf.insert(g.spec.clone(), g.pending());
+            }
+            Recorder::LlamaCpp => {
+                let gguf = work.join(format!("{}.gguf", g.spec));
+                let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
+                c.arg(&j.model).arg(&gguf);
+                run_recorder(c, "convert_gguf.py", &progress)?;
+                let hf = fresh_hf.get(&g.spec).cloned().or_else(|| {
+                    let p = g.golden.with_file_name("hf.safetensors");
+                    p.exists().then_some(p)
+                });
+                let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
+                c.arg(&gguf).arg(&out);
+                if let Some(hf) = hf {
+                    c.arg("--hf-golden").arg(hf);
+                }
+                run_recorder(c, "record_llamacpp.py", &progress)?;
+            }
+        }
+        let bytes = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
+        // Refuse to stage something that is not a usable golden.
+        GoldenSet::load(&g.source, &out)?;
+        write_atomic(&g.pending(), &bytes)?;
+        let took = t.elapsed();
+        record_times.push(format!("{} `{}` {:.1} s", g.spec, g.source, took.as_secs_f64()));
+        let (desc, differs) = change::describe(&g.golden, &g.pending())?;
+        changed |= differs;
+        text += &format!(
+            "{} `{}`: pending {} vs current {}\n{desc}\n",
+            g.spec,
+            g.source,
+            g.pending().display(),
+            g.golden.display()
+        );
+    }
+    progress.finish();
+    text += &format!(
+        "timing: environment {:.1} s; recording {}\n",
+        setup.as_secs_f64(),
+        record_times.join(", ")
+    );
+    text += if changed {
+        "review the change above, then `touchstone goldens accept` (or `reject`)\n"
+    } else {
+        "every pending golden is byte-identical to the current one; `touchstone goldens reject` discards them\n"
+    };
+    Ok(RegenResult { text, changed })
+}

@@ -1,0 +1,376 @@
+//! The golden review flow without Python: pending files are made by hand or by
+//! a fake recorder interpreter (`--python`, a shell script that copies a
+//! prepared golden), so `cargo test` never runs the real recorders.
+//! Covers status/accept/reject, regen's change table, the CI refusal, stale
+//! goldens, and kill-safety: a SIGKILL at any moment of a regen leaves the
+//! committed golden byte-identical.
+
+mod common;
+use common::*;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A scratch folder with a copy of the HF golden and a spec (named `name`) using it.
+struct Scratch {
+    dir: tempfile::TempDir,
+    golden: PathBuf,
+    spec: PathBuf,
+}
+
+fn scratch(name: &str) -> Scratch {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = dir.path().join("hf.safetensors");
+    std::fs::copy(hf_golden(), &golden).unwrap();
+    // HF only: regen writes pending files beside every golden the spec names.
+    let spec = write(
+        dir.path(),
+        &format!("{name}.yaml"),
+        &hf_only_spec_text(&model_dir(), &golden),
+    );
+    Scratch { dir, golden, spec }
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn pending(g: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.new", g.display()))
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect()
+}
+
+/// A golden like the committed one with decode2/blk.1.attn_out[5] moved by 1e-2.
+fn perturbed(dst: &Path) {
+    altered_golden(dst, |t| {
+        t.get_mut("decode2/blk.1.attn_out").unwrap().data_mut()[5] += 1e-2
+    });
+}
+
+/// A fake interpreter: passes the pin check, logs each recorder call, and
+/// "records" by copying $FAKE_GOLDEN (after $FAKE_SLEEP seconds).
+fn fake_python(dir: &Path) -> PathBuf {
+    let p = dir.join("fake-python");
+    std::fs::write(
+        &p,
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nscript=\"$1\"; shift\necho \"$(basename \"$script\") $*\" >> \"$FAKE_LOG\"\n\
+         sleep \"${FAKE_SLEEP:-0}\"\ncp \"$FAKE_GOLDEN\" \"$2\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn status_accept_reject_with_pending_files() {
+    let sc = scratch("flow");
+    let original = std::fs::read(&sc.golden).unwrap();
+    let spec = s(&sc.spec);
+    let o = touchstone_env(&["goldens", "status", &spec], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("no pending goldens"), "{}", o.stdout);
+
+    // reject: deletes the pending file and a leftover of an interrupted write.
+    perturbed(&pending(&sc.golden));
+    let leftover = sc.dir.path().join(".hf.safetensors.new.tmp.12345");
+    std::fs::write(&leftover, b"half a file").unwrap();
+    let o = touchstone_env(&["goldens", "status", &spec], &[]);
+    assert!(o.stdout.contains("DIFFERS from the current golden"), "{}", o.stdout);
+    assert!(o.stdout.contains("leftover"), "{}", o.stdout);
+    let o = touchstone_env(&["goldens", "reject", &spec], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(!pending(&sc.golden).exists() && !leftover.exists());
+    assert_eq!(std::fs::read(&sc.golden).unwrap(), original);
+
+    // accept: the pending file replaces the golden, byte for byte.
+    perturbed(&pending(&sc.golden));
+    let new = std::fs::read(pending(&sc.golden)).unwrap();
+    let o = touchstone_env(&["goldens", "accept", &spec], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("accepted"), "{}", o.stdout);
+    assert_eq!(std::fs::read(&sc.golden).unwrap(), new);
+    assert!(!pending(&sc.golden).exists());
+    let o = touchstone_env(&["goldens", "status", &spec], &[]);
+    assert!(o.stdout.contains("no pending goldens"), "{}", o.stdout);
+}
+
+#[test]
+fn accept_refuses_a_broken_pending_file_and_ci() {
+    let sc = scratch("broken");
+    let original = std::fs::read(&sc.golden).unwrap();
+    std::fs::write(pending(&sc.golden), b"not a safetensors file").unwrap();
+    let o = touchstone_env(&["goldens", "accept", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("hf.safetensors.new"), "{}", o.stderr);
+    assert_eq!(std::fs::read(&sc.golden).unwrap(), original);
+    perturbed(&pending(&sc.golden));
+    let o = touchstone_env(&["goldens", "accept", &s(&sc.spec)], &[("CI", "true")]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert_eq!(std::fs::read(&sc.golden).unwrap(), original);
+}
+
+#[test]
+fn regen_on_ci_refuses_and_writes_nothing() {
+    let sc = scratch("ci");
+    let before: Vec<_> = std::fs::read_dir(sc.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[
+            ("CI", "true"),
+            ("FAKE_LOG", &s(&log)),
+            ("FAKE_GOLDEN", &s(&hf_golden())),
+        ],
+    );
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("refusing to regenerate goldens on CI"),
+        "{}",
+        o.stderr
+    );
+    let after: Vec<_> = std::fs::read_dir(sc.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        before.len() + 1,
+        after.len(),
+        "only the fake interpreter was added: {after:?}"
+    );
+    assert!(!log.exists(), "no recorder ran");
+    assert!(!pending(&sc.golden).exists());
+}
+
+#[test]
+fn regen_writes_a_pending_golden_and_shows_the_change() {
+    let sc = scratch("regen-change");
+    let original = std::fs::read(&sc.golden).unwrap();
+    let recorded = sc.dir.path().join("recorded.safetensors");
+    perturbed(&recorded);
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &[
+            "goldens",
+            "regen",
+            &s(&sc.spec),
+            "--python",
+            &s(&fake),
+            "--source",
+            "hf",
+        ],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&recorded))],
+    );
+    assert_eq!(o.code, 1, "a changed golden exits 1:\n{}", o.all());
+    // The recorder got the current golden's prompt and decode steps.
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        calls.contains("record_hf.py") && calls.contains("--prompt Golden tensors check every stage. --decode-steps 3"),
+        "{calls}"
+    );
+    assert_eq!(
+        std::fs::read(pending(&sc.golden)).unwrap(),
+        std::fs::read(&recorded).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(&sc.golden).unwrap(),
+        original,
+        "regen never writes the golden"
+    );
+    for needle in [
+        "decode2/blk.1.attn_out",
+        "1.0e-2",
+        "1/64",
+        "provenance: unchanged",
+        "DIFFERS from the current golden",
+    ] {
+        assert!(o.stdout.contains(needle), "no `{needle}` in:\n{}", o.stdout);
+    }
+    // Plain progress lines when stderr is not a terminal.
+    assert!(o.stderr.contains("regen: [2/2] recording `hf`"), "{}", o.stderr);
+
+    // Recording the same bytes again: zero change, exit 0.
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
+    );
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(
+        o.stdout.contains("every stage unchanged: max abs change 0, NMSE 0"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("byte-identical to the current golden"),
+        "{}",
+        o.stdout
+    );
+}
+
+#[test]
+fn llama_cpp_source_without_its_recorder_is_a_clear_error() {
+    let sc = scratch("llama");
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&sc.golden)));
+    std::fs::write(&sc.spec, text).unwrap();
+    let recorder = root().join("goldens/recorders/record_llamacpp.py");
+    let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--source", "llama.cpp"], &[]);
+    if recorder.exists() {
+        return; // the llama.cpp recorder has landed; nothing to assert here
+    }
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("is missing") && o.stderr.contains("llama.cpp"),
+        "{}",
+        o.stderr
+    );
+}
+
+/// Starts a regen that will pause as told, waits for `ready`, SIGKILLs it.
+fn kill_regen_when(sc: &Scratch, envs: &[(&str, String)], ready: impl Fn() -> bool) {
+    let fake = fake_python(sc.dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_touchstone"))
+        .args(["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)])
+        .env_remove("CI")
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .current_dir(root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !ready() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "regen never reached the kill point"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "regen ended before the kill point");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+}
+
+#[test]
+fn sigkill_during_regen_leaves_the_golden_byte_identical() {
+    // 1. Killed while the recorder runs.
+    let sc = scratch("kill-record");
+    let original = std::fs::read(&sc.golden).unwrap();
+    let recorded = sc.dir.path().join("recorded.safetensors");
+    perturbed(&recorded);
+    let log = sc.dir.path().join("log");
+    let envs = [
+        ("FAKE_LOG", s(&log)),
+        ("FAKE_GOLDEN", s(&recorded)),
+        ("FAKE_SLEEP", "30".to_string()),
+    ];
+    kill_regen_when(&sc, &envs, || log.exists());
+    assert_eq!(std::fs::read(&sc.golden).unwrap(), original);
+    assert!(!pending(&sc.golden).exists());
+
+    // 2. Killed between writing the pending file's temporary and renaming it.
+    let sc = scratch("kill-write");
+    let original = std::fs::read(&sc.golden).unwrap();
+    let envs = [
+        ("FAKE_LOG", s(&sc.dir.path().join("log"))),
+        ("FAKE_GOLDEN", s(&recorded)),
+        ("TOUCHSTONE_TEST_PAUSE_BEFORE_RENAME_MS", "30000".to_string()),
+    ];
+    let dir = sc.dir.path().to_path_buf();
+    kill_regen_when(&sc, &envs, || !leftovers(&dir).is_empty());
+    assert_eq!(
+        std::fs::read(&sc.golden).unwrap(),
+        original,
+        "committed golden byte-identical"
+    );
+    assert!(!pending(&sc.golden).exists(), "no half-written pending file");
+    // The interrupted temporary is reported and cleaned up by reject.
+    let o = touchstone_env(&["goldens", "status", &s(&sc.spec)], &[]);
+    assert!(o.stdout.contains("leftover"), "{}", o.stdout);
+    let o = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(leftovers(&dir).is_empty());
+    // A run still passes against the untouched golden.
+    let o = touchstone(&["run", &s(&sc.spec), "--only", "logits::golden"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+}
+
+#[test]
+fn a_golden_recorded_for_another_model_is_stale() {
+    // Same architecture, one weight changed: the hash differs.
+    let d = tempfile::tempdir().unwrap();
+    let model = d.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in std::fs::read_dir(model_dir()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), model.join(f.file_name())).unwrap();
+    }
+    let w = touchstone::tensor_io::read_safetensors(&model.join("model.safetensors")).unwrap();
+    let mut floats = w.floats;
+    let first = floats.keys().next().unwrap().clone();
+    floats.get_mut(&first).unwrap().data_mut()[0] += 0.5;
+    touchstone::tensor_io::write_safetensors(&model.join("model.safetensors"), &floats, &w.ints, &w.metadata).unwrap();
+    let o = touchstone(&["run", "--model", &s(&model)]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    for needle in [
+        "stale golden",
+        "was recorded for a model with model_sha256 48eb23797c121639417ce37f3f6cdf560c049d08480578daa6e068c351abec0e",
+        &s(&model),
+        "touchstone goldens regen",
+    ] {
+        assert!(o.stderr.contains(needle), "no `{needle}` in:\n{}", o.stderr);
+    }
+    assert!(
+        o.stderr.lines().count() <= 2,
+        "one message, not a wall of mismatches:\n{}",
+        o.stderr
+    );
+
+    // Other dimensions (config.json), same weights file: the dims fallback names them.
+    std::fs::copy(model_dir().join("model.safetensors"), model.join("model.safetensors")).unwrap();
+    let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
+    assert!(cfg.contains("\"vocab_size\": 512"), "{cfg}");
+    std::fs::write(
+        model.join("config.json"),
+        cfg.replace("\"vocab_size\": 512", "\"vocab_size\": 600"),
+    )
+    .unwrap();
+    let o = touchstone(&["run", "--model", &s(&model)]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("stale golden") && o.stderr.contains("vocab 512 vs 600"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn a_spec_prompt_other_than_the_goldens_is_stale() {
+    let sc = scratch("prompt");
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace("prompt: {golden: hf}", "prompt: {tokens: [1, 2, 3], decode_steps: 1}");
+    std::fs::write(&sc.spec, text).unwrap();
+    let o = touchstone(&["run", &s(&sc.spec)]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("stale golden") && o.stderr.contains("[1, 2, 3]"),
+        "{}",
+        o.stderr
+    );
+}
