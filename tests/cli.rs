@@ -131,3 +131,38 @@ fn inspect_reads_npy() {
     assert_eq!(o.code, 2, "{}", o.all());
     assert!(o.stderr.contains(&p.display().to_string()), "{}", o.stderr);
 }
+
+#[test]
+fn both_models_pass_from_hf_folders_and_gguf_files() {
+    for (spec, gguf) in [
+        ("specs/qwen2-tiny.yaml", "goldens/qwen2-tiny/model.gguf"),
+        ("specs/llama-tiny.yaml", "goldens/llama-tiny/model.gguf"),
+    ] {
+        let o = touchstone(&["run", spec, "--only", "golden"]);
+        assert_eq!(o.code, 0, "{spec}:\n{}", o.all());
+        let o = touchstone(&["run", spec, "--model", gguf]);
+        assert_eq!(o.code, 0, "{spec} from {gguf}:\n{}", o.all());
+    }
+}
+
+#[test]
+fn llama_gguf_with_its_qk_permutation_kept_diverges_at_blk0_q() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let o = touchstone(&[
+        "run",
+        "specs/llama-tiny.yaml",
+        "--model",
+        "goldens/llama-tiny/model.gguf",
+        "--keep-gguf-qk-permutation",
+        "--json",
+        &j.display().to_string(),
+    ]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    let fd = &json(&j)["first_divergence"];
+    assert_eq!(
+        (fd["step"].as_str(), fd["stage"].as_str()),
+        (Some("prefill"), Some("blk.0.q")),
+        "{fd}"
+    );
+}

@@ -44,7 +44,6 @@ import importlib
 import json
 import os
 import platform
-import struct
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,15 +55,14 @@ import safetensors
 import tokenizers
 import torch
 import transformers
-from safetensors.numpy import load_file, save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # Import the sibling script without leaving a __pycache__ in the repository.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model import SEEDS  # noqa: E402  (the seeds live with the model builder)
+from golden_io import FORMAT, save_deterministic  # noqa: E402  (shared with record_llamacpp.py)
 
-FORMAT = "touchstone-golden/1"
 RECORDER = "goldens/recorders/record_hf.py"
 DEFAULT_PROMPT = "Golden tensors check every stage."
 
@@ -181,35 +179,6 @@ def expected_stages(n_layers):
     for li in range(n_layers):
         names += [f"blk.{li}.{s}" for s in block]
     return names + ["output_norm", "logits", "tokens", "positions"]
-
-
-def save_deterministic(tensors, metadata, path):
-    """Write a safetensors file whose bytes depend only on the inputs.
-
-    The safetensors library keeps `__metadata__` in a Rust HashMap, whose
-    iteration order is randomised per process: with two metadata keys the
-    header came out in either order on different runs (seen with 0.8.0).
-    Keep the library's tensor layout (dtype, then name: aligned, and
-    deterministic) but re-serialise the header with `__metadata__` first
-    and its keys sorted. Offsets are relative to the data section, so
-    rewriting the header leaves them valid.
-    """
-    blob = save(dict(sorted(tensors.items())), metadata=metadata)
-    n = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + n])  # dicts keep the file's order
-    meta = header.pop("__metadata__")
-    assert meta == metadata
-    header = {"__metadata__": dict(sorted(meta.items())), **header}
-    hb = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    hb += b" " * (-len(hb) % 8)  # the format pads the header with spaces to 8 bytes
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb + blob[8 + n:])
-    # Read it back through the library: same tensors, same metadata.
-    back = load_file(path)
-    assert sorted(back) == sorted(tensors)
-    assert all(np.array_equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors)
-    with safetensors.safe_open(path, "np") as f:
-        assert f.metadata() == metadata
 
 
 def expected_shape(stage, T, S, cfg):

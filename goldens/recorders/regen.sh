@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Regenerate the tiny Qwen2 model and its HF goldens from scratch and compare
-# them, byte for byte, with the committed ones in goldens/qwen2-tiny/.
+# Regenerate both tiny models and all their goldens (HF and llama.cpp) from
+# scratch and compare them, byte for byte, with the committed ones in
+# goldens/qwen2-tiny/ and goldens/llama-tiny/.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #
-#   OUT_DIR  where to write (default: <repo>/.cache/regen/qwen2-tiny); a
-#            relative path is taken from the current directory. Never the
-#            committed goldens: this script only proposes, a human accepts.
+#   OUT_DIR  where to write (default: <repo>/.cache/regen), one subfolder per
+#            model; a relative path is taken from the current directory.
+#            Never inside goldens/: this script only proposes, a human accepts.
 #
 # Creates (or reuses) the virtual environment <repo>/.venv-recorders with the
-# pinned packages of requirements.txt. Set PYTHON to choose the interpreter
-# that creates it (default python3; the goldens were recorded with 3.11, and
-# the Python version is part of their provenance).
+# pinned packages of requirements.txt, and builds (or reuses) libllama from
+# the pinned llama-cpp-python sdist (build_llamacpp.py; cache in
+# <repo>/.cache/llamacpp, or $TOUCHSTONE_LLAMACPP_CACHE). Set PYTHON to choose
+# the interpreter that creates the venv (default python3; the goldens were
+# recorded with 3.11, and the Python version is part of their provenance).
 #
 # Exit status: 0 all files identical to the committed ones, 1 some differ or
 # are not committed yet, 2 usage or environment error.
@@ -21,21 +24,23 @@ die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="$ROOT/.venv-recorders"
 REQS="$HERE/requirements.txt"
-COMMITTED="$ROOT/goldens/qwen2-tiny"
+GOLDENS="$ROOT/goldens"
+# model folder name -> make_model.py --family
+MODELS="qwen2-tiny:qwen2 llama-tiny:llama"
 
-OUT="${1:-$ROOT/.cache/regen/qwen2-tiny}"
+OUT="${1:-$ROOT/.cache/regen}"
 [ -n "$OUT" ] || die "OUT_DIR is empty"
 # Resolve to an absolute, normalised path before creating anything, so the
 # committed goldens can be refused however they are spelled.
 OUT="$(realpath -m -- "$OUT")" || die "cannot resolve OUT_DIR"
 case "$OUT/" in
-    "$COMMITTED/"*) die "OUT_DIR ($OUT) is or is inside the committed goldens; regenerate elsewhere and copy after review";;
+    "$GOLDENS/"*) die "OUT_DIR ($OUT) is or is inside goldens/; regenerate elsewhere and copy after review";;
 esac
 mkdir -p "$OUT" || die "cannot create $OUT"
 
@@ -85,31 +90,53 @@ case "$PYV" in 3.11.*) ;; *) say "warning: Python $PYV, the committed goldens us
 # Everything on the CPU with one thread; no Hub access.
 export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# Start from empty outputs so no stale file from an earlier run survives.
-rm -rf "$OUT/model" "$OUT/hf.safetensors"
+PYBIN="$VENV/bin/python"
 
-say "building the model into $OUT/model"
-"$VENV/bin/python" "$HERE/make_model.py" "$OUT/model" || die "make_model.py failed"
-say "recording HF goldens into $OUT/hf.safetensors"
-"$VENV/bin/python" "$HERE/record_hf.py" "$OUT/model" "$OUT/hf.safetensors" || die "record_hf.py failed"
+say "libllama from the pinned llama-cpp-python sdist (build_llamacpp.py; cached builds are reused)"
+LIBDIR="$("$PYBIN" "$HERE/build_llamacpp.py")" || die "build_llamacpp.py failed"
+say "libllama in $LIBDIR"
+
+FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors model.gguf llamacpp.safetensors"
+for m in $MODELS; do
+    name="${m%%:*}" family="${m##*:}"
+    dir="$OUT/$name"
+    mkdir -p "$dir" || die "cannot create $dir"
+    # Start from empty outputs so no stale file from an earlier run survives.
+    rm -rf "$dir/model" "$dir/hf.safetensors" "$dir/model.gguf" "$dir/llamacpp.safetensors"
+    say "[$name] building the model into $dir/model"
+    "$PYBIN" "$HERE/make_model.py" "$dir/model" --family "$family" >/dev/null || die "make_model.py failed"
+    say "[$name] recording HF goldens into $dir/hf.safetensors"
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/hf.safetensors" >/dev/null || die "record_hf.py failed"
+    say "[$name] converting to $dir/model.gguf"
+    "$PYBIN" "$HERE/convert_gguf.py" "$dir/model" "$dir/model.gguf" >/dev/null 2>&1 || die "convert_gguf.py failed"
+    say "[$name] recording llama.cpp goldens into $dir/llamacpp.safetensors"
+    "$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/llamacpp.safetensors" \
+        --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py failed"
+done
 
 # ---- compare with the committed files ---------------------------------------
-FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors"
 sha() { if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo "(missing)"; fi; }
-echo
-printf '%-30s %-64s  %-64s  %s\n' file new committed same
 differ=0
-for f in $FILES; do
-    new="$(sha "$OUT/$f")"
-    old="$(sha "$COMMITTED/$f")"
-    if [ "$new" = "$old" ]; then same=yes; else same=NO; differ=1; fi
-    printf '%-30s %-64s  %-64s  %s\n' "$f" "$new" "$old" "$same"
+for m in $MODELS; do
+    name="${m%%:*}"
+    echo
+    printf '%-42s %-64s  %-64s  %s\n' "file" new committed same
+    for f in $FILES; do
+        new="$(sha "$OUT/$name/$f")"
+        old="$(sha "$GOLDENS/$name/$f")"
+        if [ "$new" = "$old" ]; then same=yes; else same=NO; differ=1; fi
+        printf '%-42s %-64s  %-64s  %s\n' "$name/$f" "$new" "$old" "$same"
+    done
 done
 echo
 if [ "$differ" = 0 ]; then
-    say "IDENTICAL: the regenerated files match goldens/qwen2-tiny byte for byte"
+    say "IDENTICAL: the regenerated files match goldens/ byte for byte"
 else
-    say "DIFFERENT: the regenerated files do not match goldens/qwen2-tiny"
-    say "review the change, then accept with: rm -rf '$COMMITTED' && mkdir -p '$COMMITTED' && cp -r '$OUT/model' '$OUT/hf.safetensors' '$COMMITTED/'"
+    say "DIFFERENT: the regenerated files do not match goldens/"
+    say "review the change (compare_sources.py OLD NEW shows per-stage differences), then accept per model with:"
+    for m in $MODELS; do
+        name="${m%%:*}"
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/hf.safetensors' '$OUT/$name/model.gguf' '$OUT/$name/llamacpp.safetensors' '$GOLDENS/$name/'"
+    done
     exit 1
 fi
