@@ -126,7 +126,7 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             } else {
                 String::new()
             };
-            let _ = writeln!(out, "{}  {note}", line.trim_end());
+            let _ = writeln!(out, "{}", format!("{}  {note}", line.trim_end()).trim_end());
         }
     }
 
