@@ -76,6 +76,37 @@ pub struct RunRequest {
     pub forced: Option<Vec<u32>>,
 }
 
+impl RunRequest {
+    /// What every engine checks before running: a non-empty prompt, enough
+    /// forced tokens, and every token inside the vocabulary. Shared so that all
+    /// engines reject the same requests with the same words.
+    pub fn validate(&self, engine: &str, vocab: usize) -> Result<()> {
+        let bad = |msg: String| crate::error::Error::engine(engine, msg);
+        if self.prompt.is_empty() {
+            return Err(bad("the prompt is empty (a prefill needs at least one token)".into()));
+        }
+        let in_vocab = |what: &str, tokens: &[u32]| match tokens.iter().position(|&t| t as usize >= vocab) {
+            Some(i) => Err(bad(format!(
+                "{what} token {i} is id {}, outside the vocabulary of {vocab}",
+                tokens[i]
+            ))),
+            None => Ok(()),
+        };
+        in_vocab("prompt", &self.prompt)?;
+        if let Some(forced) = &self.forced {
+            if forced.len() < self.decode_steps {
+                return Err(bad(format!(
+                    "teacher forcing gives {} token(s) for {} decode step(s)",
+                    forced.len(),
+                    self.decode_steps
+                )));
+            }
+            in_vocab("forced", &forced[..self.decode_steps])?;
+        }
+        Ok(())
+    }
+}
+
 /// Which stages to capture (the same set at every step). Capturing nothing costs
 /// nothing: an engine asks `contains` before copying anything out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

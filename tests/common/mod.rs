@@ -35,18 +35,7 @@ impl Output {
 
 /// Runs the touchstone binary; asserts it never panicked, whatever the input.
 pub fn touchstone(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_touchstone"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("the touchstone binary runs");
-    let o = Output {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    assert!(!o.all().contains("panicked"), "touchstone panicked:\n{}", o.all());
-    o
+    touchstone_env(args, &[])
 }
 
 /// The default spec's text with its model and HF golden replaced by absolute
@@ -97,10 +86,10 @@ pub fn touchstone_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
     o
 }
 
-/// The default spec reduced to its HF golden, for a model file the llama.cpp
-/// golden was not recorded from, and for tests that write beside the golden
-/// (no path in it may lead back into the repository's goldens) (that golden pins the sha256 of llama.cpp's own
-/// GGUF, so any other file is rightly reported as a stale golden).
+/// The default spec reduced to its HF golden: for a model file the llama.cpp
+/// golden was not recorded from (that golden pins the sha256 of llama.cpp's own
+/// GGUF, so any other file is rightly reported as a stale golden), and for tests
+/// that write beside the goldens (no path in it may lead into the repository's).
 pub fn hf_only_spec_text(model: &Path, golden: &Path) -> String {
     let text = spec_text(model, golden).replace(", {golden: llama.cpp}, references_agree", "");
     let kept: Vec<&str> = text

@@ -16,7 +16,7 @@ mod tests;
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{self, LoadOptions, ModelConfig, Weights};
 use crate::sampling::Sampler;
 use crate::stage::Step;
@@ -53,19 +53,6 @@ impl CpuEngine {
         let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
         Ok(CpuEngine { cfg, weights, rope })
     }
-
-    fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<()> {
-        if let Some((i, &tok)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.cfg.vocab) {
-            return Err(Error::engine(
-                "cpu",
-                format!(
-                    "{what} token {i} is id {tok}, outside the vocabulary of {}",
-                    self.cfg.vocab
-                ),
-            ));
-        }
-        Ok(())
-    }
 }
 
 impl Engine for CpuEngine {
@@ -78,26 +65,7 @@ impl Engine for CpuEngine {
     }
 
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
-        if req.prompt.is_empty() {
-            return Err(Error::engine(
-                "cpu",
-                "the prompt is empty (a prefill needs at least one token)",
-            ));
-        }
-        self.check_tokens("prompt", &req.prompt)?;
-        if let Some(forced) = &req.forced {
-            if forced.len() < req.decode_steps {
-                return Err(Error::engine(
-                    "cpu",
-                    format!(
-                        "teacher forcing gives {} token(s) for {} decode step(s)",
-                        forced.len(),
-                        req.decode_steps
-                    ),
-                ));
-            }
-            self.check_tokens("forced", &forced[..req.decode_steps])?;
-        }
+        req.validate("cpu", self.cfg.vocab)?;
 
         let cfg = &self.cfg;
         let total = req.prompt.len() + req.decode_steps;

@@ -166,16 +166,6 @@ impl CudaEngine {
         })
     }
 
-    fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<()> {
-        if let Some((i, &tok)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.cfg.vocab) {
-            return Err(err(format!(
-                "{what} token {i} is id {tok}, outside the vocabulary of {}",
-                self.cfg.vocab
-            )));
-        }
-        Ok(())
-    }
-
     /// A guarded buffer of `len` f32, filled with the sentinel (guards and interior).
     fn gbuf(&self, len: usize) -> Result<GBuf> {
         let g = Guarded { len };
@@ -358,20 +348,7 @@ impl Engine for CudaEngine {
     }
 
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
-        if req.prompt.is_empty() {
-            return Err(err("the prompt is empty (a prefill needs at least one token)"));
-        }
-        self.check_tokens("prompt", &req.prompt)?;
-        if let Some(forced) = &req.forced {
-            if forced.len() < req.decode_steps {
-                return Err(err(format!(
-                    "teacher forcing gives {} token(s) for {} decode step(s)",
-                    forced.len(),
-                    req.decode_steps
-                )));
-            }
-            self.check_tokens("forced", &forced[..req.decode_steps])?;
-        }
+        req.validate("cuda", self.cfg.vocab)?;
         let _one_run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         let cfg = &self.cfg;
         let total = req.prompt.len() + req.decode_steps;
