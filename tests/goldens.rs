@@ -222,23 +222,53 @@ fn regen_writes_a_pending_golden_and_shows_the_change() {
 }
 
 #[test]
-fn llama_cpp_source_without_its_recorder_is_a_clear_error() {
+fn llama_cpp_source_converts_then_records_with_the_hf_tokens() {
+    // The scratch spec's llama.cpp source is a copy of the HF golden: the fake
+    // recorder "records" that same file, so the pending golden is unchanged.
     let sc = scratch("llama");
     let text = std::fs::read_to_string(&sc.spec)
         .unwrap()
         .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&sc.golden)));
     std::fs::write(&sc.spec, text).unwrap();
-    let recorder = root().join("goldens/recorders/record_llamacpp.py");
-    let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--source", "llama.cpp"], &[]);
-    if recorder.exists() {
-        return; // the llama.cpp recorder has landed; nothing to assert here
-    }
-    assert_eq!(o.code, 2, "{}", o.all());
-    assert!(
-        o.stderr.contains("is missing") && o.stderr.contains("llama.cpp"),
-        "{}",
-        o.stderr
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &[
+            "goldens",
+            "regen",
+            &s(&sc.spec),
+            "--source",
+            "llama.cpp",
+            "--python",
+            &s(&fake),
+        ],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
     );
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    // First llama.cpp's converter on the spec's model, then the recorder on that
+    // GGUF, fed the token ids of the HF golden.
+    assert!(
+        calls[0].starts_with("convert_gguf.py ") && calls[0].contains(&s(&model_dir())),
+        "{calls:?}"
+    );
+    assert!(calls[0].ends_with(".gguf"), "{calls:?}");
+    assert!(calls[1].starts_with("record_llamacpp.py "), "{calls:?}");
+    assert!(
+        calls[1].ends_with(&format!("--hf-golden {}", s(&sc.golden))),
+        "{calls:?}"
+    );
+    assert!(
+        o.stdout.contains("byte-identical to the current golden"),
+        "{}",
+        o.stdout
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }
 
 /// Starts a regen that will pause as told, waits for `ready`, SIGKILLs it.
