@@ -4,7 +4,8 @@
 //! for every kernel entry and for an ISA the R580 driver loads, and, where
 //! `ptxas` is on PATH, assembled with `ptxas -v` to report registers, shared
 //! memory, stack frame and spills per kernel. Any compile error, missing entry,
-//! ptxas failure or spill makes the command fail.
+//! ptxas failure, spill, or register count too large for the block the engine
+//! launches the kernel with makes the command fail.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +14,7 @@ use std::process::Command;
 
 use crate::cli::Outcome;
 use crate::engine::cuda::compile::{self, KernelError, FILES};
+use crate::engine::cuda::launch;
 use crate::error::{Error, Result};
 
 /// Architectures checked when none is given (H100 and A100).
@@ -156,6 +158,23 @@ pub fn run(archs: &[String]) -> Result<Outcome> {
                             "{:<16} {:<24} {:<6} {:>5} {:>6} {:>6} {:>7} {:>7}",
                             file.name, k, arch, r.registers, r.smem, r.stack, r.spill_stores, r.spill_loads
                         );
+                        let threads = launch::max_block_threads(k);
+                        if !launch::registers_fit(r.registers, threads) {
+                            problems.push(format!(
+                                "{k} ({arch}) uses {} registers per thread: a block of {threads} threads, \
+                                 as the engine launches it, does not fit in one SM's {} registers",
+                                r.registers,
+                                launch::REGISTERS_PER_SM
+                            ));
+                        }
+                        if k.starts_with("attention_") && r.smem as usize != launch::ATTENTION_STATIC_SMEM {
+                            problems.push(format!(
+                                "{k} ({arch}) has {} bytes of static shared memory; the launch limit in \
+                                 launch::attention assumes {}",
+                                r.smem,
+                                launch::ATTENTION_STATIC_SMEM
+                            ));
+                        }
                         if r.spill_stores > 0 || r.spill_loads > 0 {
                             problems.push(format!(
                                 "{k} ({arch}) spills: {} bytes stored, {} bytes loaded",

@@ -47,6 +47,13 @@ impl Sampler {
     }
 }
 
+/// The 256-bit ChaCha8 key `Sampler::new(_, seed)` draws with, as 8
+/// little-endian words: what the CUDA engine's sampling kernel is given.
+pub fn chacha_key(seed: u64) -> [u32; 8] {
+    let bytes = ChaCha8Rng::seed_from_u64(seed).get_seed();
+    std::array::from_fn(|i| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]))
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in logits.iter().enumerate() {
@@ -65,6 +72,10 @@ fn sample_random(
     top_p: Option<f32>,
     rng: &mut ChaCha8Rng,
 ) -> u32 {
+    // One draw per call, taken first, so the n-th call always uses the n-th
+    // u64 of the stream whatever the logits (the CUDA engine's sampling kernel
+    // is handed that index instead of carrying the generator's state).
+    let mut u: f64 = rng.random();
     // Candidates sorted by logit, descending; ties broken by index so the order
     // (and hence the draw) is deterministic.
     let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
@@ -98,7 +109,6 @@ fn sample_random(
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
     }
-    let mut u: f64 = rng.random();
     for (n, q) in probs.iter().enumerate() {
         if u < *q {
             return idx[n] as u32;

@@ -72,7 +72,17 @@ pub const FILES: &[KernelFile] = &[
             "fill_u16",
         ]
     ),
-    kernel_file!("sampling.cu", ["argmax_f32", "argmax_f16", "argmax_bf16"]),
+    kernel_file!(
+        "sampling.cu",
+        [
+            "argmax_f32",
+            "argmax_f16",
+            "argmax_bf16",
+            "sample_f32",
+            "sample_f16",
+            "sample_bf16"
+        ]
+    ),
 ];
 
 /// The newest PTX ISA the R580 driver (CUDA 13.0) JIT-compiles.

@@ -3,9 +3,10 @@
 //! forward pass per step in the canonical stage order, every stage writing its
 //! own guarded device buffer; taps copy a stage back only when it is requested
 //! (and check its guards in the same copy). With nothing tapped, the only
-//! device→host copy of a step is the sampled token (greedy: argmax on the
-//! device, 4 bytes) or, for seeded random sampling, the last logits row, which
-//! the host's `Sampler` draws from exactly as the CPU engine does.
+//! device→host copy of a step is the sampled token, 4 bytes: greedy is argmax
+//! on the device, and seeded random sampling runs the host `Sampler`'s
+//! algorithm and ChaCha8 stream on the device (`cuda/sampling.cu`), so a seed
+//! draws the same tokens as on the CPU engine.
 //!
 //! Matrix products go through cuBLAS sgemm (f32 in, f32 accumulate, default
 //! math mode, so no TF32): it is the fastest correct f32 GEMM on every
@@ -27,7 +28,7 @@ use crate::engine::cpu::ops::Rope;
 use crate::engine::{Captures, Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
-use crate::sampling::{Sampler, Sampling};
+use crate::sampling::{chacha_key, Sampling};
 use crate::stage::{BlockStage as B, Stage, Step};
 use crate::tensor::Tensor;
 
@@ -85,6 +86,7 @@ struct Funcs {
     add: CudaFunction,
     fill_u32: CudaFunction,
     argmax: CudaFunction,
+    sample: CudaFunction,
 }
 
 /// A device buffer with guard regions (see `guard`).
@@ -316,6 +318,7 @@ fn load_funcs(ctx: &Arc<CudaContext>) -> Result<Funcs> {
         add: get("add_f32")?,
         fill_u32: get("fill_u32")?,
         argmax: get("argmax_f32")?,
+        sample: get("sample_f32")?,
     })
 }
 
@@ -336,6 +339,22 @@ struct RunState {
     k_cache: Vec<CudaSlice<f32>>,
     v_cache: Vec<CudaSlice<f32>>,
     tabs: RopeTables,
+    /// Seeded random sampling (None: greedy).
+    random: Option<DevSampler>,
+}
+
+/// What the `sample` kernel needs across a run: the parameters, the ChaCha8
+/// key of the run's seed, f64 scratch for the weights, and the index of the
+/// next draw (the host `Sampler` draws one u64 per random sampling call).
+struct DevSampler {
+    temperature: f32,
+    /// 0: no top-k; else max(k, 1), as the host truncates.
+    top_k: i64,
+    top_p: f32,
+    has_top_p: i32,
+    key: CudaSlice<u32>,
+    scratch: CudaSlice<f64>,
+    draws: u64,
 }
 
 impl Engine for CudaEngine {
@@ -362,6 +381,23 @@ impl Engine for CudaEngine {
             sin.extend(s);
         }
         let kvd = cfg.kv_heads * cfg.head_dim;
+        let random = match &req.sampling {
+            Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+            } if *temperature > 0.0 => Some(DevSampler {
+                temperature: *temperature,
+                top_k: top_k.map(|k| i64::try_from(k.max(1)).unwrap_or(i64::MAX)).unwrap_or(0),
+                top_p: top_p.unwrap_or(0.0),
+                has_top_p: top_p.is_some() as i32,
+                key: self.stream.clone_htod(&chacha_key(req.seed)).map_err(err)?,
+                scratch: self.stream.alloc_zeros::<f64>(cfg.vocab).map_err(err)?,
+                draws: 0,
+            }),
+            // Greedy, or a temperature <= 0, which the host Sampler also takes as greedy.
+            _ => None,
+        };
         let mut st = RunState {
             k_cache: Vec::with_capacity(cfg.layers),
             v_cache: Vec::with_capacity(cfg.layers),
@@ -369,6 +405,7 @@ impl Engine for CudaEngine {
                 cos: self.stream.clone_htod(&cos).map_err(err)?,
                 sin: self.stream.clone_htod(&sin).map_err(err)?,
             },
+            random,
         };
         for _ in 0..cfg.layers {
             st.k_cache
@@ -377,7 +414,6 @@ impl Engine for CudaEngine {
                 .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
         }
 
-        let mut sampler = Sampler::new(req.sampling.clone(), req.seed);
         let mut captures = Captures::default();
         let mut sampled = Vec::with_capacity(req.decode_steps + 1);
         let mut positions = Vec::with_capacity(req.decode_steps + 1);
@@ -396,7 +432,7 @@ impl Engine for CudaEngine {
                 step,
                 caps: &mut captures,
             };
-            let tok = self.forward(&mut st, &tokens, pos0, &mut tc, &req.sampling, &mut sampler)?;
+            let tok = self.forward(&mut st, &tokens, pos0, &mut tc)?;
             sampled.push(tok);
             positions.push((pos0..pos0 + tokens.len()).collect());
             pos0 += tokens.len();
@@ -412,15 +448,7 @@ impl Engine for CudaEngine {
 
 impl CudaEngine {
     /// One step at positions `pos0..pos0+T`; returns the sampled token.
-    fn forward(
-        &self,
-        st: &mut RunState,
-        tokens: &[u32],
-        pos0: usize,
-        tc: &mut TapCtx,
-        sampling: &Sampling,
-        sampler: &mut Sampler,
-    ) -> Result<u32> {
+    fn forward(&self, st: &mut RunState, tokens: &[u32], pos0: usize, tc: &mut TapCtx) -> Result<u32> {
         let cfg = &self.cfg;
         let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
         let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
@@ -582,27 +610,36 @@ impl CudaEngine {
 
         let lv = logits.view();
         let last = lv.slice((head_rows - 1) * v..head_rows * v);
-        let greedy = match sampling {
-            Sampling::Greedy => true,
-            Sampling::Random { temperature, .. } => *temperature <= 0.0,
-        };
-        if greedy {
-            // The only device→host copy of an untapped greedy step: 4 bytes.
-            let mut tok = self.stream.alloc_zeros::<u32>(1).map_err(err)?;
-            let n = v as i32;
-            let mut bld = self.stream.launch_builder(&self.f.argmax);
-            bld.arg(&last).arg(&n).arg(&mut tok);
-            // SAFETY: argmax_f32(x [n], n, out [1]).
-            unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
-            let host = self.stream.clone_dtoh(&tok).map_err(err)?;
-            self.stream.synchronize().map_err(err)?;
-            Ok(host[0])
-        } else {
-            // Seeded sampling on the host, from the last row: the same Sampler
-            // (ChaCha8, same seed) as the CPU engine.
-            let row = self.stream.clone_dtoh(&last).map_err(err)?;
-            self.stream.synchronize().map_err(err)?;
-            Ok(sampler.sample(&row))
+        // The only device→host copy of an untapped step: the token, 4 bytes.
+        let mut tok = self.stream.alloc_zeros::<u32>(1).map_err(err)?;
+        let n = v as i32;
+        match st.random.as_mut() {
+            None => {
+                let mut bld = self.stream.launch_builder(&self.f.argmax);
+                bld.arg(&last).arg(&n).arg(&mut tok);
+                // SAFETY: argmax_f32(x [n], n, out [1]).
+                unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
+            }
+            Some(r) => {
+                let mut bld = self.stream.launch_builder(&self.f.sample);
+                bld.arg(&last)
+                    .arg(&n)
+                    .arg(&r.temperature)
+                    .arg(&r.top_k)
+                    .arg(&r.top_p)
+                    .arg(&r.has_top_p)
+                    .arg(&r.key)
+                    .arg(&r.draws)
+                    .arg(&mut r.scratch)
+                    .arg(&mut tok);
+                // SAFETY: sample_f32(x [n], n, temperature, top_k, top_p, has_top_p, key [8],
+                // draw, w [n] f64 scratch (vocab long), out [1]).
+                unsafe { bld.launch(lcfg(launch::sample())) }.map_err(err)?;
+                r.draws += 1;
+            }
         }
+        let host = self.stream.clone_dtoh(&tok).map_err(err)?;
+        self.stream.synchronize().map_err(err)?;
+        Ok(host[0])
     }
 }

@@ -50,14 +50,20 @@ pub fn attention_smem_bytes(head_dim: usize, s: usize) -> usize {
     (head_dim + s) * std::mem::size_of::<f32>()
 }
 
+/// Static shared memory of the attention kernels (`scratch[32]` of the block
+/// reductions): the driver's 48 KiB without opt-in covers static and dynamic
+/// together.
+pub const ATTENTION_STATIC_SMEM: usize = 32 * std::mem::size_of::<f32>();
+
 /// Attention over S cached positions: grid (T, H) (decode: T = 1).
 pub fn attention(t: usize, heads: usize, head_dim: usize, s: usize) -> Result<Launch, String> {
     let smem = attention_smem_bytes(head_dim, s);
-    if smem > DEFAULT_SMEM_LIMIT {
+    if smem + ATTENTION_STATIC_SMEM > DEFAULT_SMEM_LIMIT {
         return Err(format!(
-            "attention over {s} positions with head_dim {head_dim} needs {smem} bytes of shared memory, \
-             more than the {DEFAULT_SMEM_LIMIT} this kernel uses (at most {} positions)",
-            DEFAULT_SMEM_LIMIT / 4 - head_dim
+            "attention over {s} positions with head_dim {head_dim} needs {smem} bytes of shared memory \
+             (plus {ATTENTION_STATIC_SMEM} static), more than the {DEFAULT_SMEM_LIMIT} this kernel uses \
+             (at most {} positions)",
+            (DEFAULT_SMEM_LIMIT - ATTENTION_STATIC_SMEM) / 4 - head_dim
         ));
     }
     Ok(Launch {
@@ -73,6 +79,36 @@ pub fn argmax() -> Launch {
         block: ARGMAX_THREADS,
         smem: 0,
     }
+}
+
+/// The single block of the seeded sampling kernel (block reductions, so a
+/// multiple of 32 threads; one block because every step of its threshold
+/// searches needs the whole row's sum).
+pub fn sample() -> Launch {
+    argmax()
+}
+
+/// The largest block each kernel is launched with, by name (the kernel check
+/// verifies that its registers fit that block on one SM).
+pub fn max_block_threads(kernel: &str) -> u32 {
+    if kernel.starts_with("attention_") {
+        ATTENTION_THREADS
+    } else if kernel.starts_with("argmax_") || kernel.starts_with("sample_") {
+        ARGMAX_THREADS
+    } else {
+        // Elementwise kernels, and RMSNorm's per-row block (at most 256).
+        ELEMENTWISE_THREADS
+    }
+}
+
+/// Registers per SM on sm_80 and sm_90 (64 K), allocated per warp in units of
+/// 256, i.e. per thread rounded up to a multiple of 8.
+pub const REGISTERS_PER_SM: u32 = 65_536;
+
+/// Whether a block of `threads` threads using `regs` registers each can be
+/// resident at all (otherwise the launch fails with "too many resources").
+pub fn registers_fit(regs: u32, threads: u32) -> bool {
+    regs.div_ceil(8) * 8 * threads.div_ceil(32) * 32 <= REGISTERS_PER_SM
 }
 
 /// Column-major cuBLAS arguments for the row-major `y[rows, out] = x[rows, in] · wᵀ`
@@ -140,6 +176,17 @@ mod tests {
     }
 
     #[test]
+    fn register_budget_of_a_full_block() {
+        assert!(registers_fit(64, 1024));
+        assert!(!registers_fit(65, 1024));
+        assert!(registers_fit(255, 256));
+        assert_eq!(max_block_threads("sample_f32"), 1024);
+        assert_eq!(max_block_threads("attention_decode_bf16"), ATTENTION_THREADS);
+        assert_eq!(max_block_threads("rmsnorm_f16"), 256);
+        assert!(per_row(1, 1 << 20).block <= max_block_threads("rmsnorm_f32"));
+    }
+
+    #[test]
     fn elementwise_covers_every_element() {
         for n in [0usize, 1, 255, 256, 257, 1 << 20, 100_000_000] {
             let l = elementwise(n);
@@ -172,7 +219,7 @@ mod tests {
         assert_eq!(l.smem as usize, (64 + 9) * 4);
         // S not a multiple of the block size is fine (strided loops), and the
         // largest S that fits is accepted while one more is refused.
-        let max_s = DEFAULT_SMEM_LIMIT / 4 - 64;
+        let max_s = (DEFAULT_SMEM_LIMIT - ATTENTION_STATIC_SMEM) / 4 - 64;
         assert!(attention(1, 1, 64, max_s).is_ok());
         assert!(attention(1, 1, 64, max_s + 1).unwrap_err().contains("shared memory"));
     }
