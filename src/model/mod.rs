@@ -19,6 +19,9 @@ pub struct LoadOptions {
     /// instead of undoing it, so the engine computes the wrong model and a spec
     /// shows where (the first divergence is `blk.0.q`). Never set it otherwise.
     pub keep_gguf_qk_permutation: bool,
+    /// The storage dtype the engine holds weights and stage outputs in (all
+    /// arithmetic is f32 whatever it is): f32, or f16/bf16 with f32 accumulation.
+    pub storage: crate::tensor::DType,
 }
 
 enum Format {
