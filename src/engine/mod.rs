@@ -53,7 +53,7 @@ impl EngineKind {
             EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load_with(model, opts)?)),
             EngineKind::Cuda => match self.availability() {
                 Availability::Unavailable(r) => Err(crate::error::Error::engine("cuda", r)),
-                Availability::Available => Ok(Box::new(cuda::CudaEngine::load(model, opts)?)),
+                Availability::Available => cuda::load(model, opts),
             },
         }
     }

@@ -329,6 +329,7 @@ fn config_and_hf_named_weights_from_gguf() {
             &p,
             &LoadOptions {
                 keep_gguf_qk_permutation: true,
+                ..LoadOptions::default()
             },
         )
         .unwrap();
@@ -372,6 +373,7 @@ fn the_cpu_engine_computes_the_same_model_from_hf_and_gguf() {
         &p,
         &LoadOptions {
             keep_gguf_qk_permutation: true,
+            ..LoadOptions::default()
         },
     )
     .unwrap()

@@ -1,5 +1,7 @@
 //! The CUDA engine proper: weights loaded on the host by the CPU engine's own
-//! strict loader (same formats, same checks) and uploaded once as f32; one
+//! strict loader (same formats, same checks) and uploaded once in the storage
+//! type `T` (f32, f16 or bf16; every kernel computes in f32 and rounds once on
+//! store, cuBLAS accumulates in f32 whatever `T`); one
 //! forward pass per step in the canonical stage order, every stage writing its
 //! own guarded device buffer; taps copy a stage back only when it is requested
 //! (and check its guards in the same copy). With nothing tapped, the only
@@ -8,8 +10,9 @@
 //! algorithm and ChaCha8 stream on the device (`cuda/sampling.cu`), so a seed
 //! draws the same tokens as on the CPU engine.
 //!
-//! Matrix products go through cuBLAS sgemm (f32 in, f32 accumulate, default
-//! math mode, so no TF32): it is the fastest correct f32 GEMM on every
+//! Matrix products go through cuBLAS (sgemm for f32, GemmEx with
+//! CUBLAS_COMPUTE_32F for f16/bf16; default math mode, so no TF32 for f32):
+//! it is the fastest correct GEMM on every
 //! architecture, it is deterministic run to run on one device and stream, and
 //! a hand-written GEMM would add the riskiest kernel to review without a GPU.
 
@@ -30,11 +33,12 @@ use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::sampling::{chacha_key, Sampling};
 use crate::stage::{BlockStage as B, Stage, Step};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 use super::compile::{self, FILES};
-use super::guard::{Guarded, SENTINEL_BITS};
+use super::guard::Guarded;
 use super::launch::{self, Launch};
+use super::storage::Storage;
 
 fn err(what: impl std::fmt::Display) -> Error {
     Error::engine("cuda", what.to_string())
@@ -48,33 +52,33 @@ fn lcfg(l: Launch) -> LaunchConfig {
     }
 }
 
-struct DevLinear {
-    w: CudaSlice<f32>,
-    bias: Option<CudaSlice<f32>>,
+struct DevLinear<T> {
+    w: CudaSlice<T>,
+    bias: Option<CudaSlice<T>>,
     out_f: usize,
     in_f: usize,
 }
 
-struct DevBlock {
-    attn_norm: CudaSlice<f32>,
-    q: DevLinear,
-    k: DevLinear,
-    v: DevLinear,
-    o: DevLinear,
-    ffn_norm: CudaSlice<f32>,
-    gate: DevLinear,
-    up: DevLinear,
-    down: DevLinear,
+struct DevBlock<T> {
+    attn_norm: CudaSlice<T>,
+    q: DevLinear<T>,
+    k: DevLinear<T>,
+    v: DevLinear<T>,
+    o: DevLinear<T>,
+    ffn_norm: CudaSlice<T>,
+    gate: DevLinear<T>,
+    up: DevLinear<T>,
+    down: DevLinear<T>,
 }
 
-struct DevWeights {
-    embed: CudaSlice<f32>,
-    blocks: Vec<DevBlock>,
-    norm: CudaSlice<f32>,
-    lm_head: Option<DevLinear>,
+struct DevWeights<T> {
+    embed: CudaSlice<T>,
+    blocks: Vec<DevBlock<T>>,
+    norm: CudaSlice<T>,
+    lm_head: Option<DevLinear<T>>,
 }
 
-/// The f32 kernels the forward pass launches.
+/// The kernels the forward pass launches, for the storage type.
 struct Funcs {
     embedding: CudaFunction,
     rmsnorm: CudaFunction,
@@ -85,50 +89,65 @@ struct Funcs {
     silu_mul: CudaFunction,
     add: CudaFunction,
     fill_u32: CudaFunction,
+    fill_u16: CudaFunction,
     argmax: CudaFunction,
     sample: CudaFunction,
 }
 
 /// A device buffer with guard regions (see `guard`).
-struct GBuf {
-    buf: CudaSlice<f32>,
+struct GBuf<S> {
+    buf: CudaSlice<S>,
     g: Guarded,
 }
 
-impl GBuf {
-    fn view(&self) -> CudaView<'_, f32> {
+impl<S: Storage> GBuf<S> {
+    fn view(&self) -> CudaView<'_, S> {
         self.buf.slice(self.g.interior())
     }
-    fn view_mut(&mut self) -> CudaViewMut<'_, f32> {
+    fn view_mut(&mut self) -> CudaViewMut<'_, S> {
         let r = self.g.interior();
         self.buf.slice_mut(r)
     }
 }
 
-pub struct CudaEngine {
+/// Loads the model for the CUDA engine in the storage type `opts.storage`.
+pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<Box<dyn Engine>> {
+    Ok(match opts.storage {
+        DType::F32 => Box::new(CudaEngine::<f32>::load(model, opts)?),
+        DType::F16 => Box::new(CudaEngine::<half::f16>::load(model, opts)?),
+        DType::BF16 => Box::new(CudaEngine::<half::bf16>::load(model, opts)?),
+    })
+}
+
+pub struct CudaEngine<T> {
     cfg: ModelConfig,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     f: Funcs,
-    w: DevWeights,
+    w: DevWeights<T>,
     rope: Rope,
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     run_lock: Mutex<()>,
 }
 
-impl CudaEngine {
-    /// Loads an HF model folder with the CPU engine's loader, then uploads it.
+impl<T: Storage> CudaEngine<T>
+where
+    CudaBlas: Gemm<T>,
+{
     /// Loads a model (HF folder or GGUF, through the same loader as the CPU
-    /// engine) and uploads its weights.
-    pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine> {
+    /// engine) and uploads its weights rounded to `T`.
+    pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine<T>> {
         let ctx = super::context().map_err(err)?;
         let (cfg, mut ws) = crate::model::load(model, opts)?;
         let host = ModelWeights::load(&cfg, &mut ws)?;
         let stream = ctx.default_stream();
-        let f = load_funcs(&ctx)?;
+        let f = load_funcs::<T>(&ctx)?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| err(format!("cuBLAS init: {e}")))?;
-        let up = |v: &[f32]| stream.clone_htod(v).map_err(|e| err(format!("weight upload: {e}")));
-        let lin = |l: &Linear| -> Result<DevLinear> {
+        let up = |v: &[f32]| {
+            let h: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+            stream.clone_htod(&h).map_err(|e| err(format!("weight upload: {e}")))
+        };
+        let lin = |l: &Linear| -> Result<DevLinear<T>> {
             Ok(DevLinear {
                 w: up(&l.w)?,
                 bias: l.bias.as_deref().map(up).transpose()?,
@@ -168,36 +187,50 @@ impl CudaEngine {
         })
     }
 
-    /// A guarded buffer of `len` f32, filled with the sentinel (guards and interior).
-    fn gbuf(&self, len: usize) -> Result<GBuf> {
+    /// A guarded buffer of `len` elements of `S`, filled with `S`'s sentinel
+    /// (guards and interior).
+    fn gbuf<S: Storage>(&self, len: usize) -> Result<GBuf<S>> {
         let g = Guarded { len };
-        // SAFETY: every element is written by fill_u32 below before any read.
-        let mut buf = unsafe { self.stream.alloc::<f32>(g.total()) }.map_err(err)?;
+        // SAFETY: every element is written by the fill below before any read.
+        let mut buf = unsafe { self.stream.alloc::<S>(g.total()) }.map_err(err)?;
         let n = g.total() as i64;
-        let mut b = self.stream.launch_builder(&self.f.fill_u32);
-        b.arg(&mut buf).arg(&SENTINEL_BITS).arg(&n);
-        // SAFETY: fill_u32(unsigned* x, unsigned bits, long long n) over n words of buf.
+        let (bits32, bits16) = (S::SENTINEL_BITS, S::SENTINEL_BITS as u16);
+        let wide = std::mem::size_of::<S>() == 4;
+        let mut b = self
+            .stream
+            .launch_builder(if wide { &self.f.fill_u32 } else { &self.f.fill_u16 });
+        b.arg(&mut buf);
+        if wide {
+            b.arg(&bits32);
+        } else {
+            b.arg(&bits16);
+        }
+        b.arg(&n);
+        // SAFETY: fill_u32(unsigned* x, unsigned bits, long long n) or fill_u16(unsigned
+        // short* x, unsigned short bits, long long n) over the n elements of buf, by S's width.
         unsafe { b.launch(lcfg(launch::elementwise(g.total()))) }.map_err(err)?;
         Ok(GBuf { buf, g })
     }
 
     /// `y[rows, out] = x[rows, in] · wᵀ (+ bias)`, as the CPU's `Linear::forward`.
-    fn linear(&self, x: &CudaView<f32>, rows: usize, lin: &DevLinear, y: &mut CudaViewMut<f32>) -> Result<()> {
+    fn linear(&self, x: &CudaView<T>, rows: usize, lin: &DevLinear<T>, y: &mut CudaViewMut<T>) -> Result<()> {
         self.gemm_bias(x, rows, &lin.w, lin.bias.as_ref(), lin.in_f, lin.out_f, y)
     }
 
-    /// The GEMM (cuBLAS sgemm), then the bias added in place (not fused, as
-    /// torch's `bias + x·wᵀ` and the CPU engine).
+    /// The GEMM (cuBLAS, f32 accumulation, output rounded to `T`), then the
+    /// bias added in place (not fused, as torch's `bias + x·wᵀ` and the CPU
+    /// engine; with 16-bit storage that rounds twice, as the CPU engine's
+    /// storage emulation does).
     #[allow(clippy::too_many_arguments)]
     fn gemm_bias(
         &self,
-        x: &CudaView<f32>,
+        x: &CudaView<T>,
         rows: usize,
-        w: &CudaSlice<f32>,
-        bias: Option<&CudaSlice<f32>>,
+        w: &CudaSlice<T>,
+        bias: Option<&CudaSlice<T>>,
         in_f: usize,
         out_f: usize,
-        y: &mut CudaViewMut<f32>,
+        y: &mut CudaViewMut<T>,
     ) -> Result<()> {
         assert!(x.len() >= rows * in_f && w.len() == out_f * in_f && y.len() >= rows * out_f);
         let g = launch::linear_gemm(rows, in_f, out_f);
@@ -214,35 +247,43 @@ impl CudaEngine {
             m: g.m as i32,
             n: g.n as i32,
             k: g.k as i32,
-            alpha: 1.0f32,
+            alpha: T::from_f32(1.0),
             lda: g.lda as i32,
             ldb: g.ldb as i32,
-            beta: 0.0f32,
+            beta: T::from_f32(0.0),
             ldc: g.ldc as i32,
         };
         // SAFETY: w is [out, in], x at least [rows, in], y at least [rows, out] (asserted).
-        unsafe { self.blas.gemm(gc, w, x, y) }.map_err(|e| err(format!("cuBLAS sgemm: {e}")))?;
+        unsafe { self.blas.gemm(gc, w, x, y) }.map_err(|e| err(format!("cuBLAS gemm ({}): {e}", T::SUFFIX)))?;
         if let Some(bias) = bias {
             let (r, c) = (rows as i32, out_f as i32);
             let mut b = self.stream.launch_builder(&self.f.bias_add);
             b.arg(&mut *y).arg(bias).arg(&r).arg(&c);
-            // SAFETY: bias_add_f32(y [rows, cols], b [cols], rows, cols).
+            // SAFETY: bias_add_T(y [rows, cols], b [cols], rows, cols).
             unsafe { b.launch(lcfg(launch::elementwise(rows * out_f))) }.map_err(err)?;
         }
         Ok(())
     }
 
-    fn rmsnorm(&self, x: &CudaView<f32>, w: &CudaSlice<f32>, out: &mut CudaViewMut<f32>, rows: usize) -> Result<()> {
+    fn rmsnorm(&self, x: &CudaView<T>, w: &CudaSlice<T>, out: &mut CudaViewMut<T>, rows: usize) -> Result<()> {
         let width = self.cfg.hidden as i32;
         let eps = self.cfg.rms_eps as f32;
         let mut b = self.stream.launch_builder(&self.f.rmsnorm);
         b.arg(x).arg(w).arg(out).arg(&width).arg(&eps);
-        // SAFETY: rmsnorm_f32(x [rows, width], w [width], out [rows, width], width, eps).
+        // SAFETY: rmsnorm_T(x [rows, width], w [width], out [rows, width], width, eps).
         unsafe { b.launch(lcfg(launch::per_row(rows, self.cfg.hidden))) }.map_err(err)?;
         Ok(())
     }
 
-    fn rope(&self, x: &GBuf, out: &mut GBuf, tabs: &RopeTables, rows: usize, heads: usize, pos0: usize) -> Result<()> {
+    fn rope(
+        &self,
+        x: &GBuf<T>,
+        out: &mut GBuf<T>,
+        tabs: &RopeTables,
+        rows: usize,
+        heads: usize,
+        pos0: usize,
+    ) -> Result<()> {
         let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
         let (xv, mut ov) = (x.view(), out.view_mut());
         let mut b = self.stream.launch_builder(&self.f.rope_neox);
@@ -254,23 +295,26 @@ impl CudaEngine {
             .arg(&h)
             .arg(&d)
             .arg(&p);
-        // SAFETY: rope_neox_f32 over [rows, heads, D]; tables cover positions < pos0 + rows.
+        // SAFETY: rope_neox_T over [rows, heads, D] (f32 tables); tables cover positions < pos0 + rows.
         unsafe { b.launch(lcfg(launch::elementwise(rows * heads * self.cfg.head_dim / 2))) }.map_err(err)?;
         Ok(())
     }
 
-    fn add(&self, a: &CudaView<f32>, bb: &CudaView<f32>, out: &mut GBuf) -> Result<()> {
+    fn add(&self, a: &CudaView<T>, bb: &CudaView<T>, out: &mut GBuf<T>) -> Result<()> {
         let n = out.g.len as i64;
         let mut ov = out.view_mut();
         let mut b = self.stream.launch_builder(&self.f.add);
         b.arg(a).arg(bb).arg(&mut ov).arg(&n);
-        // SAFETY: add_f32(a, b, out, n), all n long.
+        // SAFETY: add_T(a, b, out, n), all n long.
         unsafe { b.launch(lcfg(launch::elementwise(n as usize))) }.map_err(err)?;
         Ok(())
     }
 
     /// Copies `buf` back if `stage` is tapped, checks its guards, captures it.
-    fn tap(&self, tc: &mut TapCtx, stage: Stage, shape: &[usize], buf: &GBuf) -> Result<()> {
+    /// Every capture carries the run's storage dtype, attn_probs (kept in f32
+    /// by the kernel) included: a capture's dtype is the precision of the run
+    /// that produced it, which is what its golden tolerance must allow for.
+    fn tap<S: Storage>(&self, tc: &mut TapCtx, stage: Stage, shape: &[usize], buf: &GBuf<S>) -> Result<()> {
         if !tc.taps.contains(stage) {
             return Ok(());
         }
@@ -280,16 +324,14 @@ impl CudaEngine {
         buf.g
             .check(&full)
             .map_err(|v| err(format!("{}/{stage}: {v}", tc.step)))?;
-        tc.caps.insert(
-            tc.step,
-            stage,
-            Tensor::new(shape.to_vec(), full[buf.g.interior()].to_vec()),
-        );
+        let values = full[buf.g.interior()].iter().map(|x| x.to_f32()).collect();
+        tc.caps
+            .insert(tc.step, stage, Tensor::new(shape.to_vec(), values).with_dtype(T::DTYPE));
         Ok(())
     }
 }
 
-fn load_funcs(ctx: &Arc<CudaContext>) -> Result<Funcs> {
+fn load_funcs<T: Storage>(ctx: &Arc<CudaContext>) -> Result<Funcs> {
     let (major, minor) = ctx.compute_capability().map_err(err)?;
     let arch = format!("sm_{major}{minor}");
     let mut modules = Vec::new();
@@ -307,18 +349,20 @@ fn load_funcs(ctx: &Arc<CudaContext>) -> Result<Funcs> {
             .ok_or_else(|| err(format!("kernel {name} is in no kernel file")))?;
         m.load_function(name).map_err(|e| err(format!("kernel {name}: {e}")))
     };
+    let typed = |op: &str| get(&format!("{op}_{}", T::SUFFIX));
     Ok(Funcs {
-        embedding: get("embedding_f32")?,
-        rmsnorm: get("rmsnorm_f32")?,
-        rope_neox: get("rope_neox_f32")?,
-        attention_prefill: get("attention_prefill_f32")?,
-        attention_decode: get("attention_decode_f32")?,
-        bias_add: get("bias_add_f32")?,
-        silu_mul: get("silu_mul_f32")?,
-        add: get("add_f32")?,
+        embedding: typed("embedding")?,
+        rmsnorm: typed("rmsnorm")?,
+        rope_neox: typed("rope_neox")?,
+        attention_prefill: typed("attention_prefill")?,
+        attention_decode: typed("attention_decode")?,
+        bias_add: typed("bias_add")?,
+        silu_mul: typed("silu_mul")?,
+        add: typed("add")?,
         fill_u32: get("fill_u32")?,
-        argmax: get("argmax_f32")?,
-        sample: get("sample_f32")?,
+        fill_u16: get("fill_u16")?,
+        argmax: typed("argmax")?,
+        sample: typed("sample")?,
     })
 }
 
@@ -335,9 +379,9 @@ struct TapCtx<'a> {
 }
 
 /// Per-run device state: the KV cache of every layer, `[capacity, KV, D]`.
-struct RunState {
-    k_cache: Vec<CudaSlice<f32>>,
-    v_cache: Vec<CudaSlice<f32>>,
+struct RunState<T> {
+    k_cache: Vec<CudaSlice<T>>,
+    v_cache: Vec<CudaSlice<T>>,
     tabs: RopeTables,
     /// Seeded random sampling (None: greedy).
     random: Option<DevSampler>,
@@ -357,7 +401,10 @@ struct DevSampler {
     draws: u64,
 }
 
-impl Engine for CudaEngine {
+impl<T: Storage> Engine for CudaEngine<T>
+where
+    CudaBlas: Gemm<T>,
+{
     fn name(&self) -> &'static str {
         "cuda"
     }
@@ -408,10 +455,8 @@ impl Engine for CudaEngine {
             random,
         };
         for _ in 0..cfg.layers {
-            st.k_cache
-                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
-            st.v_cache
-                .push(self.stream.alloc_zeros::<f32>(total * kvd).map_err(err)?);
+            st.k_cache.push(self.stream.alloc_zeros::<T>(total * kvd).map_err(err)?);
+            st.v_cache.push(self.stream.alloc_zeros::<T>(total * kvd).map_err(err)?);
         }
 
         let mut captures = Captures::default();
@@ -446,9 +491,12 @@ impl Engine for CudaEngine {
     }
 }
 
-impl CudaEngine {
+impl<T: Storage> CudaEngine<T>
+where
+    CudaBlas: Gemm<T>,
+{
     /// One step at positions `pos0..pos0+T`; returns the sampled token.
-    fn forward(&self, st: &mut RunState, tokens: &[u32], pos0: usize, tc: &mut TapCtx) -> Result<u32> {
+    fn forward(&self, st: &mut RunState<T>, tokens: &[u32], pos0: usize, tc: &mut TapCtx) -> Result<u32> {
         let cfg = &self.cfg;
         let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
         let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
@@ -463,7 +511,7 @@ impl CudaEngine {
             let mut ev = embed.view_mut();
             let mut b = self.stream.launch_builder(&self.f.embedding);
             b.arg(&w.embed).arg(&tok_dev).arg(&mut ev).arg(&rows).arg(&width);
-            // SAFETY: embedding_f32(table [V, E], tokens [T] (< V, checked), out [T, E]).
+            // SAFETY: embedding_T(table [V, E], tokens [T] (< V, checked), out [T, E]).
             unsafe { b.launch(lcfg(launch::elementwise(t * e))) }.map_err(err)?;
         }
         self.tap(tc, Stage::Embed, &[t, e], &embed)?;
@@ -475,7 +523,12 @@ impl CudaEngine {
         let mut q_rope = self.gbuf(t * qd)?;
         let mut k_rope = self.gbuf(t * kvd)?;
         let any_probs = (0..cfg.layers).any(|l| tc.taps.contains(Stage::Block(l, B::AttnProbs)));
-        let mut probs = if any_probs { Some(self.gbuf(h * t * s)?) } else { None };
+        // Probabilities stay f32 whatever the storage (the kernel writes f32).
+        let mut probs = if any_probs {
+            Some(self.gbuf::<f32>(h * t * s)?)
+        } else {
+            None
+        };
         let mut ctx = self.gbuf(t * qd)?;
         let mut attn_out = self.gbuf(t * e)?;
         let mut ffn_inp = self.gbuf(t * e)?;
@@ -491,7 +544,7 @@ impl CudaEngine {
             let stg = |x: B| Stage::Block(l, x);
             // The block input: the embeddings, then the previous block's output
             // (read here and by the residual add below, before `out` is rewritten).
-            let x_in: &GBuf = if l == 0 { &embed } else { &out };
+            let x_in: &GBuf<T> = if l == 0 { &embed } else { &out };
             self.rmsnorm(&x_in.view(), &b.attn_norm, &mut attn_norm.view_mut(), t)?;
             self.tap(tc, stg(B::AttnNorm), &[t, e], &attn_norm)?;
 
@@ -561,7 +614,7 @@ impl CudaEngine {
             self.linear(&ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
             self.tap(tc, stg(B::AttnOut), &[t, e], &attn_out)?;
 
-            let x_in: &GBuf = if l == 0 { &embed } else { &out };
+            let x_in: &GBuf<T> = if l == 0 { &embed } else { &out };
             self.add(&x_in.view(), &attn_out.view(), &mut ffn_inp)?;
             self.tap(tc, stg(B::FfnInp), &[t, e], &ffn_inp)?;
             self.rmsnorm(&ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
@@ -575,7 +628,7 @@ impl CudaEngine {
                 let (gv, uv, mut av) = (gate.view(), up.view(), act.view_mut());
                 let mut bld = self.stream.launch_builder(&self.f.silu_mul);
                 bld.arg(&gv).arg(&uv).arg(&mut av).arg(&n);
-                // SAFETY: silu_mul_f32(gate, up, out, n), all [T, F].
+                // SAFETY: silu_mul_T(gate, up, out, n), all [T, F].
                 unsafe { bld.launch(lcfg(launch::elementwise(t * f))) }.map_err(err)?;
             }
             self.tap(tc, stg(B::FfnAct), &[t, f], &act)?;
@@ -590,7 +643,7 @@ impl CudaEngine {
         let all_rows = tc.taps.contains(Stage::OutputNorm) || tc.taps.contains(Stage::Logits);
         let first = if all_rows { 0 } else { t - 1 };
         let nrows = t - first;
-        let x_fin: &GBuf = if w.blocks.is_empty() { &embed } else { &out };
+        let x_fin: &GBuf<T> = if w.blocks.is_empty() { &embed } else { &out };
         let mut onorm = self.gbuf(nrows * e)?;
         self.rmsnorm(&x_fin.view().slice(first * e..), &w.norm, &mut onorm.view_mut(), nrows)?;
         self.tap(tc, Stage::OutputNorm, &[t, e], &onorm)?;
@@ -617,7 +670,7 @@ impl CudaEngine {
             None => {
                 let mut bld = self.stream.launch_builder(&self.f.argmax);
                 bld.arg(&last).arg(&n).arg(&mut tok);
-                // SAFETY: argmax_f32(x [n], n, out [1]).
+                // SAFETY: argmax_T(x [n], n, out [1]).
                 unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
             }
             Some(r) => {
@@ -632,7 +685,7 @@ impl CudaEngine {
                     .arg(&r.draws)
                     .arg(&mut r.scratch)
                     .arg(&mut tok);
-                // SAFETY: sample_f32(x [n], n, temperature, top_k, top_p, has_top_p, key [8],
+                // SAFETY: sample_T(x [n], n, temperature, top_k, top_p, has_top_p, key [8],
                 // draw, w [n] f64 scratch (vocab long), out [1]).
                 unsafe { bld.launch(lcfg(launch::sample())) }.map_err(err)?;
                 r.draws += 1;

@@ -8,13 +8,16 @@
 //!
 //! Pure host-side arithmetic, so it is tested without a GPU.
 
+use super::storage::Storage;
+
 /// Elements of guard on each side of a buffer (256 bytes of f32: wider than
 /// one warp's worth of a row-off-by-one write).
 pub const GUARD: usize = 64;
 
-/// A signalling-NaN payload: no kernel computes it (arithmetic yields the
-/// canonical quiet NaN 0x7fffffff), so finding it means "not written".
-pub const SENTINEL_BITS: u32 = 0x7fba_d5ed;
+/// The f32 sentinel: a signalling-NaN payload no kernel computes (arithmetic
+/// yields the canonical quiet NaN 0x7fffffff), so finding it means "not
+/// written". Each storage type has its own (`Storage::SENTINEL_BITS`).
+pub const SENTINEL_BITS: u32 = <f32 as Storage>::SENTINEL_BITS;
 
 /// Layout of one guarded buffer of `len` elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,24 +36,26 @@ impl Guarded {
     }
 
     /// Checks a whole buffer copied back from the device.
-    pub fn check(self, full: &[f32]) -> Result<(), GuardViolation> {
+    pub fn check<S: Storage>(self, full: &[S]) -> Result<(), GuardViolation> {
         assert_eq!(
             full.len(),
             self.total(),
             "guarded buffer copied back with the wrong length"
         );
-        let bad = |i: usize| full[i].to_bits() != SENTINEL_BITS;
+        let bad = |i: usize| full[i].bits() != S::SENTINEL_BITS;
         if let Some(i) = (0..GUARD).rev().find(|&i| bad(i)) {
             return Err(GuardViolation::Before {
                 offset: GUARD - i,
-                bits: full[i].to_bits(),
+                bits: full[i].bits(),
+                value: full[i].to_f32(),
             });
         }
         let end = GUARD + self.len;
         if let Some(i) = (end..self.total()).find(|&i| bad(i)) {
             return Err(GuardViolation::After {
                 offset: i - end,
-                bits: full[i].to_bits(),
+                bits: full[i].bits(),
+                value: full[i].to_f32(),
             });
         }
         if let Some(i) = self.interior().find(|&i| !bad(i)) {
@@ -61,12 +66,12 @@ impl Guarded {
 }
 
 /// What a guard check found.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum GuardViolation {
     /// Written `offset` elements before the start (1 = the element just before).
-    Before { offset: usize, bits: u32 },
+    Before { offset: usize, bits: u32, value: f32 },
     /// Written `offset` elements past the end (0 = the element just after).
-    After { offset: usize, bits: u32 },
+    After { offset: usize, bits: u32, value: f32 },
     /// Element `index` of the output still holds the sentinel.
     Unwritten { index: usize },
 }
@@ -74,16 +79,14 @@ pub enum GuardViolation {
 impl std::fmt::Display for GuardViolation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GuardViolation::Before { offset, bits } => write!(
+            GuardViolation::Before { offset, bits, value } => write!(
                 f,
-                "out-of-bounds write {offset} element(s) before the start of the output (guard now holds {:e}, bits {bits:#010x})",
-                f32::from_bits(*bits)
+                "out-of-bounds write {offset} element(s) before the start of the output (guard now holds {value:e}, bits {bits:#x})"
             ),
-            GuardViolation::After { offset, bits } => write!(
+            GuardViolation::After { offset, bits, value } => write!(
                 f,
-                "out-of-bounds write {} element(s) past the end of the output (guard now holds {:e}, bits {bits:#010x})",
-                offset + 1,
-                f32::from_bits(*bits)
+                "out-of-bounds write {} element(s) past the end of the output (guard now holds {value:e}, bits {bits:#x})",
+                offset + 1
             ),
             GuardViolation::Unwritten { index } => {
                 write!(f, "element {index} of the output was never written (still the guard sentinel)")
@@ -129,7 +132,8 @@ mod tests {
             g.check(&v),
             Err(GuardViolation::After {
                 offset: 0,
-                bits: 1.0f32.to_bits()
+                bits: 1.0f32.to_bits(),
+                value: 1.0
             })
         );
         assert!(g
@@ -143,7 +147,8 @@ mod tests {
             g.check(&v),
             Err(GuardViolation::Before {
                 offset: 1,
-                bits: 2.0f32.to_bits()
+                bits: 2.0f32.to_bits(),
+                value: 2.0
             })
         );
         let mut v = filled(5);
@@ -161,5 +166,30 @@ mod tests {
         let mut v = filled(5);
         v[GUARD + 3] = f32::NAN;
         assert_eq!(g.check(&v), Ok(()));
+    }
+
+    #[test]
+    fn sixteen_bit_buffers_are_checked_with_their_own_sentinel() {
+        let g = Guarded { len: 3 };
+        let sentinel = half::bf16::from_bits(<half::bf16 as Storage>::SENTINEL_BITS as u16);
+        let mut v = vec![sentinel; g.total()];
+        for i in g.interior() {
+            v[i] = half::bf16::from_f32(0.5);
+        }
+        assert_eq!(g.check(&v), Ok(()));
+        v[GUARD + 3] = half::bf16::from_f32(-3.0);
+        let e = g.check(&v).unwrap_err();
+        assert_eq!(
+            e,
+            GuardViolation::After {
+                offset: 0,
+                bits: 0xc040,
+                value: -3.0
+            }
+        );
+        assert!(e.to_string().contains("holds -3e0, bits 0xc040"), "{e}");
+        v[GUARD + 3] = sentinel;
+        v[GUARD + 1] = sentinel;
+        assert_eq!(g.check(&v), Err(GuardViolation::Unwritten { index: 1 }));
     }
 }

@@ -9,12 +9,14 @@
 //! - `guard`: guard regions around device outputs (host-side checking).
 //! - `launch`: launch configurations and cuBLAS argument mapping.
 //! - `reference`: host mirrors of device-side decisions, for tests.
+//! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
 
 pub mod compile;
 mod device;
 pub mod guard;
 pub mod launch;
 pub mod reference;
+pub mod storage;
 
 use std::sync::{Arc, OnceLock};
 
@@ -22,7 +24,7 @@ use cudarc::driver::CudaContext;
 
 use super::Availability;
 
-pub use device::CudaEngine;
+pub use device::{load, CudaEngine};
 
 /// The reason given when libcuda cannot be loaded.
 pub const NO_DRIVER: &str = "libcuda.so.1 not found (no NVIDIA driver): the CUDA engine needs the NVIDIA \
