@@ -50,6 +50,15 @@ pub(crate) fn context() -> Result<Arc<CudaContext>, String> {
     .clone()
 }
 
+/// Device memory in use on device 0 (total − free, all processes), for the
+/// memory-growth check of `tests/cuda_device.rs`.
+pub fn device_memory_used() -> Result<usize, String> {
+    let ctx = context()?;
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let (free, total) = ctx.mem_get_info().map_err(|e| e.to_string())?;
+    Ok(total - free)
+}
+
 /// Whether the CUDA engine can run here: driver, device, NVRTC and cuBLAS.
 pub fn availability() -> Availability {
     if let Err(reason) = context() {
