@@ -6,6 +6,7 @@
 //!   tokens), greedy and seeded random, at every storage dtype;
 //! - sampling: seeded random sampling on the device draws the tokens the CPU
 //!   engine's host `Sampler` draws for the same seed.
+//!
 //! Run them on a GPU machine with `cargo test --release --test cuda_device`.
 
 use std::path::{Path, PathBuf};
@@ -122,13 +123,15 @@ fn sampling_matches_cpu(seed: u64) -> Result<(), Failed> {
     Ok(())
 }
 
+type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
+
 fn main() {
     let args = Arguments::from_args();
     let reason = match EngineKind::Cuda.availability() {
         Availability::Available => None,
         Availability::Unavailable(r) => Some(r),
     };
-    let mut trials: Vec<(String, Box<dyn FnOnce() -> Result<(), Failed> + Send>)> = Vec::new();
+    let mut trials: Vec<(String, Body)> = Vec::new();
     trials.push(("cuda::memory::100_generate_calls".into(), Box::new(memory_growth)));
     for storage in [DType::F32, DType::F16, DType::BF16] {
         trials.push((
