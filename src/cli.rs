@@ -13,6 +13,7 @@ use crate::plan::Plan;
 use crate::report::{self, Report};
 use crate::runner::{run_plan, Filter};
 use crate::spec::Spec;
+use crate::tensor::DType;
 
 /// The spec run when none is given.
 pub const DEFAULT_SPEC: &str = "specs/qwen2-tiny.yaml";
@@ -48,6 +49,11 @@ pub enum Command {
         /// at blk.0.q). Hidden: never needed for a real run.
         #[arg(long, hide = true)]
         keep_gguf_qk_permutation: bool,
+        /// Storage dtype the engine runs in (f32, f16 or bf16): weights and stage
+        /// outputs rounded to it, arithmetic in f32. Overrides the spec's `storage:`
+        /// (default f32); golden tolerances then come from that dtype's entry.
+        #[arg(long, value_name = "DTYPE", value_parser = parse_storage)]
+        storage: Option<DType>,
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -206,6 +212,11 @@ impl EngineArg {
     }
 }
 
+/// `--storage`: the dtype names specs use.
+fn parse_storage(s: &str) -> std::result::Result<DType, String> {
+    DType::parse(s).ok_or_else(|| format!("unknown dtype `{s}` (known: f32, f16, bf16)"))
+}
+
 /// What a command achieved, for the exit code.
 pub enum Outcome {
     Passed,
@@ -238,6 +249,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             engine,
             model,
             keep_gguf_qk_permutation,
+            storage,
             json,
             only,
             require_gpu,
@@ -261,6 +273,9 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                 .map(|p| {
                     let mut plan = Plan::build(Spec::load(p)?, model.as_deref())?;
                     plan.load_options.keep_gguf_qk_permutation = keep_gguf_qk_permutation;
+                    if let Some(s) = storage {
+                        plan.load_options.storage = s;
+                    }
                     Ok(plan)
                 })
                 .collect::<Result<Vec<_>>>()?;

@@ -194,11 +194,16 @@ impl Plan {
                 kind: CheckKind::Run(rc),
             });
         }
+        // The spec's storage dtype; `touchstone run --storage` overrides it.
+        let load_options = LoadOptions {
+            storage: spec.storage,
+            ..LoadOptions::default()
+        };
         Ok(Plan {
             spec,
             model,
             config,
-            load_options: LoadOptions::default(),
+            load_options,
             goldens,
             prompt,
             decode_steps,

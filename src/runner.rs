@@ -39,8 +39,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         .iter()
         .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", kind.name(), c.id)))
         .collect();
-    let keep_perm = plan.load_options.keep_gguf_qk_permutation;
-    let rerun = |id: &str| rerun_command(&spec_path, kind, id, model_override, keep_perm);
+    let rerun = |id: &str| rerun_command(plan, kind, id, model_override);
     let at = |c: &CheckInstance| match c.target {
         Target::Stage { step, stage } => Some((step, stage)),
         Target::Run => None,
@@ -60,13 +59,10 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
                 )
             })
             .collect();
-        return Ok(SuiteRun::new(
-            spec_name,
-            &spec_path,
-            kind.name(),
-            outcomes,
-            Some(reason),
-        ));
+        return Ok(
+            SuiteRun::new(spec_name, &spec_path, kind.name(), outcomes, Some(reason))
+                .with_storage(plan.load_options.storage),
+        );
     }
     let engine = kind.load(&plan.model, &plan.load_options)?;
 
@@ -131,7 +127,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
             rerun(&c.id),
         ));
     }
-    Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None))
+    Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None).with_storage(plan.load_options.storage))
 }
 
 /// The error budget of a stage is how far the references are from each other
@@ -152,11 +148,24 @@ fn attach_budget(outcomes: &mut [Outcome]) {
     }
 }
 
-fn rerun_command(spec_path: &str, kind: EngineKind, id: &str, model: Option<&Path>, keep_perm: bool) -> String {
+/// The command that reruns one check as this run ran it: the same spec, engine,
+/// model, and storage when `--storage` overrode the spec's.
+fn rerun_command(plan: &Plan, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
     let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
-    let keep = if keep_perm { " --keep-gguf-qk-permutation" } else { "" };
+    let opts = &plan.load_options;
+    let keep = if opts.keep_gguf_qk_permutation {
+        " --keep-gguf-qk-permutation"
+    } else {
+        ""
+    };
+    let storage = if opts.storage != plan.spec.storage {
+        format!(" --storage {}", opts.storage)
+    } else {
+        String::new()
+    };
     format!(
-        "touchstone run {spec_path} --engine {}{model}{keep} --only '{id}'",
+        "touchstone run {} --engine {}{model}{keep}{storage} --only '{id}'",
+        plan.spec.path.display(),
         kind.name()
     )
 }

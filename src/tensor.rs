@@ -29,6 +29,40 @@ impl DType {
             _ => None,
         }
     }
+    /// Rounds `x` to this dtype (round to nearest, ties to even, as the GPU's
+    /// conversions do) and widens it back to f32. The identity for f32.
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            DType::F32 => x,
+            DType::F16 => half::f16::from_f32(x).to_f32(),
+            DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// `round` on every value in place; for f32 it touches nothing.
+    pub fn round_slice(self, xs: &mut [f32]) {
+        if self != DType::F32 {
+            xs.iter_mut().for_each(|x| *x = self.round(*x));
+        }
+    }
+
+    /// Whether `x` is exactly representable in this dtype (rounding leaves its
+    /// bits unchanged; NaN never is, so callers screen it first).
+    pub fn represents(self, x: f32) -> bool {
+        self.round(x).to_bits() == x.to_bits()
+    }
+
+    /// The unit roundoff u = 2^-p of round-to-nearest with p significand bits
+    /// (implicit bit included): a rounded value is within u·|x| of x (normal range).
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            DType::F32 => 2f64.powi(-24),
+            DType::F16 => 2f64.powi(-11),
+            DType::BF16 => 2f64.powi(-8),
+        }
+    }
+
     /// The less precise of two dtypes (by mantissa bits): a comparison is only as
     /// exact as its coarsest side.
     pub fn coarser(self, other: DType) -> DType {
@@ -119,5 +153,37 @@ impl Tensor {
             }
         }
         idx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_nearest_even_and_the_identity_for_f32() {
+        let x = 1.0f32 + 3.0 * 2f32.powi(-12); // not representable in f16/bf16
+        assert_eq!(DType::F32.round(x).to_bits(), x.to_bits());
+        // bf16 keeps 8 significand bits: 1 + 2^-8 is a tie, and goes to even (1).
+        assert_eq!(DType::BF16.round(1.0 + 2f32.powi(-8)), 1.0);
+        assert_eq!(DType::BF16.round(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
+        // f16 keeps 11: 1 + 2^-11 is a tie, 1 + 3·2^-11 rounds up to 1 + 2^-9.
+        assert_eq!(DType::F16.round(1.0 + 2f32.powi(-11)), 1.0);
+        assert_eq!(DType::F16.round(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2f32.powi(-9));
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            let r = d.round(x);
+            assert!(d.represents(r), "{d}: a rounded value is representable");
+            assert!(((r - x).abs() as f64) <= d.unit_roundoff() * x.abs() as f64, "{d}");
+        }
+        assert!(!DType::BF16.represents(x) && !DType::F16.represents(x));
+        let mut v = vec![x, -x, 0.0];
+        DType::F32.round_slice(&mut v);
+        assert_eq!(v, [x, -x, 0.0]);
+        DType::BF16.round_slice(&mut v);
+        assert_eq!(v, [1.0, -1.0, 0.0]);
+        assert_eq!(
+            [DType::F32, DType::F16, DType::BF16].map(DType::unit_roundoff),
+            [2f64.powi(-24), 2f64.powi(-11), 2f64.powi(-8)]
+        );
     }
 }

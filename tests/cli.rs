@@ -166,3 +166,79 @@ fn llama_gguf_with_its_qk_permutation_kept_diverges_at_blk0_q() {
         "{fd}"
     );
 }
+
+#[test]
+fn storage_flag_overrides_the_spec_and_is_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let jp = j.display().to_string();
+    let check = |r: &serde_json::Value| r["checks"][0].clone();
+
+    // The f32 default spec run with bf16 storage: the captures are bf16, so the
+    // golden check takes the bf16 tolerance (the built-in default, as this spec
+    // has no bf16 entry), and bf16's error is far outside it.
+    let o = touchstone(&[
+        "run",
+        "--storage",
+        "bf16",
+        "--only",
+        "prefill/logits::golden:hf",
+        "--json",
+        &jp,
+    ]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(
+        o.stdout
+            .contains("== qwen2-tiny on engine cpu, storage bf16 (specs/qwen2-tiny.yaml) =="),
+        "{}",
+        o.stdout
+    );
+    let r = json(&j);
+    assert_eq!(r["runs"][0]["storage"], "bf16");
+    let c = check(&r);
+    assert_eq!(
+        (c["metrics"]["atol"].as_f64(), c["metrics"]["rtol"].as_f64()),
+        (Some(1e-5), Some(1.6e-2))
+    );
+    assert!(c["metrics"]["max_abs"].as_f64().unwrap() > 1e-2, "{c}");
+    // The rerun command reproduces the override.
+    assert!(c["rerun"].as_str().unwrap().contains(" --storage bf16 "), "{c}");
+
+    // The bf16 spec passes at its own storage, with its own bf16 tolerance...
+    let spec = "specs/qwen2-tiny-bf16.yaml";
+    let o = touchstone(&["run", spec, "--only", "prefill/blk.0.q::golden:hf", "--json", &jp]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let r = json(&j);
+    assert_eq!(r["runs"][0]["storage"], "bf16");
+    let c = check(&r);
+    assert_eq!(c["metrics"]["atol"].as_f64(), Some(0.2), "{c}");
+    assert!(!c["rerun"].as_str().unwrap().contains("--storage"), "{c}");
+    // ...and `--storage f32` overrides it: f32 captures, the spec's f32 entry.
+    let o = touchstone(&[
+        "run",
+        spec,
+        "--storage",
+        "f32",
+        "--only",
+        "prefill/blk.0.q::golden:hf",
+        "--json",
+        &jp,
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("storage f32"), "{}", o.stdout);
+    let r = json(&j);
+    assert_eq!(r["runs"][0]["storage"], "f32");
+    let c = check(&r);
+    assert_eq!(c["metrics"]["atol"].as_f64(), Some(1e-5), "{c}");
+    assert!(c["metrics"]["max_abs"].as_f64().unwrap() < 1e-5, "{c}");
+    assert!(c["rerun"].as_str().unwrap().contains(" --storage f32 "), "{c}");
+
+    // An unknown dtype is a usage error naming the known ones.
+    let o = touchstone(&["run", "--storage", "fp8"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("unknown dtype `fp8` (known: f32, f16, bf16)"),
+        "{}",
+        o.stderr
+    );
+}

@@ -286,7 +286,10 @@ pub fn render(report: &Report) -> String {
             })
             .collect();
         sections.push(Section {
-            title: format!("{} on engine {} ({})", run.spec, run.engine, run.spec_path),
+            title: format!(
+                "{} on engine {}, storage {} ({})",
+                run.spec, run.engine, run.storage, run.spec_path
+            ),
             summary_html: summary,
             plots,
             details,

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::{Counts, Divergence, Outcome, Report};
 use crate::error::{Error, Result};
+use crate::tensor::DType;
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
@@ -31,6 +32,7 @@ struct JsonRun<'a> {
     spec: &'a str,
     spec_path: &'a str,
     engine: &'a str,
+    storage: DType,
     passed: bool,
     first_divergence: Option<&'a Divergence>,
     skipped: Option<&'a str>,
@@ -55,6 +57,7 @@ pub fn to_string(report: &Report) -> String {
                 spec: &r.spec,
                 spec_path: &r.spec_path,
                 engine: &r.engine,
+                storage: r.storage,
                 passed: r.passed,
                 first_divergence: r.first_divergence.as_ref(),
                 skipped: r.skipped.as_deref(),

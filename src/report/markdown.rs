@@ -38,7 +38,11 @@ pub fn render(report: &Report) -> String {
         c.passed, c.failed, c.skipped
     );
     for run in &report.runs {
-        let _ = write!(out, "\n### `{}` on `{}`", run.spec, run.engine);
+        let _ = write!(
+            out,
+            "\n### `{}` on `{}` (storage {})",
+            run.spec, run.engine, run.storage
+        );
         if let Some(reason) = &run.skipped {
             let _ = writeln!(out, ": skipped ({})", cell(reason));
             continue;

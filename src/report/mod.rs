@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::checks::{Status, Verdict};
 use crate::stage::{Stage, Step};
+use crate::tensor::DType;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
@@ -87,6 +88,8 @@ pub struct SuiteRun {
     pub spec: String,
     pub spec_path: String,
     pub engine: String,
+    /// The storage dtype the engine ran in (weights and stage outputs).
+    pub storage: DType,
     pub passed: bool,
     pub first_divergence: Option<Divergence>,
     /// Set when the whole run was skipped (engine unavailable).
@@ -132,11 +135,18 @@ impl SuiteRun {
             spec: spec.to_string(),
             spec_path: spec_path.to_string(),
             engine: engine.to_string(),
+            storage: DType::F32,
             passed,
             first_divergence,
             skipped,
             outcomes,
         }
+    }
+
+    /// Records the storage dtype the run used (`SuiteRun::new` assumes f32).
+    pub fn with_storage(mut self, storage: DType) -> SuiteRun {
+        self.storage = storage;
+        self
     }
 }
 

@@ -35,7 +35,11 @@ pub fn render(report: &Report) -> String {
 }
 
 fn render_run(out: &mut String, run: &SuiteRun) {
-    let _ = writeln!(out, "== {} on engine {} ({}) ==", run.spec, run.engine, run.spec_path);
+    let _ = writeln!(
+        out,
+        "== {} on engine {}, storage {} ({}) ==",
+        run.spec, run.engine, run.storage, run.spec_path
+    );
     if let Some(reason) = &run.skipped {
         let _ = writeln!(out, "skipped: {reason}\n");
         return;

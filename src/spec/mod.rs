@@ -32,6 +32,9 @@ pub struct Spec {
     pub prompt: PromptSpec,
     pub sampling: SamplingSpec,
     pub seed: u64,
+    /// The storage dtype engines run in (`storage:`, default f32): weights and
+    /// stage outputs rounded to it, all arithmetic in f32. `--storage` overrides it.
+    pub storage: DType,
     /// Per-dtype default golden tolerances overriding the built-in ones.
     pub tolerance: BTreeMap<DType, TolSpec>,
     /// Stage rules in file order; for the same check on the same stage a later
@@ -146,6 +149,9 @@ struct RawSpec {
     sampling: SamplingSpec,
     #[serde(default)]
     seed: u64,
+    /// Text here, checked in `Spec::parse`: serde_yaml locates a custom error
+    /// in a top-level scalar at 1:1, so a bad dtype is located by searching.
+    storage: Option<String>,
     #[serde(default)]
     tolerance: BTreeMap<DTypeKey, TolSpec>,
     stages: StageRules,
@@ -240,6 +246,24 @@ impl Spec {
             prompt: raw.prompt,
             sampling: raw.sampling,
             seed: raw.seed,
+            storage: match &raw.storage {
+                None => DType::F32,
+                Some(s) => DType::parse(s).ok_or_else(|| {
+                    let msg = format!("storage: unknown dtype `{s}` (known: f32, f16, bf16)");
+                    match locate_value(text, "storage:", s) {
+                        Some((line, col)) => Error::SpecSyntax {
+                            path: path.to_path_buf(),
+                            line,
+                            col,
+                            msg,
+                        },
+                        None => Error::SpecInvalid {
+                            path: path.to_path_buf(),
+                            msg,
+                        },
+                    }
+                })?,
+            },
             tolerance: raw.tolerance.into_iter().map(|(k, v)| (k.0, v)).collect(),
             stages,
             run_checks: raw.run_checks,
@@ -349,6 +373,13 @@ fn locate(text: &str, needle: &str) -> Option<(usize, usize)> {
         let code = line.split('#').next().unwrap_or("");
         code.find(needle).map(|c| (i + 1, c + 1))
     })
+}
+
+/// 1-based line and column of `value` after the first `key` outside comments.
+fn locate_value(text: &str, key: &str, value: &str) -> Option<(usize, usize)> {
+    let (line, col) = locate(text, key)?;
+    let rest = &text.lines().nth(line - 1)?[col - 1 + key.len()..];
+    rest.find(value).map(|c| (line, col + key.len() + c))
 }
 
 /// serde_yaml's message ends in " at line L column C"; we move that to the

@@ -100,3 +100,22 @@ fn determinism_requires_three_runs_and_temperature() {
     let (_, _, msg) = syntax_err(&GOOD.replace("- determinism", "- {determinism: {sampling: greedy}}"));
     assert!(msg.contains("temperature > 0"), "{msg}");
 }
+
+#[test]
+fn storage_defaults_to_f32_and_parses_each_dtype() {
+    assert_eq!(parse(GOOD).unwrap().storage, DType::F32);
+    for (text, want) in [("f32", DType::F32), ("f16", DType::F16), ("bf16", DType::BF16)] {
+        let s = parse(&GOOD.replace("seed: 7", &format!("seed: 7\nstorage: {text}"))).unwrap();
+        assert_eq!(s.storage, want, "{text}");
+    }
+}
+
+#[test]
+fn unknown_storage_is_located_with_the_known_dtypes() {
+    let (line, col, msg) = syntax_err(&GOOD.replace("seed: 7", "seed: 7\nstorage: fp8"));
+    assert_eq!((line, col), (7, 10), "{msg}");
+    assert!(msg.contains("unknown dtype `fp8` (known: f32, f16, bf16)"), "{msg}");
+    // Not a scalar: still located.
+    let (line, _, msg) = syntax_err(&GOOD.replace("seed: 7", "seed: 7\nstorage: [bf16]"));
+    assert_eq!(line, 7, "{msg}");
+}

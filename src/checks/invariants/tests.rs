@@ -349,3 +349,69 @@ fn rope_skips_zero_vectors_and_rejects_bad_arguments() {
         v.message
     );
 }
+
+/// `x` rounded to `dtype` and tagged with it, as an engine with that storage captures it.
+fn stored(x: &Tensor, dtype: crate::tensor::DType) -> Tensor {
+    let mut y = x.clone().with_dtype(dtype);
+    dtype.round_slice(y.data_mut());
+    y
+}
+
+#[test]
+fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
+    use crate::tensor::DType;
+    let positions = [0, 1, 2, 3, 17];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let u = dtype.unit_roundoff();
+        // An engine with this storage: q stored, rotated in f32, output stored.
+        let x = stored(&qk(5), dtype);
+        let y = stored(&reference_rope(&x, &positions, RopeStyle::Neox), dtype);
+        let v = rope(&x, &y, &positions, RopeStyle::Neox, 1e-5);
+        assert!(v.passed(), "{dtype}: {}", v.message);
+        assert_eq!(v.metrics["unit_roundoff"], u);
+        assert!(v.message.contains(&format!("{dtype} rounding u = 2^")), "{}", v.message);
+        // Within one rounding, and for 16-bit storage beyond what tol alone allows.
+        assert!(
+            v.metrics["max_norm_err"] <= u + 1e-5,
+            "{dtype}: {}",
+            v.metrics["max_norm_err"]
+        );
+        if dtype != DType::F32 {
+            assert!(v.metrics["max_norm_err"] > 1e-5, "{dtype}: rounding should show");
+            // The same values claimed to be f32 get no rounding allowance and fail.
+            let v = rope(&x, &y.clone().with_dtype(DType::F32), &positions, RopeStyle::Neox, 1e-5);
+            assert!(v.failed(), "{dtype} values as f32: {}", v.message);
+            assert!(v.metrics["norm_violations"] > 0.0);
+        }
+        if dtype == DType::F32 {
+            continue; // at f32, 4u is far below tol: the cases below need 16-bit storage
+        }
+        // Not a loosening: a scale of 4u (more than one rounding) fails at the dtype...
+        let mut scaled = y.clone();
+        scaled.data_mut()[16..]
+            .iter_mut()
+            .for_each(|v| *v *= 1.0 + 4.0 * u as f32); // positions > 0
+        let v = rope(&x, &scaled, &positions, RopeStyle::Neox, 1e-5);
+        assert!(v.failed(), "{dtype}: {}", v.message);
+        assert!(
+            v.message.contains("(3) pair norm not preserved") && v.message.contains(&format!("{dtype} storage")),
+            "{}",
+            v.message
+        );
+        // ...and so does moving a position-0 value by 4u of itself.
+        let mut moved = y.clone();
+        let i = moved.data().iter().position(|v| v.abs() > 0.5).unwrap(); // in row 0 (position 0)
+        assert!(i < 16);
+        moved.data_mut()[i] *= 1.0 + 4.0 * u as f32;
+        let v = rope(&x, &moved, &positions, RopeStyle::Neox, 1e-5);
+        assert!(v.failed(), "{dtype}: {}", v.message);
+        assert_eq!(v.metrics["identity_violations"], 1.0, "{}", v.message);
+        assert!(
+            v.message.contains("(1) not the identity at position 0")
+                && v.message
+                    .contains(&format!("tol + u·|x| with u = 2^{}", u.log2() as i32)),
+            "{}",
+            v.message
+        );
+    }
+}

@@ -3,10 +3,18 @@
 //! sits exactly where DESIGN.md's stage table says it is. Tapping goes through
 //! `Tap`, which asks the `TapSet` before copying anything: an untapped run pays
 //! for no copies, and the final norm and LM head run on the last row only.
+//!
+//! Storage: with f16/bf16 storage (`Tap::dtype`) every stage output is rounded
+//! to that type where the CUDA engine stores it, and all arithmetic stays f32:
+//! norms, projections (GEMM output rounded, then again after the bias add),
+//! RoPE, attention context, SiLU·up and both residual adds are rounded; the
+//! attention probabilities are not (the attention kernel keeps them in f32).
+//! The KV cache therefore holds the rounded k_rope and v, and sampling reads
+//! the rounded logits. With f32 storage every rounding is the identity.
 
 use crate::engine::{Captures, TapSet};
 use crate::stage::{BlockStage as B, Stage, Step};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
@@ -19,6 +27,8 @@ pub struct Tap<'a> {
     pub taps: &'a TapSet,
     pub step: Step,
     pub caps: &'a mut Captures,
+    /// The run's storage dtype: every capture is tagged with it (see `tag`).
+    pub dtype: DType,
 }
 
 impl Tap<'_> {
@@ -28,15 +38,24 @@ impl Tap<'_> {
     /// Captures a copy of `data` if `s` is tapped.
     fn copy(&mut self, s: Stage, shape: &[usize], data: &[f32]) {
         if self.wants(s) {
-            self.caps
-                .insert(self.step, s, Tensor::new(shape.to_vec(), data.to_vec()));
+            self.keep(s, shape, data.to_vec());
         }
     }
     /// Captures `data` itself (no copy) if `s` is tapped.
     fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
         if self.wants(s) {
-            self.caps.insert(self.step, s, Tensor::new(shape.to_vec(), data));
+            let t = self.tag(Tensor::new(shape.to_vec(), data));
+            self.caps.insert(self.step, s, t);
         }
+    }
+    /// Every capture of a run carries the run's storage dtype, attn_probs
+    /// included although its values are f32: a capture's dtype is the
+    /// precision of the run that produced it (its inputs were rounded to
+    /// storage), and the runner's golden tolerance lookup (`runner::tolerance`,
+    /// by the coarser dtype of the two sides, then the spec's `tolerance:`
+    /// table) picks the storage dtype's tolerance from it.
+    fn tag(&self, t: Tensor) -> Tensor {
+        t.with_dtype(self.dtype)
     }
 }
 
@@ -61,7 +80,14 @@ pub fn forward(
     };
     debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
     let positions: Vec<usize> = (pos0..pos0 + t).collect();
+    // The storage dtype and its rounding (the identity for f32).
+    let sd = tap.dtype;
+    let stored = |mut y: Vec<f32>| {
+        sd.round_slice(&mut y);
+        y
+    };
 
+    // The gather of rounded embedding rows is already in storage.
     let mut x = Vec::with_capacity(t * e);
     for &tok in tokens {
         x.extend_from_slice(&w.embed[tok as usize * e..][..e]);
@@ -70,17 +96,19 @@ pub fn forward(
 
     for (l, b) in w.blocks.iter().enumerate() {
         let st = |s: B| Stage::Block(l, s);
-        let hn = rmsnorm(&x, e, &b.attn_norm, cfg.rms_eps);
+        let hn = stored(rmsnorm(&x, e, &b.attn_norm, cfg.rms_eps));
         tap.copy(st(B::AttnNorm), &[t, e], &hn);
 
-        let mut q = b.q.forward(&hn, t);
-        let mut k = b.k.forward(&hn, t);
-        let vv = b.v.forward(&hn, t);
+        let mut q = b.q.forward(&hn, t, sd);
+        let mut k = b.k.forward(&hn, t, sd);
+        let vv = b.v.forward(&hn, t, sd);
         tap.copy(st(B::Q), &[t, h, d], &q);
         tap.copy(st(B::K), &[t, kv, d], &k);
         tap.copy(st(B::V), &[t, kv, d], &vv);
         rope.apply(&mut q, h, &positions);
         rope.apply(&mut k, kv, &positions);
+        sd.round_slice(&mut q);
+        sd.round_slice(&mut k);
         tap.copy(st(B::QRope), &[t, h, d], &q);
         tap.copy(st(B::KRope), &[t, kv, d], &k);
 
@@ -88,24 +116,26 @@ pub fn forward(
         lc.append(&k, &vv);
         let s = lc.len();
         let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape);
+        // Probabilities stay f32 (not rounded); the context is stored.
         tap.keep(st(B::AttnProbs), &[h, t, s], att.probs);
-        tap.copy(st(B::AttnCtx), &[t, h * d], &att.ctx);
-        let attn_out = b.o.forward(&att.ctx, t);
+        let ctx = stored(att.ctx);
+        tap.copy(st(B::AttnCtx), &[t, h * d], &ctx);
+        let attn_out = b.o.forward(&ctx, t, sd);
         tap.copy(st(B::AttnOut), &[t, e], &attn_out);
 
-        let ffn_inp = add(&x, &attn_out);
+        let ffn_inp = stored(add(&x, &attn_out));
         tap.copy(st(B::FfnInp), &[t, e], &ffn_inp);
-        let hn = rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps);
+        let hn = stored(rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps));
         tap.copy(st(B::FfnNorm), &[t, e], &hn);
-        let gate = b.gate.forward(&hn, t);
+        let gate = b.gate.forward(&hn, t, sd);
         tap.copy(st(B::FfnGate), &[t, f], &gate);
-        let up = b.up.forward(&hn, t);
+        let up = b.up.forward(&hn, t, sd);
         tap.copy(st(B::FfnUp), &[t, f], &up);
-        let act = silu_mul(&gate, &up);
+        let act = stored(silu_mul(&gate, &up));
         tap.copy(st(B::FfnAct), &[t, f], &act);
-        let ffn_out = b.down.forward(&act, t);
+        let ffn_out = b.down.forward(&act, t, sd);
         tap.copy(st(B::FfnOut), &[t, e], &ffn_out);
-        x = add(&ffn_inp, &ffn_out);
+        x = stored(add(&ffn_inp, &ffn_out));
         tap.copy(st(B::Out), &[t, e], &x);
     }
 
@@ -113,14 +143,15 @@ pub fn forward(
     // project the last row alone (the vocab projection dominates small models).
     let all_rows = tap.wants(Stage::OutputNorm) || tap.wants(Stage::Logits);
     let first = if all_rows { 0 } else { t - 1 };
-    let xn = rmsnorm(&x[first * e..], e, &w.norm, cfg.rms_eps);
+    let xn = stored(rmsnorm(&x[first * e..], e, &w.norm, cfg.rms_eps));
     tap.copy(Stage::OutputNorm, &[t, e], &xn);
     let head_rows = if tap.wants(Stage::Logits) { t } else { 1 };
     let head_in = &xn[xn.len() - head_rows * e..];
     let logits = match &w.lm_head {
-        Some(lin) => lin.forward(head_in, head_rows),
-        None => matmul_wt(head_in, head_rows, e, &w.embed, v),
+        Some(lin) => lin.forward(head_in, head_rows, sd),
+        None => stored(matmul_wt(head_in, head_rows, e, &w.embed, v)),
     };
+    // Sampling reads the stored (rounded) logits.
     let last = logits[(head_rows - 1) * v..].to_vec();
     tap.keep(Stage::Logits, &[t, v], logits);
     last

@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, Weights};
+use crate::tensor::DType;
 
 use super::ops::matmul_wt;
 
@@ -26,18 +27,30 @@ impl Linear {
         Ok(Linear { w, bias, out_f, in_f })
     }
 
-    /// `x[rows, in] → [rows, out]`: the GEMM, then the bias added (as torch's
-    /// addmm result is `bias + x·wᵀ`).
-    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+    /// `x[rows, in] → [rows, out]` with outputs held in `storage`: the GEMM in
+    /// f32, then the bias added (as torch's addmm result is `bias + x·wᵀ`).
+    /// With f16/bf16 storage the GEMM result is rounded to storage, and with a
+    /// bias `round(round(x·wᵀ) + bias)`, as the CUDA engine stores the GEMM
+    /// output and adds the bias in a second kernel. With f32 storage nothing is
+    /// rounded.
+    pub fn forward(&self, x: &[f32], rows: usize, storage: DType) -> Vec<f32> {
         let mut y = matmul_wt(x, rows, self.in_f, &self.w, self.out_f);
+        storage.round_slice(&mut y);
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out_f) {
                 for (v, &bb) in row.iter_mut().zip(b) {
-                    *v += bb;
+                    *v = storage.round(*v + bb);
                 }
             }
         }
         y
+    }
+
+    fn round_to(&mut self, storage: DType) {
+        storage.round_slice(&mut self.w);
+        if let Some(b) = &mut self.bias {
+            storage.round_slice(b);
+        }
     }
 }
 
@@ -122,6 +135,35 @@ impl ModelWeights {
             norm,
             lm_head,
         })
+    }
+
+    /// Rounds every weight to the storage dtype (the identity for f32): an
+    /// engine with f16/bf16 storage holds its weights in that type, and the CPU
+    /// engine emulates it by holding the rounded values widened to f32.
+    pub fn round_to(&mut self, storage: DType) {
+        if storage == DType::F32 {
+            return;
+        }
+        storage.round_slice(&mut self.embed);
+        for b in &mut self.blocks {
+            storage.round_slice(&mut b.attn_norm);
+            storage.round_slice(&mut b.ffn_norm);
+            for lin in [
+                &mut b.q,
+                &mut b.k,
+                &mut b.v,
+                &mut b.o,
+                &mut b.gate,
+                &mut b.up,
+                &mut b.down,
+            ] {
+                lin.round_to(storage);
+            }
+        }
+        storage.round_slice(&mut self.norm);
+        if let Some(h) = &mut self.lm_head {
+            h.round_to(storage);
+        }
     }
 }
 

@@ -1,6 +1,10 @@
 //! The CPU reference engine: a plain f32 Llama/Qwen2 decoder whose arithmetic
 //! mirrors HF transformers closely enough (~1e-7) to serve as the reference
 //! other engines are compared with, and as a second opinion on HF goldens.
+//! With f16/bf16 storage (`LoadOptions::storage`) it emulates an engine that
+//! stores weights and stage outputs in that type and computes in f32: the
+//! arithmetic stays f32 and values are rounded to storage exactly where the
+//! CUDA engine stores them (see `forward`).
 //! This file holds the engine type and the run loop (prefill, decode steps,
 //! sampling, teacher forcing); the maths lives in the sibling modules.
 
@@ -20,6 +24,7 @@ use crate::error::Result;
 use crate::model::{self, LoadOptions, ModelConfig, Weights};
 use crate::sampling::Sampler;
 use crate::stage::Step;
+use crate::tensor::DType;
 
 use super::{Captures, Engine, RunOutput, RunRequest, TapSet};
 use forward::{forward, Tap};
@@ -31,6 +36,8 @@ pub struct CpuEngine {
     cfg: ModelConfig,
     weights: ModelWeights,
     rope: Rope,
+    /// Weights and stage outputs are rounded to this (f32: nothing is rounded).
+    storage: DType,
 }
 
 impl CpuEngine {
@@ -43,15 +50,32 @@ impl CpuEngine {
     /// `load` with options (see `LoadOptions`).
     pub fn load_with(model: &Path, opts: &LoadOptions) -> Result<CpuEngine> {
         let (cfg, mut ws) = model::load(model, opts)?;
-        CpuEngine::from_weights(cfg, &mut ws)
+        CpuEngine::from_weights_stored(cfg, &mut ws, opts.storage)
     }
 
     /// Builds the engine from an already-read config and weights (every weight
     /// must be used; see `layers`).
     pub fn from_weights(cfg: ModelConfig, ws: &mut Weights) -> Result<CpuEngine> {
-        let weights = ModelWeights::load(&cfg, ws)?;
+        CpuEngine::from_weights_stored(cfg, ws, DType::F32)
+    }
+
+    /// `from_weights` with f16/bf16 storage emulated: every weight is rounded
+    /// to `storage` here, and every stage output in `forward`.
+    pub fn from_weights_stored(cfg: ModelConfig, ws: &mut Weights, storage: DType) -> Result<CpuEngine> {
+        let mut weights = ModelWeights::load(&cfg, ws)?;
+        weights.round_to(storage);
         let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
-        Ok(CpuEngine { cfg, weights, rope })
+        Ok(CpuEngine {
+            cfg,
+            weights,
+            rope,
+            storage,
+        })
+    }
+
+    /// The storage dtype this engine emulates.
+    pub fn storage(&self) -> DType {
+        self.storage
     }
 }
 
@@ -90,6 +114,7 @@ impl Engine for CpuEngine {
                 taps,
                 step,
                 caps: &mut captures,
+                dtype: self.storage,
             };
             let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
             sampled.push(sampler.sample(&logits));

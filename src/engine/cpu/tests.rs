@@ -8,8 +8,10 @@ use super::test_model::*;
 use super::CpuEngine;
 use crate::engine::{Engine, RunRequest, TapSet};
 use crate::error::Error;
+use crate::model::LoadOptions;
 use crate::sampling::Sampling;
 use crate::stage::{BlockStage, Stage, Step};
+use crate::tensor::DType;
 
 fn req(prompt: Vec<u32>, decode_steps: usize, forced: Option<Vec<u32>>) -> RunRequest {
     RunRequest {
@@ -234,4 +236,111 @@ fn bad_requests_are_typed_errors() {
     assert!(engine_err(req(vec![1, V as u32], 0, None)).contains(&V.to_string()));
     assert!(engine_err(req(vec![1], 3, Some(vec![2, 3]))).contains("2 token(s) for 3"));
     assert!(engine_err(req(vec![1], 2, Some(vec![2, 999]))).contains("999"));
+}
+
+/// The synthetic model loaded with `storage`.
+fn stored_model(storage: DType) -> (tempfile::TempDir, CpuEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), Opts::default(), |_| {});
+    let opts = LoadOptions {
+        storage,
+        ..LoadOptions::default()
+    };
+    let eng = CpuEngine::load_with(dir.path(), &opts).unwrap();
+    (dir, eng)
+}
+
+#[test]
+fn f32_storage_is_the_default_engine_bit_for_bit() {
+    let (_d, plain) = model(Opts::default());
+    let (_e, stored) = stored_model(DType::F32);
+    assert_eq!(stored.storage(), DType::F32);
+    let r = req(vec![3, 7, 1, 9], 2, None);
+    let (a, b) = (
+        plain.run(&r, &TapSet::all(L)).unwrap(),
+        stored.run(&r, &TapSet::all(L)).unwrap(),
+    );
+    assert_eq!(a.sampled, b.sampled);
+    for ((key, ta), (_, tb)) in a.captures.iter().zip(b.captures.iter()) {
+        assert_eq!(tb.dtype(), DType::F32, "{key:?}");
+        let bits = |t: &crate::tensor::Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(ta), bits(tb), "{key:?}");
+    }
+}
+
+#[test]
+fn half_storage_rounds_every_stage_but_the_probabilities() {
+    let r = req(vec![3, 7, 1, 9, 22], 3, None);
+    let (_d, f32_eng) = model(Opts::default());
+    let want = f32_eng.run(&r, &TapSet::all(L)).unwrap();
+    for storage in [DType::F16, DType::BF16] {
+        let (_d, eng) = stored_model(storage);
+        // Weights are held rounded.
+        let w = &eng.weights;
+        let held = [
+            &w.embed,
+            &w.norm,
+            &w.blocks[1].attn_norm,
+            &w.blocks[0].q.w,
+            w.blocks[0].q.bias.as_ref().unwrap(),
+            &w.blocks[1].down.w,
+            &w.lm_head.as_ref().unwrap().w,
+        ];
+        for v in held {
+            assert!(
+                v.iter().all(|&x| storage.represents(x)),
+                "{storage}: a weight is not rounded"
+            );
+        }
+        let out = eng.run(&r, &TapSet::all(L)).unwrap();
+        assert_eq!(out.captures.len(), 4 * Stage::all(L).len());
+        let mut unrounded_probs = 0;
+        for ((step, stage), t) in out.captures.iter() {
+            // Every capture carries the run's storage dtype, attn_probs too.
+            assert_eq!(t.dtype(), storage, "{step}/{stage}");
+            let exact = t.data().iter().filter(|&&x| storage.represents(x)).count();
+            if matches!(stage, Stage::Block(_, BlockStage::AttnProbs)) {
+                unrounded_probs += t.numel() - exact;
+            } else {
+                assert_eq!(exact, t.numel(), "{storage}: {step}/{stage} holds unrounded values");
+            }
+            // Close to the f32 run, but not equal: the rounding happened.
+            let f = want.captures.get(*step, *stage).unwrap();
+            let err = max_abs(t.data(), f.data());
+            assert!(err < 0.25, "{storage}: {step}/{stage} is {err} from f32");
+        }
+        // The probabilities are the attention kernel's f32 values: not rounded.
+        assert!(unrounded_probs > 0, "{storage}: attn_probs look rounded to storage");
+        let lg = |o: &crate::engine::RunOutput| o.captures.get(Step::Prefill, Stage::Logits).unwrap().data().to_vec();
+        assert!(max_abs(&lg(&out), &lg(&want)) > 0.0, "{storage}: no rounding happened");
+        // Sampling reads the stored logits.
+        for (i, step) in Step::sequence(3).into_iter().enumerate() {
+            let l = out.captures.get(step, Stage::Logits).unwrap();
+            assert_eq!(out.sampled[i], crate::sampling::argmax(&l.data()[l.numel() - V..]));
+        }
+        // The KV cache holds the rounded keys: decode equals a full prefill bit for bit.
+        let mut all = r.prompt.clone();
+        all.extend(&out.sampled[..3]);
+        let full = eng.run(&req(all, 0, None), &TapSet::all(L)).unwrap();
+        let fl = full.captures.get(Step::Prefill, Stage::Logits).unwrap();
+        let last = out.captures.get(Step::Decode(3), Stage::Logits).unwrap();
+        assert_eq!(last.data(), &fl.data()[(r.prompt.len() + 2) * V..]);
+    }
+}
+
+#[test]
+fn a_biased_projection_rounds_after_the_gemm_and_after_the_bias() {
+    use super::layers::Linear;
+    // x·w = 1 + 2^-9 rounds to 1 in bf16; 1 + 2^-8 is then a tie, to even: 1.
+    // Rounding once, after the bias, would give round(1 + 3·2^-9) = 1 + 2^-7.
+    let lin = Linear {
+        w: vec![1.0],
+        bias: Some(vec![2f32.powi(-8)]),
+        out_f: 1,
+        in_f: 1,
+    };
+    let x = [1.0 + 2f32.powi(-9)];
+    assert_eq!(lin.forward(&x, 1, DType::BF16), [1.0]);
+    assert_eq!(DType::BF16.round(x[0] + 2f32.powi(-8)), 1.0 + 2f32.powi(-7));
+    assert_eq!(lin.forward(&x, 1, DType::F32), [1.0 + 3.0 * 2f32.powi(-9)]);
 }
