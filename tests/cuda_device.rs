@@ -107,7 +107,11 @@ fn determinism(storage: DType, sampling: Sampling) -> Result<(), Failed> {
             }
         }
     }
-    println!("10 runs bitwise identical: {} captures, tokens {:?}", first.captures.len(), first.sampled);
+    println!(
+        "10 runs bitwise identical: {} captures, tokens {:?}",
+        first.captures.len(),
+        first.sampled
+    );
     Ok(())
 }
 
