@@ -77,6 +77,16 @@ pub struct RunRequest {
 }
 
 impl RunRequest {
+    /// The token decode step `n` (1-based) is fed: the forced one, or the one
+    /// sampled at the step before (`sampled` holds one token per step run so
+    /// far; sampled tokens are always < vocab, as they index the logits).
+    pub fn decode_input(&self, n: usize, sampled: &[u32]) -> u32 {
+        match &self.forced {
+            Some(f) => f[n - 1],
+            None => sampled[n - 1],
+        }
+    }
+
     /// What every engine checks before running: a non-empty prompt, enough
     /// forced tokens, and every token inside the vocabulary. Shared so that all
     /// engines reject the same requests with the same words.

@@ -102,12 +102,7 @@ impl Engine for CpuEngine {
         let mut tokens = req.prompt.clone();
         for step in Step::sequence(req.decode_steps) {
             if let Step::Decode(n) = step {
-                // Sampled tokens are always < vocab (they index the logits).
-                let fed = match &req.forced {
-                    Some(f) => f[n - 1],
-                    None => *sampled.last().expect("the prefill sampled a token"),
-                };
-                tokens = vec![fed];
+                tokens = vec![req.decode_input(n, &sampled)];
             }
             let pos0 = cache.len();
             let mut tap = Tap {

@@ -466,11 +466,7 @@ where
         let mut pos0 = 0;
         for step in Step::sequence(req.decode_steps) {
             if let Step::Decode(n) = step {
-                let fed = match &req.forced {
-                    Some(f) => f[n - 1],
-                    None => *sampled.last().expect("the prefill sampled a token"),
-                };
-                tokens = vec![fed];
+                tokens = vec![req.decode_input(n, &sampled)];
             }
             let mut tc = TapCtx {
                 taps,
