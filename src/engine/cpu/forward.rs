@@ -105,6 +105,13 @@ pub fn forward(
         tap.copy(st(B::Q), &[t, h, d], &q);
         tap.copy(st(B::K), &[t, kv, d], &k);
         tap.copy(st(B::V), &[t, kv, d], &vv);
+        // Qwen3: RMSNorm over each head's D values (rows of D), before RoPE.
+        if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+            q = stored(rmsnorm(&q, d, qn, cfg.rms_eps));
+            k = stored(rmsnorm(&k, d, kn, cfg.rms_eps));
+            tap.copy(st(B::QNorm), &[t, h, d], &q);
+            tap.copy(st(B::KNorm), &[t, kv, d], &k);
+        }
         rope.apply(&mut q, h, &positions);
         rope.apply(&mut k, kv, &positions);
         sd.round_slice(&mut q);

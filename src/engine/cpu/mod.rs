@@ -88,6 +88,11 @@ impl Engine for CpuEngine {
         &self.cfg
     }
 
+    fn visit_weights(&self, f: &mut dyn FnMut(&str, &[usize], &[f32])) -> Result<()> {
+        self.weights.visit(&self.cfg, f);
+        Ok(())
+    }
+
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
         req.validate("cpu", self.cfg.vocab)?;
 
