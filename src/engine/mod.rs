@@ -195,6 +195,9 @@ pub struct RunOutput {
     pub positions: Vec<Vec<usize>>,
 }
 
+/// The visitor of `Engine::visit_weights`: (HF name, shape, values).
+pub type WeightVisitor<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
+
 pub trait Engine: Send + Sync {
     fn name(&self) -> &'static str;
     fn config(&self) -> &ModelConfig;
@@ -206,7 +209,7 @@ pub trait Engine: Send + Sync {
     /// `weights` run check compares them with the model file. An engine that
     /// cannot show its weights keeps this default, and the check is skipped
     /// with the reason.
-    fn visit_weights(&self, f: &mut dyn FnMut(&str, &[usize], &[f32])) -> Result<()> {
+    fn visit_weights(&self, f: &mut WeightVisitor) -> Result<()> {
         let _ = f;
         Err(crate::Error::Usage(format!(
             "the {} engine does not expose the weights it holds",

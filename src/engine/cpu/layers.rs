@@ -144,9 +144,9 @@ impl ModelWeights {
 
     /// Every tensor held, by HF name (see `Engine::visit_weights`). A tied head
     /// is the embedding itself and is not visited twice.
-    pub fn visit(&self, cfg: &ModelConfig, f: &mut dyn FnMut(&str, &[usize], &[f32])) {
+    pub fn visit(&self, cfg: &ModelConfig, f: &mut crate::engine::WeightVisitor) {
         let (e, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
-        let lin = |f: &mut dyn FnMut(&str, &[usize], &[f32]), name: &str, l: &Linear| {
+        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear| {
             f(&format!("{name}.weight"), &[l.out_f, l.in_f], &l.w);
             if let Some(b) = &l.bias {
                 f(&format!("{name}.bias"), &[l.out_f], b);

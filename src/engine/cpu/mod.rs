@@ -88,7 +88,7 @@ impl Engine for CpuEngine {
         &self.cfg
     }
 
-    fn visit_weights(&self, f: &mut dyn FnMut(&str, &[usize], &[f32])) -> Result<()> {
+    fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
         self.weights.visit(&self.cfg, f);
         Ok(())
     }
