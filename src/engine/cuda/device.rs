@@ -432,6 +432,45 @@ where
         &self.cfg
     }
 
+    /// The device copies, read back one tensor at a time: a bad upload or a
+    /// wrong offset shows in the `weights` check named by tensor.
+    fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
+        let (e, v, d) = (self.cfg.hidden, self.cfg.vocab, self.cfg.head_dim);
+        let back = |buf: &CudaSlice<T>| -> Result<Vec<f32>> {
+            Ok(self.stream.clone_dtoh(buf).map_err(err)?.into_iter().map(T::to_f32).collect())
+        };
+        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &DevLinear<T>| -> Result<()> {
+            f(&format!("{name}.weight"), &[l.out_f, l.in_f], &back(&l.w)?);
+            if let Some(b) = &l.bias {
+                f(&format!("{name}.bias"), &[l.out_f], &back(b)?);
+            }
+            Ok(())
+        };
+        let w = &self.w;
+        f("model.embed_tokens.weight", &[v, e], &back(&w.embed)?);
+        for (i, b) in w.blocks.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            f(&format!("{p}.input_layernorm.weight"), &[e], &back(&b.attn_norm)?);
+            lin(f, &format!("{p}.self_attn.q_proj"), &b.q)?;
+            lin(f, &format!("{p}.self_attn.k_proj"), &b.k)?;
+            lin(f, &format!("{p}.self_attn.v_proj"), &b.v)?;
+            if let Some((qn, kn)) = &b.qk_norm {
+                f(&format!("{p}.self_attn.q_norm.weight"), &[d], &back(qn)?);
+                f(&format!("{p}.self_attn.k_norm.weight"), &[d], &back(kn)?);
+            }
+            lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
+            f(&format!("{p}.post_attention_layernorm.weight"), &[e], &back(&b.ffn_norm)?);
+            lin(f, &format!("{p}.mlp.gate_proj"), &b.gate)?;
+            lin(f, &format!("{p}.mlp.up_proj"), &b.up)?;
+            lin(f, &format!("{p}.mlp.down_proj"), &b.down)?;
+        }
+        f("model.norm.weight", &[e], &back(&w.norm)?);
+        if let Some(h) = &w.lm_head {
+            lin(f, "lm_head", h)?;
+        }
+        Ok(())
+    }
+
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
         req.validate("cuda", self.cfg.vocab)?;
         let _one_run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
