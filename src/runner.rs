@@ -65,6 +65,25 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         );
     }
     let engine = kind.load(&plan.model, &plan.load_options)?;
+    Ok(run_plan_on(plan, engine.as_ref(), filter, &rerun))
+}
+
+/// Runs the checks of `plan` that `filter` selects on an engine already
+/// loaded (any `Engine`: the built-in ones, or one a test or another crate
+/// made). `rerun` gives the command that reruns one check id.
+pub fn run_plan_on(
+    plan: &Plan,
+    engine: &dyn Engine,
+    filter: &Filter,
+    rerun: &(dyn Fn(&str) -> String + Sync),
+) -> SuiteRun {
+    let spec_name = plan.spec.name.as_str();
+    let spec_path = plan.spec.path.display().to_string();
+    let selected: Vec<&CheckInstance> = plan
+        .checks
+        .iter()
+        .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", engine.name(), c.id)))
+        .collect();
 
     let mut taps = TapSet::none();
     for c in &selected {
@@ -117,7 +136,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         let CheckKind::Run(rc) = &c.kind else {
             unreachable!("run targets carry run checks")
         };
-        let verdict = run_checks::evaluate(plan, engine.as_ref(), rc);
+        let verdict = run_checks::evaluate(plan, engine, rc);
         outcomes.push(Outcome::new(
             spec_name,
             engine.name(),
@@ -127,7 +146,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
             rerun(&c.id),
         ));
     }
-    Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None).with_storage(plan.load_options.storage))
+    SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None).with_storage(plan.load_options.storage)
 }
 
 /// The error budget of a stage is how far the references are from each other

@@ -43,7 +43,10 @@ pub fn rows(t: &Tensor, first: usize, rows: usize) -> Tensor {
 /// Splits every fused tensor of `ws` into its pieces (a no-op for
 /// architectures without fused projections). A fused tensor of the wrong
 /// height is an error naming it and both heights.
-pub fn split(cfg: &ModelConfig, ws: &mut Weights) -> Result<()> {
+///
+/// `k_first` plants a bug for tests (`LoaderBug::SplitKFirst`): a loader that
+/// believes the fused rows are k, q, v takes k from the top and q after it.
+pub fn split(cfg: &ModelConfig, ws: &mut Weights, k_first: bool) -> Result<()> {
     let fused: Vec<String> = ws
         .names()
         .filter(|n| pieces(cfg, n).is_some())
@@ -62,7 +65,12 @@ pub fn split(cfg: &ModelConfig, ws: &mut Weights) -> Result<()> {
             },
             other => other,
         })?;
-        for (piece, first, n) in parts {
+        for (piece, mut first, n) in parts {
+            if k_first && piece.ends_with("self_attn.q_proj.weight") {
+                first = cfg.kv_heads * cfg.head_dim;
+            } else if k_first && piece.ends_with("self_attn.k_proj.weight") {
+                first = 0;
+            }
             ws.insert(piece, rows(&t, first, n));
         }
     }

@@ -41,6 +41,9 @@ pub enum LoaderBug {
     /// The tensor is never mapped: its name is not in the loader's table, so
     /// it is dropped (an optional tensor such as a bias then silently goes).
     Unmapped(String),
+    /// A fused q·k·v projection (Phi-3) split with q and k swapped: k taken
+    /// from the top rows, q after it.
+    SplitKFirst,
 }
 
 impl LoaderBug {
@@ -62,6 +65,7 @@ impl LoaderBug {
             LoaderBug::Unmapped(n) => {
                 ws.remove(n).ok_or_else(|| missing(n))?;
             }
+            LoaderBug::SplitKFirst => {}
         }
         Ok(())
     }
@@ -109,8 +113,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
             (cfg, ws)
         }
     };
-    fused::split(&cfg, &mut ws)?;
-    if let Some(bug) = &opts.plant {
+    fused::split(&cfg, &mut ws, opts.plant == Some(LoaderBug::SplitKFirst))?;
+    if let Some(bug) = opts.plant.as_ref().filter(|b| **b != LoaderBug::SplitKFirst) {
         bug.apply(&mut ws)?;
     }
     Ok((cfg, ws))
