@@ -3,12 +3,81 @@
 //! in test builds (`cfg(test)`): in any other build `Mutants::is` is a
 //! constant `false` and the planted branches compile away.
 
-/// One planted bug.
+/// One planted bug: the bugs hand-written engines actually ship.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub enum Mutant {
+    /// Softmax without the division by the sum.
+    SoftmaxUnnormalised,
+    /// Each query also sees the key after it.
+    CausalOffByOne,
+    /// RoPE with theta 10000 whatever the config says.
+    RopeThetaWrong,
+    /// Decode steps rotated at the first decode position, every step.
+    RopePositionFrozenInDecode,
+    /// RoPE tables that wrap after 24 positions (`pos % 24`).
+    RopeTableWrapping,
+    /// A decode step's key and value written into the slot before their own.
+    KvWrittenOneSlotOff,
+    /// Attention reads only the first 32 keys of the cache.
+    KvReadShort,
+    /// GQA maps query head h to KV head h % KV instead of h / (H / KV).
+    GqaModulo,
+    /// Scores scaled by 1/D instead of 1/sqrt(D).
+    AttnScaleOverD,
+    /// RMSNorm with eps 1e-5 whatever the config says (a common default).
+    RmsEpsWrong,
+    /// RMSNorm dividing the sum of squares by width - 1.
+    RmsLengthWrong,
+    /// RMSNorm without its weight.
+    RmsWeightMissing,
+    /// The q/k/v projection biases are not added.
+    QkvBiasDropped,
+    /// SiLU applied to up instead of gate.
+    SiluOnUp,
+    /// The attention residual is not added (ffn_inp = attn_out).
+    ResidualMissing,
+    /// The LM head taken from the embeddings although the model has its own.
+    LmHeadTiedWhenUntied,
+    /// The run's seed never reaches the sampler.
+    SeedIgnored,
+    /// Temperature T applied as T²/2.
+    TemperatureMisapplied,
+    /// Greedy takes the last of tied maxima (torch and HF take the first).
+    ArgmaxTieLast,
+    /// The last head's share of the output projection is 1e-3 too large.
+    OProjHeadShareOff,
     /// Qwen3's per-head q/k RMSNorm is not applied (q_norm = q, k_norm = k),
     /// as an engine that treats Qwen3 as Qwen2 would.
     SkipQkNorm,
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+impl Mutant {
+    /// Every mutant, for the self-test.
+    pub const ALL: [Mutant; 21] = [
+        Mutant::SoftmaxUnnormalised,
+        Mutant::CausalOffByOne,
+        Mutant::RopeThetaWrong,
+        Mutant::RopePositionFrozenInDecode,
+        Mutant::RopeTableWrapping,
+        Mutant::KvWrittenOneSlotOff,
+        Mutant::KvReadShort,
+        Mutant::GqaModulo,
+        Mutant::AttnScaleOverD,
+        Mutant::RmsEpsWrong,
+        Mutant::RmsLengthWrong,
+        Mutant::RmsWeightMissing,
+        Mutant::QkvBiasDropped,
+        Mutant::SiluOnUp,
+        Mutant::ResidualMissing,
+        Mutant::LmHeadTiedWhenUntied,
+        Mutant::SeedIgnored,
+        Mutant::TemperatureMisapplied,
+        Mutant::ArgmaxTieLast,
+        Mutant::OProjHeadShareOff,
+        Mutant::SkipQkNorm,
+    ];
 }
 
 /// The mutants switched on for an engine (none outside tests).
@@ -38,4 +107,15 @@ impl Mutants {
             false
         }
     }
+}
+
+/// Argmax taking the last of tied maxima (the `ArgmaxTieLast` mutant).
+pub fn argmax_last(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x >= logits[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
