@@ -119,3 +119,108 @@ pub fn argmax_last(logits: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// The planted-bug self-test: each mutant runs against the shipped specs and
+/// must be caught, and localised to its stage (or its run check): the run's
+/// earliest failure in execution order — stage failures by (step, stage),
+/// then run checks — must be where the bug is.
+#[cfg(test)]
+mod self_test {
+    use super::*;
+    use crate::checks::Status;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::plan::Plan;
+    use crate::report::SuiteRun;
+    use crate::runner::{run_plan_on, Filter};
+    use crate::spec::Spec;
+    use std::path::Path;
+
+    fn run(spec: &str, m: Option<Mutant>) -> SuiteRun {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let spec = Spec::load(&root.join("specs").join(spec)).unwrap();
+        let plan = Plan::build(spec, None).unwrap();
+        let eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        let eng = match m {
+            Some(m) => eng.mutated(m),
+            None => eng,
+        };
+        run_plan_on(&plan, &eng as &dyn Engine, &Filter::default(), &|id| id.to_string())
+    }
+
+    /// `<step>/<stage>` (or `run::<check>`) of the run's earliest failure,
+    /// with the check that failed there.
+    fn earliest_failure(r: &SuiteRun) -> Option<(String, String)> {
+        let failed = || r.outcomes.iter().filter(|o| o.status == Status::Fail);
+        if let Some(o) = failed().filter(|o| o.at.is_some()).min_by_key(|o| o.at) {
+            let (step, stage) = o.at.unwrap();
+            return Some((format!("{step}/{stage}"), o.check.clone()));
+        }
+        failed().next().map(|o| (format!("run::{}", o.check), o.check.clone()))
+    }
+
+    /// Where each mutant must be caught: (spec, expected earliest failure).
+    /// A bug that is no bug for a model (theta 10000 on a theta-10000 model)
+    /// is checked on the spec whose model it changes.
+    fn expectations(m: Mutant) -> (&'static str, &'static str) {
+        use Mutant::*;
+        match m {
+            SoftmaxUnnormalised => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            CausalOffByOne => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            RopeThetaWrong => ("llama-tiny.yaml", "prefill/blk.0.q_rope"),
+            RopePositionFrozenInDecode => ("qwen2-tiny.yaml", "decode1/blk.0.q_rope"),
+            RopeTableWrapping => ("qwen2-tiny-long.yaml", "prefill/blk.0.q_rope"),
+            KvWrittenOneSlotOff => ("qwen2-tiny.yaml", "decode1/blk.0.attn_probs"),
+            KvReadShort => ("qwen2-tiny-long.yaml", "prefill/blk.0.attn_probs"),
+            GqaModulo => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            AttnScaleOverD => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            RmsEpsWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsLengthWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsWeightMissing => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            QkvBiasDropped => ("qwen2-tiny.yaml", "prefill/blk.0.q"),
+            SiluOnUp => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_act"),
+            ResidualMissing => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_inp"),
+            LmHeadTiedWhenUntied => ("qwen2-tiny.yaml", "prefill/logits"),
+            SeedIgnored => ("qwen2-tiny.yaml", "run::determinism"),
+            TemperatureMisapplied => ("qwen2-tiny.yaml", "run::sampling"),
+            ArgmaxTieLast => ("qwen2-tiny.yaml", "run::greedy_ties"),
+            OProjHeadShareOff => ("qwen2-tiny.yaml", "prefill/blk.0.attn_out"),
+            SkipQkNorm => ("qwen3-tiny.yaml", "prefill/blk.0.q_norm"),
+        }
+    }
+
+    #[test]
+    fn every_mutant_is_caught_and_localised() {
+        let mut rows = Vec::new();
+        let mut missed = Vec::new();
+        for m in Mutant::ALL {
+            let (spec, want) = expectations(m);
+            if !Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
+                missed.push(format!("{m:?}: spec {spec} does not exist"));
+                continue;
+            }
+            let got = earliest_failure(&run(spec, Some(m)));
+            let ok = got.as_ref().is_some_and(|(at, _)| at == want);
+            let shown = got.map(|(at, check)| format!("{at} ({check})")).unwrap_or_else(|| "NOT CAUGHT".into());
+            rows.push(format!("{:<28} {:<22} {:<28} {shown}", format!("{m:?}"), spec, want));
+            if !ok {
+                missed.push(format!("{m:?} on {spec}: expected {want}, got {shown}"));
+            }
+        }
+        let caught = Mutant::ALL.len() - missed.len();
+        println!("{:<28} {:<22} {:<28} earliest failure", "mutant", "spec", "expected");
+        for r in &rows {
+            println!("{r}");
+        }
+        println!("score: {caught}/{} mutants caught and localised", Mutant::ALL.len());
+        assert!(missed.is_empty(), "not caught or not localised:\n{}", missed.join("\n"));
+    }
+
+    #[test]
+    fn the_unmutated_engine_passes_the_specs_the_self_test_uses() {
+        for spec in ["qwen2-tiny.yaml", "llama-tiny.yaml"] {
+            let r = run(spec, None);
+            assert!(earliest_failure(&r).is_none(), "{spec}: {:?}", earliest_failure(&r));
+        }
+    }
+}
