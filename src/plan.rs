@@ -160,7 +160,8 @@ impl Plan {
         if let Some(why) = config.unfaithful_beyond(total) {
             return Err(invalid(why));
         }
-        let stages = Stage::of_model(&config);
+        let random = matches!(spec.sampling, crate::spec::SamplingSpec::Random { .. });
+        let stages = Stage::of_model(&config, random);
         for (pattern, _) in &spec.stages {
             if let Some(l) = pattern.named_layer() {
                 if l >= config.layers {
@@ -269,6 +270,7 @@ impl Plan {
         match stage {
             Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
             Stage::Logits => vec![t, c.vocab],
+            Stage::SampleProbs => vec![1, c.vocab],
             Stage::Block(_, b) => match b {
                 BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
                 BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {

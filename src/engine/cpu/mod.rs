@@ -24,7 +24,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::model::{self, LoadOptions, ModelConfig, Weights};
 use crate::sampling::Sampler;
-use crate::stage::Step;
+use crate::stage::{Stage, Step};
 use crate::tensor::DType;
 
 use super::{Captures, Engine, RunOutput, RunRequest, TapSet};
@@ -121,7 +121,7 @@ impl Engine for CpuEngine {
             *temperature = *temperature * *temperature / 2.0;
         }
         let seed = if mx.is(mutants::Mutant::SeedIgnored) { 0 } else { req.seed };
-        let mut sampler = Sampler::new(sampling, seed);
+        let mut sampler = Sampler::new(sampling.clone(), seed);
         let mut captures = Captures::default();
         let mut sampled = Vec::with_capacity(req.decode_steps + 1);
         let mut positions = Vec::with_capacity(req.decode_steps + 1);
@@ -140,6 +140,13 @@ impl Engine for CpuEngine {
                 mutants: self.mutants,
             };
             let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
+            if taps.contains(Stage::SampleProbs) {
+                // What the sampler draws this step's token from (random only).
+                if let Some(p) = crate::sampling::distribution(&sampling, &logits) {
+                    let t = crate::tensor::Tensor::new(vec![1, p.len()], p).with_dtype(self.storage);
+                    captures.insert(step, Stage::SampleProbs, t);
+                }
+            }
             let token = if mx.is(mutants::Mutant::ArgmaxTieLast) && req.sampling == crate::sampling::Sampling::Greedy {
                 mutants::argmax_last(&logits)
             } else {
