@@ -69,7 +69,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// ties by index), and their probabilities: temperature, then top-k, then
 /// top-p (the smallest prefix whose mass reaches p, renormalised). `None` when
 /// no logit is finite.
-fn nucleus(logits: &[f32], temperature: f32, top_k: Option<usize>, top_p: Option<f32>) -> Option<(Vec<usize>, Vec<f64>)> {
+fn nucleus(
+    logits: &[f32],
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+) -> Option<(Vec<usize>, Vec<f64>)> {
     // Candidates sorted by logit, descending; ties broken by index so the order
     // (and hence the draw) is deterministic.
     let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();

@@ -267,14 +267,7 @@ impl RopeStyle {
 /// llama.cpp form `inv_freq·pos` in f32: its relative error is ~2^-23, which
 /// at position 300 is ~1e-4 of a radian on the fastest pair). A wrong angle
 /// moves the pair by ~|Δangle|·‖x‖, orders of magnitude more.
-pub fn rope(
-    input: &Tensor,
-    output: &Tensor,
-    positions: &[usize],
-    style: RopeStyle,
-    tol: f64,
-    theta: f64,
-) -> Verdict {
+pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, theta: f64) -> Verdict {
     if input.shape() != output.shape() {
         return Verdict::fail(format!(
             "rope: input shape {:?} vs output shape {:?}: both must be the same [T, N, D]",

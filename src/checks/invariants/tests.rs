@@ -221,7 +221,8 @@ fn rope_passes_a_correct_rotation_in_both_styles() {
             &reference_rope(&x, &[0, 1, 2, 3], style),
             &[0, 1, 2, 3],
             style,
-            1e-5, 10000.0,
+            1e-5,
+            10000.0,
         );
         assert!(v.passed(), "{}", v.message);
         assert_eq!((v.metrics["pos0_rows"], v.metrics["rotated_checked"]), (1.0, 6.0));
@@ -238,7 +239,8 @@ fn rope_passes_a_correct_rotation_in_both_styles() {
         &reference_rope(&x, &[7], RopeStyle::Neox),
         &[7],
         RopeStyle::Neox,
-        1e-5, 10000.0,
+        1e-5,
+        10000.0,
     );
     assert!(v.passed(), "{}", v.message);
     assert!(
@@ -324,7 +326,8 @@ fn rope_skips_zero_vectors_and_rejects_bad_arguments() {
         &reference_rope(&x, &[0, 1], RopeStyle::Neox),
         &[0, 1],
         RopeStyle::Neox,
-        1e-5, 10000.0,
+        1e-5,
+        10000.0,
     );
     assert!(v.passed(), "{}", v.message);
     assert_eq!((v.metrics["skipped_zero"], v.metrics["rotated_checked"]), (1.0, 1.0));
@@ -379,7 +382,14 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
         if dtype != DType::F32 {
             assert!(v.metrics["max_norm_err"] > 1e-5, "{dtype}: rounding should show");
             // The same values claimed to be f32 get no rounding allowance and fail.
-            let v = rope(&x, &y.clone().with_dtype(DType::F32), &positions, RopeStyle::Neox, 1e-5, 10000.0);
+            let v = rope(
+                &x,
+                &y.clone().with_dtype(DType::F32),
+                &positions,
+                RopeStyle::Neox,
+                1e-5,
+                10000.0,
+            );
             assert!(v.failed(), "{dtype} values as f32: {}", v.message);
             assert!(v.metrics["norm_violations"] > 0.0);
         }

@@ -86,7 +86,11 @@ pub fn forward(
     // RMSNorm of `width`-wide rows (with the planted norm bugs of tests).
     let rmsnorm = |x: &[f32], width: usize, w: &[f32], eps: f64| {
         let eps = if mx.is(Mutant::RmsEpsWrong) { 1e-5 } else { eps };
-        let div = if mx.is(Mutant::RmsLengthWrong) { width - 1 } else { width };
+        let div = if mx.is(Mutant::RmsLengthWrong) {
+            width - 1
+        } else {
+            width
+        };
         let ones;
         let w = if mx.is(Mutant::RmsWeightMissing) {
             ones = vec![1.0f32; width];

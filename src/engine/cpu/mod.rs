@@ -120,7 +120,11 @@ impl Engine for CpuEngine {
         {
             *temperature = *temperature * *temperature / 2.0;
         }
-        let seed = if mx.is(mutants::Mutant::SeedIgnored) { 0 } else { req.seed };
+        let seed = if mx.is(mutants::Mutant::SeedIgnored) {
+            0
+        } else {
+            req.seed
+        };
         let mut sampler = Sampler::new(sampling.clone(), seed);
         let mut captures = Captures::default();
         let mut sampled = Vec::with_capacity(req.decode_steps + 1);

@@ -201,7 +201,9 @@ mod self_test {
             }
             let got = earliest_failure(&run(spec, Some(m)));
             let ok = got.as_ref().is_some_and(|(at, _)| at == want);
-            let shown = got.map(|(at, check)| format!("{at} ({check})")).unwrap_or_else(|| "NOT CAUGHT".into());
+            let shown = got
+                .map(|(at, check)| format!("{at} ({check})"))
+                .unwrap_or_else(|| "NOT CAUGHT".into());
             rows.push(format!("{:<28} {:<22} {:<28} {shown}", format!("{m:?}"), spec, want));
             if !ok {
                 missed.push(format!("{m:?} on {spec}: expected {want}, got {shown}"));
