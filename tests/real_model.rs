@@ -151,11 +151,16 @@ fn load(p: &Path) -> Result<(), Failed> {
         let got = format!("{:x}", Sha256::digest(&bytes));
         let want = t["sha256_f32_le"].as_str().ok_or("fixture: sha256")?;
         check(got == want, || {
-            let first: Vec<String> = w.data()[..4].iter().map(|x| format!("{:#010x}", x.to_bits())).collect();
+            let hex = |b: u32| format!("{b:#010x}");
+            let first: Vec<String> = w.data()[..4].iter().map(|x| hex(x.to_bits())).collect();
+            let theirs: Vec<String> = t["first_bits"]
+                .as_array()
+                .map(|a| a.iter().map(|b| hex(b.as_u64().unwrap_or(0) as u32)).collect())
+                .unwrap_or_default();
             format!(
                 "{gguf} ({}): sha256 of the dequantised f32 {got}, gguf-py {want}; first values' bits {first:?}, \
-                 gguf-py {}",
-                t["type"], t["first_bits"]
+                 gguf-py {theirs:?}",
+                t["type"]
             )
         })?;
         eprintln!(

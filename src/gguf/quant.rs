@@ -9,11 +9,14 @@
 //! (`ggml-quants` 0.1) that make no bit-exactness claim. Each function below
 //! mirrors `dequantize_row_*` in ggml's `ggml-quants.c` and the numpy
 //! `dequantize_blocks` in gguf-py's `quants.py` (gguf 0.19.0, vendored by
-//! llama-cpp-python 0.3.36), including the order of the f32 operations: both
-//! compute `(d·sc)·q − dmin·m` as separate roundings (Rust never fuses a
-//! multiply-add), so the results are identical, which
-//! `tests/quant_fixtures.rs` checks with `to_bits()` on blocks gguf-py
-//! dequantised (`goldens/recorders/make_quant_fixtures.py`).
+//! llama-cpp-python 0.3.36), with the f32 operations in the same order:
+//! `(d·sc)·q − dmin·m`, two roundings (Rust never fuses a multiply-add).
+//! The order is in fact not critical: an f16 scale has 11 significant bits,
+//! so every product of scales and quants is exact in f32 except Q6_K's
+//! d·sc·q (up to 25 bits), which is rounded once however it is grouped, and
+//! Q6_K has no min to subtract. `tests/quant_fixtures.rs` checks the result
+//! with `to_bits()` (NaN payloads included) on blocks gguf-py dequantised
+//! (`goldens/recorders/make_quant_fixtures.py`).
 //!
 //! Every block starts or ends with f16 scales, read as little-endian IEEE
 //! half floats and widened exactly (subnormals included). "q" below is the
