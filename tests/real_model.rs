@@ -134,7 +134,17 @@ fn load(p: &Path) -> Result<(), Failed> {
     check(size == SIZE, || {
         format!("{} is {size} bytes, not the pinned model's {SIZE}", p.display())
     })?;
+    let t0 = std::time::Instant::now();
     let (cfg, mut ws) = model::load(p, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    // For the record (not checked: it depends on the machine).
+    let peak = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .unwrap_or_default();
+    eprintln!(
+        "model::load: {:.2} s; peak RSS so far {peak}",
+        t0.elapsed().as_secs_f64()
+    );
     let fx = fixture();
     let mut taken = Vec::new();
     for t in fx["tensors"].as_array().ok_or("fixture: tensors")? {
