@@ -295,6 +295,28 @@ fn every_known_type_opens_and_only_reading_needs_a_dequantiser() {
 }
 
 #[test]
+fn truncated_quantised_data_names_the_tensor() {
+    // Two Q6_K blocks (420 bytes) as the last tensor: any cut into them is an
+    // error naming it, never a short read.
+    let mut w = small();
+    w.raw_tensor("blk.0.ffn_down.weight", GgmlType::Q6_K.id(), vec![256, 2], vec![7; 420]);
+    let b = w.to_bytes();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("q.gguf");
+    std::fs::write(&p, &b).unwrap();
+    let f = GgufFile::open(&p).unwrap();
+    let t = f.read_tensor(f.tensor("blk.0.ffn_down.weight").unwrap()).unwrap();
+    assert_eq!(t.shape(), &[2, 256]);
+    for cut in [1, 209, 210, 211, 419] {
+        let msg = open_err(&b[..b.len() - cut]);
+        assert!(
+            msg.contains("tensor `blk.0.ffn_down.weight`") && msg.contains("past the end of the file"),
+            "cut {cut}: {msg}"
+        );
+    }
+}
+
+#[test]
 fn unknown_type_ids_and_bad_sizes_name_the_tensor() {
     for id in [4u32, 5, 36, 37, 38, 43, 999] {
         let mut w = small();
