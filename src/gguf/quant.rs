@@ -4,9 +4,10 @@
 //!
 //! Why hand-written: the block formats are small, fixed bit layouts, and what
 //! matters is that every value equals llama.cpp's reference dequantisation bit
-//! for bit. The crates that implement them are either a whole tensor framework
-//! (candle-core's `quantized` module) or young single-release crates
-//! (`ggml-quants` 0.1) that make no bit-exactness claim. Each function below
+//! for bit. The crates that implement them are a whole tensor framework
+//! (candle-core's `quantized` module) or at version 0.1 (`ggml-quants`), and
+//! either way bit-exactness with llama.cpp would have to be proven here; each
+//! format is a dozen lines. Each function below
 //! mirrors `dequantize_row_*` in ggml's `ggml-quants.c` and the numpy
 //! `dequantize_blocks` in gguf-py's `quants.py` (gguf 0.19.0, vendored by
 //! llama-cpp-python 0.3.36), with the f32 operations in the same order:
@@ -23,8 +24,9 @@
 //! integer quant of one element, "element e" counts from 0 within the block.
 //!
 //! Speed: the blocks of a tensor are independent, so they are dequantised in
-//! parallel with rayon (a 0.5B Q4_K_M model is ~490 MB of blocks and ~2 GB of
-//! f32; serially that is seconds per GB, in parallel a fraction of it).
+//! parallel with rayon. The real Qwen2.5-Coder-0.5B Q4_K_M (~490 MB of blocks,
+//! 630 M values, 2.5 GB of f32) loads in about 4 s on 2 cores, most of it the
+//! kernel handing out fresh pages (`tests/real_model.rs` prints the figures).
 
 use half::{bf16, f16};
 use rayon::prelude::*;
