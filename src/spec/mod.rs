@@ -267,7 +267,7 @@ impl Spec {
         // A duplicate key anywhere is an error (serde's maps are last-wins, so
         // `goldens: {hf: a, hf: b}` would silently check against b): the
         // generic YAML value refuses duplicates at every depth, with location.
-        serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| yaml_error(path, &e))?;
+        serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| duplicate_error(path, text, &e))?;
         let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = raw
@@ -554,6 +554,43 @@ fn locate_value(text: &str, key: &str, value: &str) -> Option<(usize, usize)> {
 
 /// serde_yaml's message ends in " at line L column C"; we move that to the
 /// front as `file:L:C:` like a compiler does.
+/// A YAML error from the duplicate-key pass. serde_yaml locates a duplicate
+/// key one entry early (at the entry before it), so the duplicate itself is
+/// found by searching on from there for the key's second definition.
+fn duplicate_error(path: &Path, text: &str, e: &serde_yaml::Error) -> Error {
+    let msg = e.to_string();
+    let key = msg
+        .split("duplicate entry with key \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .map(str::to_string);
+    match (key, e.location()) {
+        (Some(key), Some(loc)) => {
+            let defines = |l: &str| {
+                let t = l.trim_start().trim_start_matches("- ");
+                t.starts_with(&format!("{key}:")) || t.starts_with(&format!("\"{key}\":"))
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let from = loc.line().saturating_sub(1);
+            let hits: Vec<usize> = (from..lines.len()).filter(|&i| defines(lines[i])).take(2).collect();
+            let at = if hits.len() == 2 && defines(lines[from]) {
+                hits[1]
+            } else {
+                hits.first().copied().unwrap_or(from)
+            };
+            let col = lines.get(at).map_or(1, |l| l.len() - l.trim_start().len() + 1);
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            Error::SpecSyntax {
+                path: path.to_path_buf(),
+                line: at + 1,
+                col,
+                msg: format!("{} (keys must be unique)", msg.strip_suffix(&suffix).unwrap_or(&msg)),
+            }
+        }
+        _ => yaml_error(path, e),
+    }
+}
+
 fn yaml_error(path: &Path, e: &serde_yaml::Error) -> Error {
     let msg = e.to_string();
     match e.location() {
