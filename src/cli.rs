@@ -106,6 +106,13 @@ pub enum Command {
         /// A passing check regresses when its error grows by more than this factor.
         #[arg(long, default_value_t = 10.0)]
         factor: f64,
+        /// Accept checks of BASE that are missing from NEW (by default they fail
+        /// the diff, exit 1: a smaller report is not "no regression").
+        #[arg(long)]
+        allow_vanished: bool,
+        /// Show only rows whose status or error changed.
+        #[arg(long)]
+        changed: bool,
         #[command(flatten)]
         sinks: SinkArgs,
     },
@@ -414,11 +421,13 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             base,
             new,
             factor,
+            allow_vanished,
+            changed,
             sinks,
         } => {
             use crate::diff::render;
-            let d = crate::diff::diff_files(&base, &new, factor)?;
-            print!("{}", render::terminal(&d));
+            let d = crate::diff::diff_files(&base, &new, factor, allow_vanished)?;
+            print!("{}", render::terminal_rows(&d, changed));
             sinks.write(|| render::junit(&d), || render::markdown(&d), || render::html(&d))?;
             Ok(if d.regressed() {
                 Outcome::Failed
