@@ -36,7 +36,9 @@ pub struct Cli {
 pub enum Command {
     /// Run specs on an engine and report every check (exit 0 pass, 1 fail, 2 bad input).
     Run {
-        /// Spec files (default: specs/qwen2-tiny.yaml).
+        /// Spec files or folders of specs (every *.yaml in a folder). Default:
+        /// the nearest specs/ folder up from the working directory — its
+        /// qwen2-tiny.yaml in a touchstone checkout, else every spec in it.
         specs: Vec<PathBuf>,
         /// Engine to run.
         #[arg(long, value_enum, default_value_t = EngineArg::Cpu)]
@@ -57,10 +59,21 @@ pub enum Command {
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
-        /// Run only checks whose id contains this text (repeatable), e.g.
-        /// `decode2/blk.1.q::golden:hf`.
+        /// Run only checks whose id contains this text, or matches this glob
+        /// (`*` any text, `?` one character), repeatable: e.g.
+        /// `decode2/blk.1.q::golden:hf` or `decode2/blk.1.*`.
         #[arg(long, value_name = "ID")]
         only: Vec<String>,
+        /// Summary and failures only (no stage table, no passing run checks).
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
+        /// Every row of the stage table (by default a long table shows only the
+        /// rows that did not pass).
+        #[arg(short, long)]
+        verbose: bool,
+        /// Colour the report: auto (on a terminal, unless NO_COLOR is set), always, never.
+        #[arg(long, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]
+        color: ColorArg,
         /// Fail (exit 2) instead of skipping when a requested GPU engine is unavailable.
         #[arg(long)]
         require_gpu: bool,
@@ -74,6 +87,7 @@ pub enum Command {
     },
     /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
     List {
+        /// Spec files or folders of specs (default: as for `run`).
         specs: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = EngineArg::Cpu)]
         engine: EngineArg,
@@ -82,7 +96,10 @@ pub enum Command {
     },
     /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors, .npy or .gguf
     /// file (GGUF: version, metadata and the tensor table too).
-    Inspect { file: PathBuf },
+    Inspect {
+        /// The file to show: .safetensors, .npy, .npz or .gguf.
+        file: PathBuf,
+    },
     /// Compile every CUDA kernel with NVRTC and, where ptxas is on PATH, report
     /// registers, shared memory, stack and spills (exit 1 on a compile error or spill).
     Kernels {
@@ -101,7 +118,9 @@ pub enum Command {
     },
     /// Regression report between two `run --json` reports (exit 1 on a regression).
     Diff {
+        /// The baseline report (`touchstone run --json BASE.json`, before the change).
         base: PathBuf,
+        /// The report to judge (after the change).
         new: PathBuf,
         /// A passing check regresses when its error grows by more than this factor.
         #[arg(long, default_value_t = 10.0)]
@@ -118,7 +137,10 @@ pub enum Command {
     },
     /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
     Compare {
+        /// First tensor file (.safetensors, .npy, .npz).
         a: PathBuf,
+        /// Second tensor file; tensors are matched by name (two single-tensor
+        /// files are compared with each other whatever their names).
         b: PathBuf,
         /// Absolute tolerance (default: by dtype, as golden checks).
         #[arg(long)]
@@ -203,6 +225,33 @@ impl SinkArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorArg {
+    /// Whether to colour output going to stdout (`auto`: a terminal, and
+    /// NO_COLOR unset or empty, as no-color.org asks).
+    fn enabled(self, to_stderr: bool) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            ColorArg::Always => true,
+            ColorArg::Never => false,
+            ColorArg::Auto => {
+                let tty = if to_stderr {
+                    std::io::stderr().is_terminal()
+                } else {
+                    std::io::stdout().is_terminal()
+                };
+                tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EngineArg {
     Cpu,
     Cuda,
@@ -228,6 +277,20 @@ fn parse_storage(s: &str) -> std::result::Result<DType, String> {
 pub enum Outcome {
     Passed,
     Failed,
+}
+
+/// A spinner on stderr while a spec runs (model loading and engine runs take
+/// seconds to minutes on a real model); nothing when stderr is not a terminal.
+fn progress(msg: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new_spinner();
+    b.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    b.set_message(msg.to_string());
+    b.enable_steady_tick(std::time::Duration::from_millis(120));
+    Some(b)
 }
 
 /// With no SPEC: the nearest `specs/` folder from the working directory up
@@ -310,6 +373,9 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             only,
             require_gpu,
             allow_skip,
+            quiet,
+            verbose,
+            color,
             sinks,
         } => {
             if require_gpu {
@@ -347,7 +413,16 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             }
             for plan in &plans {
                 for kind in engine.kinds() {
-                    report.runs.push(run_plan(plan, kind, &filter, model.as_deref())?);
+                    let spinner = progress(&format!(
+                        "{} on {}: loading the model and running",
+                        plan.spec.name,
+                        kind.name()
+                    ));
+                    let run = run_plan(plan, kind, &filter, model.as_deref());
+                    if let Some(s) = spinner {
+                        s.finish_and_clear();
+                    }
+                    report.runs.push(run?);
                 }
             }
             let selected: usize = report.runs.iter().map(|r| r.outcomes.len()).sum();
@@ -360,7 +435,12 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                     "no check matched --only; `touchstone list` shows the ids".into(),
                 ));
             }
-            let text = report::terminal::render(&report);
+            let view = report::terminal::View {
+                verbose,
+                quiet,
+                color: color.enabled(outputs.uses_stdout()),
+            };
+            let text = report::terminal::render_view(&report, view);
             if outputs.uses_stdout() {
                 eprint!("{text}");
             } else {

@@ -68,7 +68,7 @@ pub fn render(path: &Path) -> Result<String> {
             out,
             "{:<28} {:<5} {:<14} [{}{more}]",
             name,
-            "i64",
+            file.int_dtypes.get(name).copied().unwrap_or("i64"),
             format!("{shape:?}"),
             shown.join(", ")
         );

@@ -18,6 +18,9 @@ pub struct TensorFile {
     pub path: PathBuf,
     pub floats: BTreeMap<String, Tensor>,
     pub ints: BTreeMap<String, (Vec<usize>, Vec<i64>)>,
+    /// The stored width of each integer tensor (`i32` or `i64`): values are
+    /// widened to i64 in `ints`, and `inspect` shows what the file holds.
+    pub int_dtypes: BTreeMap<String, &'static str>,
     /// safetensors `__metadata__` (empty for .npy).
     pub metadata: BTreeMap<String, String>,
 }
@@ -87,6 +90,7 @@ pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
                     .chunks_exact(8)
                     .map(|c| i64::from_le_bytes(c.try_into().expect("8-byte chunk")))
                     .collect();
+                out.int_dtypes.insert(name.clone(), "i64");
                 out.ints.insert(name, (shape, v));
             }
             StDtype::I32 => {
@@ -94,6 +98,7 @@ pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
                     .chunks_exact(4)
                     .map(|c| i32::from_le_bytes(c.try_into().expect("4-byte chunk")) as i64)
                     .collect();
+                out.int_dtypes.insert(name.clone(), "i32");
                 out.ints.insert(name, (shape, v));
             }
             other => {
@@ -280,6 +285,8 @@ fn read_npy_array<R: std::io::Read>(
             if v.len() != expected {
                 return Err(short(v.len()));
             }
+            out.int_dtypes
+                .insert(name.clone(), if descr.ends_with("i8") { "i64" } else { "i32" });
             out.ints.insert(name, (shape, v));
         }
         _ => {

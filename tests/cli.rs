@@ -9,10 +9,38 @@ use common::*;
 fn default_run_passes_with_table_and_json() {
     let d = tempfile::tempdir().unwrap();
     let j = d.path().join("r.json");
+    // By default a long table that all passes is one line...
     let o = touchstone(&["run", "--json", &j.display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.contains("prefill  blk.0.attn_probs"), "{}", o.stdout);
+    assert!(!o.stdout.contains("prefill  blk.0.attn_probs"), "{}", o.stdout);
+    assert!(o.stdout.contains("all 140 (step, stage) rows pass"), "{}", o.stdout);
     assert!(o.stdout.contains("touchstone: PASSED"), "{}", o.stdout);
+    assert!(
+        !o.stdout.contains('\x1b'),
+        "colour when stdout is not a terminal: {}",
+        o.stdout
+    );
+    // ...--verbose prints every row, --quiet only the summary, --color always colours.
+    let v = touchstone(&["run", "--verbose"]);
+    assert!(v.stdout.contains("prefill  blk.0.attn_probs"), "{}", v.stdout);
+    assert_eq!(
+        v.stdout.lines().filter(|l| l.starts_with("decode3 ")).count(),
+        35,
+        "{}",
+        v.stdout
+    );
+    let q = touchstone(&["run", "--quiet"]);
+    assert_eq!(q.code, 0, "{}", q.all());
+    assert!(
+        !q.stdout.contains("run checks:") && !q.stdout.contains("rows pass"),
+        "{}",
+        q.stdout
+    );
+    assert!(q.stdout.contains("touchstone: PASSED"), "{}", q.stdout);
+    let c = touchstone(&["run", "--quiet", "--color", "always"]);
+    assert!(c.stdout.contains("\x1b[32mPASSED\x1b[0m"), "{}", c.stdout);
+    let n = touchstone_env(&["run", "--quiet"], &[("NO_COLOR", "1")]);
+    assert!(!n.stdout.contains('\x1b'), "{}", n.stdout);
     let r = json(&j);
     assert_eq!(r["passed"], true);
     assert!(r["first_divergence"].is_null());

@@ -76,7 +76,8 @@ pub fn render_suites(root: &str, suites: &[Suite]) -> String {
                     let _ = writeln!(
                         out,
                         "{open}>\n      <failure message=\"{}\" type=\"check failed\">{}</failure>\n    </testcase>",
-                        escape(first),
+                        // The whole failure text: CI UIs often show only the attribute.
+                        escape(&c.text),
                         escape(&c.text)
                     );
                 }

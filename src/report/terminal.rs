@@ -11,12 +11,50 @@ use crate::stage::{Stage, Step};
 
 /// Failures printed in full beyond the first divergence; the rest are listed by id.
 const FULL_FAILURES: usize = 8;
+/// Above this many (step, stage) rows the default table shows only the rows
+/// that did not pass (a real model has thousands); `--verbose` shows all.
+const MAX_DEFAULT_ROWS: usize = 40;
 
+/// How much to show, and whether to colour it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Every row of the stage table.
+    pub verbose: bool,
+    /// Summary and failures only: no stage table, no passing run checks.
+    pub quiet: bool,
+    /// ANSI colours (pass green, FAIL red, skip yellow).
+    pub color: bool,
+}
+
+impl View {
+    fn paint(self, text: &str, code: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+    /// `text` coloured by the status word it starts with (it keeps its padding).
+    fn status(self, text: &str) -> String {
+        match text.trim() {
+            "pass" | "PASSED" => self.paint(text, "32"),
+            "FAIL" | "FAILED" => self.paint(text, "1;31"),
+            "skip" | "NOTHING RAN" => self.paint(text, "33"),
+            _ => text.to_string(),
+        }
+    }
+}
+
+/// The report as `touchstone run` prints it by default (no colour).
 pub fn render(report: &Report) -> String {
+    render_view(report, View::default())
+}
+
+pub fn render_view(report: &Report, view: View) -> String {
     let mut out = String::new();
     let c = report.counts();
     for run in &report.runs {
-        render_run(&mut out, run);
+        render_run(&mut out, run, view);
     }
     // A run where nothing ran is not a pass: say so (e.g. every engine unavailable).
     let verdict = if c.failed > 0 {
@@ -28,13 +66,16 @@ pub fn render(report: &Report) -> String {
     };
     let _ = writeln!(
         out,
-        "touchstone: {verdict}: {} passed, {} failed, {} skipped",
-        c.passed, c.failed, c.skipped
+        "touchstone: {}: {} passed, {} failed, {} skipped",
+        view.status(verdict),
+        c.passed,
+        c.failed,
+        c.skipped
     );
     out
 }
 
-fn render_run(out: &mut String, run: &SuiteRun) {
+fn render_run(out: &mut String, run: &SuiteRun, view: View) {
     let _ = writeln!(
         out,
         "== {} on engine {}, storage {} ({}) ==",
@@ -67,7 +108,20 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             rows.entry(at).or_default().push(o);
         }
     }
-    if !rows.is_empty() {
+    // The default hides passing rows of a long table; quiet hides the table.
+    let hide_passing = !view.verbose && rows.len() > MAX_DEFAULT_ROWS;
+    let not_passing = |outs: &Vec<&Outcome>| outs.iter().any(|o| o.status != Status::Pass);
+    let shown_rows = rows.values().filter(|o| !hide_passing || not_passing(o)).count();
+    if view.quiet {
+        // Summary and failures only.
+    } else if shown_rows == 0 && !rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "all {} (step, stage) rows pass ({} checks; --verbose shows the table)",
+            rows.len(),
+            rows.values().map(Vec::len).sum::<usize>()
+        );
+    } else if !rows.is_empty() {
         let mut header = format!("{:<8} {:<18} {:<6} {:>6}", "step", "stage", "result", "checks");
         for s in &sources {
             let src = s.trim_start_matches("golden:");
@@ -77,7 +131,7 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             let _ = write!(header, "  {label:>12}");
         }
         let _ = writeln!(out, "{header}  note");
-        for ((step, stage), outs) in &rows {
+        for ((step, stage), outs) in rows.iter().filter(|(_, o)| !hide_passing || not_passing(o)) {
             let failed = outs.iter().any(|o| o.status == Status::Fail);
             let all_skipped = outs.iter().all(|o| o.status == Status::Skip);
             let result = if failed {
@@ -89,10 +143,10 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             };
             let passed = outs.iter().filter(|o| o.status == Status::Pass).count();
             let mut line = format!(
-                "{:<8} {:<18} {:<6} {:>6}",
+                "{:<8} {:<18} {} {:>6}",
                 step.to_string(),
                 stage.to_string(),
-                result,
+                view.status(&format!("{result:<6}")),
                 format!("{passed}/{}", outs.len())
             );
             for s in &sources {
@@ -132,9 +186,20 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             };
             let _ = writeln!(out, "{}", format!("{}  {note}", line.trim_end()).trim_end());
         }
+        if hide_passing {
+            let _ = writeln!(
+                out,
+                "({} passing rows not shown; --verbose shows every row)",
+                rows.len() - shown_rows
+            );
+        }
     }
 
-    let run_checks: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.at.is_none()).collect();
+    let run_checks: Vec<&Outcome> = run
+        .outcomes
+        .iter()
+        .filter(|o| o.at.is_none() && (!view.quiet || o.status == Status::Fail))
+        .collect();
     if !run_checks.is_empty() {
         let _ = writeln!(out, "\nrun checks:");
         for o in &run_checks {
@@ -144,7 +209,12 @@ fn render_run(out: &mut String, run: &SuiteRun) {
                 Status::Skip => "skip",
             };
             let first_line = o.message.lines().next().unwrap_or("");
-            let _ = writeln!(out, "  {status:<5} {:<24} {first_line}", o.check);
+            let _ = writeln!(
+                out,
+                "  {} {:<24} {first_line}",
+                view.status(&format!("{status:<5}")),
+                o.check
+            );
         }
     }
 
@@ -166,7 +236,7 @@ fn render_run(out: &mut String, run: &SuiteRun) {
             } else {
                 String::new()
             };
-            let _ = writeln!(out, "--- FAIL {}{tag}", o.full_id());
+            let _ = writeln!(out, "--- {} {}{tag}", view.status("FAIL"), o.full_id());
             for l in o.message.lines() {
                 let _ = writeln!(out, "    {l}");
             }
