@@ -27,5 +27,6 @@ pub mod stage;
 pub mod suggest;
 pub mod tensor;
 pub mod tensor_io;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -102,9 +102,17 @@ impl Plan {
             msg,
         };
 
-        let (prompt, decode_steps, forced) = match (&spec.prompt.tokens, &spec.prompt.golden) {
-            (Some(tokens), _) => (tokens.clone(), spec.prompt.decode_steps.unwrap_or(0), None),
-            (None, Some(src)) => {
+        // Text is tokenised with the model's own tokenizer; with a golden too,
+        // it must give the golden's prompt (checked below), so the text is
+        // what a reader sees and the ids are what is compared.
+        let text_ids = match &spec.prompt.text {
+            Some(text) => Some(crate::tokenizer::encode_prompt(&model, text, spec.prompt.chat)?),
+            None => None,
+        };
+        let explicit = spec.prompt.tokens.clone().or(text_ids.clone());
+        let (prompt, decode_steps, forced) = match (&explicit, &spec.prompt.golden) {
+            (Some(tokens), None) => (tokens.clone(), spec.prompt.decode_steps.unwrap_or(0), None),
+            (_, Some(src)) => {
                 let g = &goldens[src];
                 let recorded = g.decode_steps();
                 let n = spec.prompt.decode_steps.unwrap_or(recorded);
@@ -117,9 +125,23 @@ impl Plan {
                 let forced = g
                     .forced(n)
                     .ok_or_else(|| invalid(format!("golden `{src}` lacks decode-step tokens")))?;
+                if let Some(ids) = &text_ids {
+                    if ids.as_slice() != g.prompt() {
+                        return Err(invalid(format!(
+                            "prompt.text tokenises to {} ids {:?}, but golden `{src}` ({}) recorded the prompt {:?}: \
+                             the golden was recorded for another text or tokenizer (regenerate it: touchstone goldens \
+                             regen {})",
+                            ids.len(),
+                            ids,
+                            g.path.display(),
+                            g.prompt(),
+                            spec.path.display()
+                        )));
+                    }
+                }
                 (g.prompt().to_vec(), n, Some(forced))
             }
-            (None, None) => unreachable!("Spec::parse requires tokens or golden"),
+            (None, None) => unreachable!("Spec::parse requires text, tokens or golden"),
         };
         // Goldens recorded for another model or prompt: one clear error, not a wall of mismatches.
         crate::provenance::check_fresh(&model, &config, &goldens, spec.prompt.tokens.as_deref())?;

@@ -41,6 +41,40 @@ pub struct Spec {
     /// rule replaces an earlier one, so write general rules (`*`) first.
     pub stages: Vec<(StagePattern, Vec<StageCheck>)>,
     pub run_checks: Vec<RunCheck>,
+    /// What `goldens regen` records (default: every step and stage, all rows).
+    pub record: RecordSpec,
+}
+
+/// `record:` — a subset of what the recorders write, so that a real model's
+/// goldens stay a few MB. Checks are planned only where a golden holds the
+/// (step, stage); the logits of a last-row golden are compared on that row.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordSpec {
+    /// Steps to record (`prefill`, `decode1`, ...); default all.
+    pub steps: Option<Vec<String>>,
+    /// Stage patterns to record (`embed`, `blk.0.*`, `logits`); default all.
+    pub stages: Option<Vec<String>>,
+    /// `all` (default) or `last`: record only the last row of each step's logits.
+    #[serde(default)]
+    pub logits: LogitsRows,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogitsRows {
+    #[default]
+    All,
+    Last,
+}
+
+impl LogitsRows {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogitsRows::All => "all",
+            LogitsRows::Last => "last",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -48,6 +82,13 @@ pub struct Spec {
 pub struct PromptSpec {
     /// Explicit prompt token ids.
     pub tokens: Option<Vec<u32>>,
+    /// Prompt text, tokenised with the model's own tokenizer (`tokenizer.json`
+    /// beside the weights, or a GGUF's vocabulary and merges).
+    pub text: Option<String>,
+    /// Wrap `text` in the model's chat template as one user message followed
+    /// by the assistant's generation prompt (the model must have a template).
+    #[serde(default)]
+    pub chat: bool,
     /// Take the prompt, and the tokens fed at each decode step (teacher forcing),
     /// from this golden source's recording.
     pub golden: Option<String>,
@@ -157,6 +198,8 @@ struct RawSpec {
     stages: StageRules,
     #[serde(default)]
     run_checks: Vec<RunCheck>,
+    #[serde(default)]
+    record: RecordSpec,
 }
 
 fn greedy() -> SamplingSpec {
@@ -267,8 +310,10 @@ impl Spec {
             tolerance: raw.tolerance.into_iter().map(|(k, v)| (k.0, v)).collect(),
             stages,
             run_checks: raw.run_checks,
+            record: raw.record,
         };
         spec.validate_references(text)?;
+        spec.validate_record(text)?;
         Ok(spec)
     }
 
@@ -330,25 +375,66 @@ impl Spec {
                 ));
             }
         }
-        match (&self.prompt.tokens, &self.prompt.golden) {
-            (Some(_), Some(_)) => Err(self.located(
+        let p = &self.prompt;
+        if p.chat && p.text.is_none() {
+            return Err(self.located(text, "chat", "prompt.chat needs `text:` (the user message)".into()));
+        }
+        match (&p.tokens, &p.text, &p.golden) {
+            (Some(_), Some(_), _) => Err(self.located(
                 text,
                 "prompt",
-                "prompt: give either `tokens` or `golden`, not both".into(),
+                "prompt: give either `tokens` or `text`, not both".into(),
             )),
-            (None, None) => Err(self.located(
+            (Some(_), None, Some(_)) => Err(self.located(
                 text,
                 "prompt",
-                "prompt: give `tokens: [ids...]` or `golden: SOURCE`".into(),
+                "prompt: give either `tokens` or `golden`, not both (with `text` and `golden`, the text must \
+                 tokenise to the golden's prompt)"
+                    .into(),
             )),
-            (Some(t), None) if t.is_empty() => Err(self.located(text, "tokens", "prompt.tokens is empty".into())),
-            (Some(_), None) if self.prompt.decode_steps.is_none() => Err(self.located(
+            (None, None, None) => Err(self.located(
                 text,
                 "prompt",
-                "prompt.decode_steps is required with explicit tokens".into(),
+                "prompt: give `text: \"...\"`, `tokens: [ids...]` or `golden: SOURCE`".into(),
+            )),
+            (Some(t), None, None) if t.is_empty() => {
+                Err(self.located(text, "tokens", "prompt.tokens is empty".into()))
+            }
+            (None, Some(t), _) if t.is_empty() => Err(self.located(text, "text", "prompt.text is empty".into())),
+            (_, _, None) if p.decode_steps.is_none() => Err(self.located(
+                text,
+                "prompt",
+                "prompt.decode_steps is required unless the prompt comes from a golden".into(),
             )),
             _ => Ok(()),
         }
+    }
+
+    /// `record:` names real steps and stage patterns.
+    fn validate_record(&self, text: &str) -> Result<()> {
+        if let Some(steps) = &self.record.steps {
+            if steps.is_empty() {
+                return Err(self.located(text, "steps", "record.steps is empty (leave it out to record every step)".into()));
+            }
+            for s in steps {
+                if crate::stage::Step::parse(s).is_none() {
+                    return Err(self.located(
+                        text,
+                        s,
+                        format!("record.steps: `{s}` is not a step (expected `prefill` or `decodeN`, N >= 1)"),
+                    ));
+                }
+            }
+        }
+        if let Some(stages) = &self.record.stages {
+            if stages.is_empty() {
+                return Err(self.located(text, "stages", "record.stages is empty (leave it out to record every stage)".into()));
+            }
+            for s in stages {
+                StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages: {msg}")))?;
+            }
+        }
+        Ok(())
     }
 
     fn located(&self, text: &str, needle: &str, msg: String) -> Error {
