@@ -108,8 +108,11 @@ LLAMA3_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 LLAMA_SPECIALS = ["<|end_of_text|>", "<|begin_of_text|>", "<|eot_id|>"]
-# Phi-3's chat specials (the first is EOS/pad).
-PHI3_SPECIALS = ["<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# Phi-3's specials (the first is EOS/pad, as in Phi-3-mini's config). <unk>,
+# <s> and </s> are required, not decoration: llama.cpp sets attributes on
+# them by name (token_to_id.at) for any model whose general.name contains
+# "phi3", and fails to load the vocabulary ("unordered_map::at") without them.
+PHI3_SPECIALS = ["<|endoftext|>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"]
 
 # Per family: pre-tokenizer regex, special tokens (the first is EOS/pad).
 FAMILIES = {
