@@ -6,11 +6,13 @@
 use std::fmt;
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 16] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 18] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
     ("v", BlockStage::V),
+    ("q_norm", BlockStage::QNorm),
+    ("k_norm", BlockStage::KNorm),
     ("q_rope", BlockStage::QRope),
     ("k_rope", BlockStage::KRope),
     ("attn_probs", BlockStage::AttnProbs),
@@ -31,6 +33,10 @@ pub enum BlockStage {
     Q,
     K,
     V,
+    /// Qwen3: per-head RMSNorm of q, before RoPE.
+    QNorm,
+    /// Qwen3: per-head RMSNorm of k, before RoPE.
+    KNorm,
     QRope,
     KRope,
     AttnProbs,
@@ -69,7 +75,10 @@ pub enum Stage {
 }
 
 impl Stage {
-    /// Every stage of a model with `n_layers` blocks, in execution order.
+    /// Every stage of the vocabulary for `n_layers` blocks, in execution
+    /// order, including stages only some architectures have (`q_norm`,
+    /// `k_norm`): what patterns are validated against. A model's own stages
+    /// are [`Stage::of_model`].
     pub fn all(n_layers: usize) -> Vec<Stage> {
         let mut v = vec![Stage::Embed];
         for l in 0..n_layers {
@@ -78,6 +87,15 @@ impl Stage {
         v.push(Stage::OutputNorm);
         v.push(Stage::Logits);
         v
+    }
+
+    /// The stages a model computes, in execution order: the vocabulary less
+    /// the per-head q/k norms when the architecture has none.
+    pub fn of_model(cfg: &crate::model::ModelConfig) -> Vec<Stage> {
+        Stage::all(cfg.layers)
+            .into_iter()
+            .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
+            .collect()
     }
 
     pub fn parse(s: &str) -> Option<Stage> {
@@ -197,7 +215,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 16 + 2);
+        assert_eq!(all.len(), 1 + 2 * 18 + 2);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

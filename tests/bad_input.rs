@@ -196,3 +196,47 @@ fn references_agree_needs_two_sources() {
         &["`references_agree` needs two golden sources"],
     );
 }
+
+/// A copy of the default model folder with `edit` applied to its config.json.
+fn model_with_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir_all(&m).unwrap();
+    for e in std::fs::read_dir(model_dir()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, m.join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = m.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    m
+}
+
+#[test]
+fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
+    use serde_json::json;
+    for (key, value, named) in [
+        ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type"),
+        ("hidden_act", json!("banana"), "hidden_act"),
+        ("final_logit_softcapping", json!(30.0), "final_logit_softcapping"),
+        ("partial_rotary_factor", json!(0.5), "partial_rotary_factor"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let m = model_with_config(d.path(), |c| c[key] = value.clone());
+        let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
+        let o = expect_exit2(&["run", &s.display().to_string()], &[&format!("`{named}`"), "not implemented"]);
+        assert!(o.stderr.contains("config.json"), "{}", o.stderr);
+    }
+}
+
+#[test]
+fn a_run_longer_than_a_sliding_window_in_force_is_refused() {
+    use serde_json::json;
+    let d = tempfile::tempdir().unwrap();
+    let m = model_with_config(d.path(), |c| {
+        c["sliding_window"] = json!(8);
+        c["use_sliding_window"] = json!(true);
+    });
+    let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
+    expect_exit2(&["run", &s.display().to_string()], &["sliding attention window is 8", "sliding_window"]);
+}

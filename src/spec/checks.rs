@@ -3,6 +3,7 @@
 //! `{golden: hf}`). Unknown names and parameters are errors with a suggestion;
 //! serde_yaml adds the line:col.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -22,7 +23,7 @@ pub const STAGE_CHECKS: [&str; 7] = [
     "golden",
     "references_agree",
 ];
-pub const RUN_CHECKS: [&str; 3] = ["determinism", "kv_cache", "greedy_tokens"];
+pub const RUN_CHECKS: [&str; 4] = ["determinism", "kv_cache", "greedy_tokens", "weights"];
 
 /// A check applied to each (step, stage) a pattern matches.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,7 +58,11 @@ pub enum StageCheck {
 pub enum RunCheck {
     Determinism(DeterminismSpec),
     KvCache(KvCacheSpec),
-    GreedyTokens { source: Option<String> },
+    GreedyTokens {
+        source: Option<String>,
+    },
+    /// The engine's weights equal the model file's, all finite, all used.
+    Weights,
 }
 
 impl RunCheck {
@@ -69,6 +74,7 @@ impl RunCheck {
             RunCheck::KvCache(_) => "kv_cache".into(),
             RunCheck::GreedyTokens { source: Some(s) } => format!("greedy_tokens:{s}"),
             RunCheck::GreedyTokens { source: None } => "greedy_tokens".into(),
+            RunCheck::Weights => "weights".into(),
         }
     }
 }
@@ -344,6 +350,7 @@ impl<'de> Deserialize<'de> for RunCheck {
                     "determinism" => Ok(RunCheck::Determinism(serde_yaml::from_str("{}").expect("defaults"))),
                     "kv_cache" => Ok(RunCheck::KvCache(serde_yaml::from_str("{}").expect("defaults"))),
                     "greedy_tokens" => Ok(RunCheck::GreedyTokens { source: None }),
+                    "weights" => Ok(RunCheck::Weights),
                     other => Err(unknown("run check", other, &RUN_CHECKS)),
                 }
             }
@@ -380,6 +387,18 @@ impl<'de> Deserialize<'de> for RunCheck {
                             Some(StrOrMap::Map(p)) => p.source,
                         },
                     },
+                    "weights" => {
+                        // `{weights: null}` or `{weights: {}}`: no parameters.
+                        match map.next_value::<Option<BTreeMap<String, serde_yaml::Value>>>()? {
+                            Some(m) if !m.is_empty() => {
+                                return Err(de::Error::custom(format!(
+                                    "weights takes no parameters, got: {}",
+                                    m.keys().cloned().collect::<Vec<_>>().join(", ")
+                                )))
+                            }
+                            _ => RunCheck::Weights,
+                        }
+                    }
                     other => return Err(unknown("run check", other, &RUN_CHECKS)),
                 };
                 if let Some(extra) = map.next_key::<String>()? {

@@ -27,6 +27,9 @@ pub struct Spec {
     /// Display name (default: the file stem), used in trial ids.
     pub name: String,
     pub model: PathBuf,
+    /// The name after `cache:` when the spec's model lives in touchstone's
+    /// cache (`crate::cache`), for the "how to fetch it" hint.
+    pub cached_model: Option<String>,
     /// Golden source name (`hf`, `llama.cpp`, ...) → golden file.
     pub goldens: BTreeMap<String, PathBuf>,
     pub prompt: PromptSpec,
@@ -284,7 +287,19 @@ impl Spec {
         let spec = Spec {
             path: path.to_path_buf(),
             name,
-            model: dir.join(&raw.model),
+            model: match raw
+                .model
+                .to_str()
+                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+            {
+                Some(name) => crate::cache::model_path(name),
+                None => dir.join(&raw.model),
+            },
+            cached_model: raw
+                .model
+                .to_str()
+                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+                .map(str::to_string),
             goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
             prompt: raw.prompt,
             sampling: raw.sampling,
@@ -397,9 +412,7 @@ impl Spec {
                 "prompt",
                 "prompt: give `text: \"...\"`, `tokens: [ids...]` or `golden: SOURCE`".into(),
             )),
-            (Some(t), None, None) if t.is_empty() => {
-                Err(self.located(text, "tokens", "prompt.tokens is empty".into()))
-            }
+            (Some(t), None, None) if t.is_empty() => Err(self.located(text, "tokens", "prompt.tokens is empty".into())),
             (None, Some(t), _) if t.is_empty() => Err(self.located(text, "text", "prompt.text is empty".into())),
             (_, _, None) if p.decode_steps.is_none() => Err(self.located(
                 text,
@@ -414,7 +427,11 @@ impl Spec {
     fn validate_record(&self, text: &str) -> Result<()> {
         if let Some(steps) = &self.record.steps {
             if steps.is_empty() {
-                return Err(self.located(text, "steps", "record.steps is empty (leave it out to record every step)".into()));
+                return Err(self.located(
+                    text,
+                    "steps",
+                    "record.steps is empty (leave it out to record every step)".into(),
+                ));
             }
             for s in steps {
                 if crate::stage::Step::parse(s).is_none() {
@@ -428,7 +445,11 @@ impl Spec {
         }
         if let Some(stages) = &self.record.stages {
             if stages.is_empty() {
-                return Err(self.located(text, "stages", "record.stages is empty (leave it out to record every stage)".into()));
+                return Err(self.located(
+                    text,
+                    "stages",
+                    "record.stages is empty (leave it out to record every stage)".into(),
+                ));
             }
             for s in stages {
                 StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages: {msg}")))?;

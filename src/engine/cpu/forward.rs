@@ -19,6 +19,7 @@ use crate::tensor::{DType, Tensor};
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::ModelWeights;
+use super::mutants::{Mutant, Mutants};
 use super::ops::{add, matmul_wt, rmsnorm, silu_mul, Rope};
 use crate::model::ModelConfig;
 
@@ -29,6 +30,8 @@ pub struct Tap<'a> {
     pub caps: &'a mut Captures,
     /// The run's storage dtype: every capture is tagged with it (see `tag`).
     pub dtype: DType,
+    /// Planted bugs (test builds only).
+    pub mutants: Mutants,
 }
 
 impl Tap<'_> {
@@ -105,6 +108,15 @@ pub fn forward(
         tap.copy(st(B::Q), &[t, h, d], &q);
         tap.copy(st(B::K), &[t, kv, d], &k);
         tap.copy(st(B::V), &[t, kv, d], &vv);
+        // Qwen3: RMSNorm over each head's D values (rows of D), before RoPE.
+        if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+            if !tap.mutants.is(Mutant::SkipQkNorm) {
+                q = stored(rmsnorm(&q, d, qn, cfg.rms_eps));
+                k = stored(rmsnorm(&k, d, kn, cfg.rms_eps));
+            }
+            tap.copy(st(B::QNorm), &[t, h, d], &q);
+            tap.copy(st(B::KNorm), &[t, kv, d], &k);
+        }
         rope.apply(&mut q, h, &positions);
         rope.apply(&mut k, kv, &positions);
         sd.round_slice(&mut q);

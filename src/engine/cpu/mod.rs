@@ -12,6 +12,7 @@ mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
+pub(crate) mod mutants;
 pub(crate) mod ops;
 #[cfg(test)]
 pub(crate) mod test_model;
@@ -38,6 +39,8 @@ pub struct CpuEngine {
     rope: Rope,
     /// Weights and stage outputs are rounded to this (f32: nothing is rounded).
     storage: DType,
+    /// Planted bugs (test builds only; see `mutants`).
+    mutants: mutants::Mutants,
 }
 
 impl CpuEngine {
@@ -70,7 +73,15 @@ impl CpuEngine {
             weights,
             rope,
             storage,
+            mutants: mutants::Mutants::default(),
         })
+    }
+
+    /// This engine with a bug planted (tests only).
+    #[cfg(test)]
+    pub(crate) fn mutated(mut self, m: mutants::Mutant) -> CpuEngine {
+        self.mutants = mutants::Mutants::with(m);
+        self
     }
 
     /// The storage dtype this engine emulates.
@@ -86,6 +97,11 @@ impl Engine for CpuEngine {
 
     fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
+        self.weights.visit(&self.cfg, f);
+        Ok(())
     }
 
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
@@ -110,6 +126,7 @@ impl Engine for CpuEngine {
                 step,
                 caps: &mut captures,
                 dtype: self.storage,
+                mutants: self.mutants,
             };
             let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
             sampled.push(sampler.sample(&logits));
