@@ -216,7 +216,11 @@ fn model_with_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::V
 fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
     use serde_json::json;
     for (key, value, named) in [
-        ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type"),
+        (
+            "rope_scaling",
+            json!({"rope_type": "yarn", "factor": 4.0}),
+            "rope_scaling.rope_type",
+        ),
         ("hidden_act", json!("banana"), "hidden_act"),
         ("final_logit_softcapping", json!(30.0), "final_logit_softcapping"),
         ("partial_rotary_factor", json!(0.5), "partial_rotary_factor"),
@@ -224,7 +228,10 @@ fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
         let d = tempfile::tempdir().unwrap();
         let m = model_with_config(d.path(), |c| c[key] = value.clone());
         let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
-        let o = expect_exit2(&["run", &s.display().to_string()], &[&format!("`{named}`"), "not implemented"]);
+        let o = expect_exit2(
+            &["run", &s.display().to_string()],
+            &[&format!("`{named}`"), "not implemented"],
+        );
         assert!(o.stderr.contains("config.json"), "{}", o.stderr);
     }
 }
@@ -238,5 +245,8 @@ fn a_run_longer_than_a_sliding_window_in_force_is_refused() {
         c["use_sliding_window"] = json!(true);
     });
     let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
-    expect_exit2(&["run", &s.display().to_string()], &["sliding attention window is 8", "sliding_window"]);
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &["sliding attention window is 8", "sliding_window"],
+    );
 }

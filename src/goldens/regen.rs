@@ -85,18 +85,6 @@ pub struct Job {
     pub args: RecordArgs,
 }
 
-/// `$TOUCHSTONE_CACHE`, default `~/.cache/touchstone`: the recorders' venv,
-/// libllama and downloaded models live there, outside every checkout.
-pub fn touchstone_cache() -> PathBuf {
-    match std::env::var_os("TOUCHSTONE_CACHE").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir)
-            .join(".cache/touchstone"),
-    }
-}
-
 /// A fresh folder for one regen's intermediate files, removed on drop (so
 /// also when regen fails and returns early). A SIGKILL leaves it in the
 /// system's temporary folder, never in the checkout.
@@ -294,7 +282,7 @@ fn pins_ok(python: &Path, reqs: &Path) -> std::result::Result<(), String> {
 /// Finds or builds the recorders' interpreter (see the module comment).
 fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> Result<PathBuf> {
     let reqs = root.join("goldens/recorders/requirements.txt");
-    let cache_venv = touchstone_cache().join("recorders-venv");
+    let cache_venv = crate::cache::dir().join("recorders-venv");
     progress.start("checking the recorders' Python environment");
     if let Some(p) = explicit {
         return match pins_ok(p, &reqs) {
@@ -425,9 +413,15 @@ fn subset_args(args: &RecordArgs) -> Vec<String> {
 fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
     |line: &str| {
         let l = line.trim();
-        if ["record_hf.py:", "record_llamacpp.py:", "build_llamacpp.py:", "convert_gguf.py:", "INFO:hf-to-gguf:"]
-            .iter()
-            .any(|p| l.starts_with(p))
+        if [
+            "record_hf.py:",
+            "record_llamacpp.py:",
+            "build_llamacpp.py:",
+            "convert_gguf.py:",
+            "INFO:hf-to-gguf:",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
         {
             progress.detail(l);
         }
@@ -540,7 +534,10 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 let gguf = if is_gguf(&j.model) {
                     j.model.clone()
                 } else {
-                    let gguf = work.join(format!("{}-{}", g.spec, g.source)).join("model.gguf");
+                    // A folder per job, the file named as regen.sh names it.
+                    let dir = work.join(format!("{}-{}", g.spec, g.source));
+                    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                    let gguf = dir.join("model.gguf");
                     let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
                     c.arg(&j.model).arg(&gguf);
                     run_recorder(c, "convert_gguf.py", &progress)?;

@@ -437,7 +437,13 @@ where
     fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
         let (e, v, d) = (self.cfg.hidden, self.cfg.vocab, self.cfg.head_dim);
         let back = |buf: &CudaSlice<T>| -> Result<Vec<f32>> {
-            Ok(self.stream.clone_dtoh(buf).map_err(err)?.into_iter().map(T::to_f32).collect())
+            Ok(self
+                .stream
+                .clone_dtoh(buf)
+                .map_err(err)?
+                .into_iter()
+                .map(T::to_f32)
+                .collect())
         };
         let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &DevLinear<T>| -> Result<()> {
             f(&format!("{name}.weight"), &[l.out_f, l.in_f], &back(&l.w)?);
@@ -459,7 +465,11 @@ where
                 f(&format!("{p}.self_attn.k_norm.weight"), &[d], &back(kn)?);
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
-            f(&format!("{p}.post_attention_layernorm.weight"), &[e], &back(&b.ffn_norm)?);
+            f(
+                &format!("{p}.post_attention_layernorm.weight"),
+                &[e],
+                &back(&b.ffn_norm)?,
+            );
             lin(f, &format!("{p}.mlp.gate_proj"), &b.gate)?;
             lin(f, &format!("{p}.mlp.up_proj"), &b.up)?;
             lin(f, &format!("{p}.mlp.down_proj"), &b.down)?;
