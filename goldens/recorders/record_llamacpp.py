@@ -377,7 +377,9 @@ def main():
     assert rope_type == ROPE_TYPE[arch], f"arch {arch}, rope type {rope_type}"
     permuted = arch in QK_PERMUTED
     assert hf_cfg["model_type"] == arch, (hf_cfg["model_type"], arch)
-    log(f"{arch} `{meta('general.name')}`, {n_layer} layers, vocab {n_vocab}")
+    # Read now: the model is freed before the provenance is written.
+    general_name, file_type = meta("general.name"), meta("general.file_type")
+    log(f"{arch} `{general_name}`, {n_layer} layers, vocab {n_vocab}")
 
     # llama.cpp's own tokenization of the prompt text: recorded, and must
     # agree with HF's (the tokens fed are HF's either way). A chat prompt is
@@ -507,8 +509,8 @@ def main():
     # they always had, so their goldens stay byte-identical.
     if hf_prov.get("gguf_sha256") == gguf_sha:
         prov["model"] = {"format": "gguf", "file": os.path.basename(args.gguf), "sha256": gguf_sha,
-                         "general_name": meta("general.name"), "architecture": arch,
-                         "file_type": int(meta("general.file_type") or -1)}
+                         "general_name": general_name, "architecture": arch,
+                         "file_type": None if file_type is None else int(file_type)}
     if record is not None:
         prov["record"] = record
     metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
