@@ -22,8 +22,8 @@ tensors are converted by the unpatched code):
      qwen3 ("qwen2"), Llama 3's for llama and phi3 ("llama-bpe"). A real
      model's known hash is answered by the converter itself.
 
-GGUF `general.name`: --model-name, else the config's `_name_or_path` (its
-last path part), else the folder name; a folder called `model` (the layout
+GGUF `general.name`: --model-name, else the config's `_model_name_or_path`
+or `_name_or_path` (its last path part), else the folder name; a folder called `model` (the layout
 goldens/<name>/model/, whose own name says nothing) is named after its parent,
 and a parent `<family>-tiny` gives `touchstone-<family>-tiny`, the name the
 committed tiny GGUFs carry. The output is byte-for-byte reproducible and does
@@ -50,7 +50,9 @@ PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3
 
 def default_name(model_dir, cfg):
     """GGUF general.name when --model-name is not given (see the docstring)."""
-    named = (cfg.get("_name_or_path") or "").rstrip("/")
+    # transformers 4 saved `_name_or_path`; 5 saves `_model_name_or_path`
+    # (for a model loaded from a GGUF: the GGUF's general.name).
+    named = (cfg.get("_model_name_or_path") or cfg.get("_name_or_path") or "").rstrip("/")
     if named:
         return named.split("/")[-1]
     folder = os.path.basename(model_dir.rstrip("/"))
