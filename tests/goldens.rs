@@ -274,9 +274,13 @@ fn llama_cpp_source_converts_then_records_with_the_hf_tokens() {
 /// Starts a regen that will pause as told, waits for `ready`, SIGKILLs it.
 fn kill_regen_when(sc: &Scratch, envs: &[(&str, String)], ready: impl Fn() -> bool) {
     let fake = fake_python(sc.dir.path());
+    // A SIGKILL leaves regen's work folder behind: keep it in the scratch folder.
+    let tmp = sc.dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_touchstone"))
         .args(["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)])
         .env_remove("CI")
+        .env("TMPDIR", &tmp)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .current_dir(root())
         .stdout(std::process::Stdio::null())
