@@ -539,6 +539,10 @@ def main():
     # half-written golden file behind.
     tmp = args.out_file + ".tmp"
     save_deterministic(out, metadata, tmp)
+    if os.path.exists(args.out_file):
+        # Replacing is what the caller asked for (regen.sh starts from empty
+        # folders, goldens regen from a fresh one), but never silently.
+        log(f"replacing the existing {args.out_file}")
     os.replace(tmp, args.out_file)
     log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
 

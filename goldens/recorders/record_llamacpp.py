@@ -517,6 +517,10 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
     tmp = args.out_file + ".tmp"
     save_deterministic(out, metadata, tmp)
+    if os.path.exists(args.out_file):
+        # Replacing is what the caller asked for (regen.sh starts from empty
+        # folders, goldens regen from a fresh one), but never silently.
+        log(f"replacing the existing {args.out_file}")
     os.replace(tmp, args.out_file)
     log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
     print(json.dumps({
