@@ -156,11 +156,34 @@ impl Plan {
             )));
         }
 
-        let total = prompt.len() + decode_steps;
-        if let Some(why) = config.unfaithful_beyond(total) {
-            return Err(invalid(why));
+        // Every run the checks make must fit the model's context (and a
+        // sliding window in force): steps beyond it compute nothing faithful.
+        let mut runs = vec![("the prompt plus prompt.decode_steps", decode_steps)];
+        for rc in &spec.run_checks {
+            match rc {
+                RunCheck::Determinism(d) => runs.push(("the prompt plus determinism.decode_steps", d.decode_steps)),
+                RunCheck::KvCache(k) => runs.push((
+                    "the prompt plus kv_cache.decode_steps",
+                    k.decode_steps.unwrap_or(decode_steps),
+                )),
+                _ => {}
+            }
         }
-        let stages = Stage::of_model(&config);
+        for (what, steps) in runs {
+            let total = prompt.len() + steps;
+            if let Some(ctx) = config.context_length.filter(|&c| total > c) {
+                return Err(invalid(format!(
+                    "{what} reach {total} positions ({} + {steps}), but the model's context is {ctx} positions \
+                     (max_position_embeddings / context_length)",
+                    prompt.len()
+                )));
+            }
+            if let Some(why) = config.unfaithful_beyond(total) {
+                return Err(invalid(why));
+            }
+        }
+        let random = matches!(spec.sampling, crate::spec::SamplingSpec::Random { .. });
+        let stages = Stage::of_model(&config, random);
         for (pattern, _) in &spec.stages {
             if let Some(l) = pattern.named_layer() {
                 if l >= config.layers {
@@ -269,6 +292,7 @@ impl Plan {
         match stage {
             Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
             Stage::Logits => vec![t, c.vocab],
+            Stage::SampleProbs => vec![1, c.vocab],
             Stage::Block(_, b) => match b {
                 BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
                 BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {

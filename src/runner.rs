@@ -211,7 +211,7 @@ fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &
         StageCheckKind::SoftmaxRows { tol } => invariants::softmax_rows(t, *tol),
         StageCheckKind::Causal => invariants::causal(t, positions),
         StageCheckKind::Rope { input, style, tol } => match out.captures.get(step, *input) {
-            Some(i) => invariants::rope(i, t, positions, *style, *tol),
+            Some(i) => invariants::rope(i, t, positions, *style, *tol, plan.config.rope_theta),
             None => Verdict::fail(format!(
                 "the engine returned no capture for the rope input {step}/{input}"
             )),

@@ -72,6 +72,10 @@ pub enum Stage {
     Block(usize, BlockStage),
     OutputNorm,
     Logits,
+    /// `[1, V]`: the distribution a random draw samples the step's token from
+    /// (after temperature, top-k and top-p; 0 for removed tokens). Only runs
+    /// with random sampling have it.
+    SampleProbs,
 }
 
 impl Stage {
@@ -86,15 +90,18 @@ impl Stage {
         }
         v.push(Stage::OutputNorm);
         v.push(Stage::Logits);
+        v.push(Stage::SampleProbs);
         v
     }
 
     /// The stages a model computes, in execution order: the vocabulary less
-    /// the per-head q/k norms when the architecture has none.
-    pub fn of_model(cfg: &crate::model::ModelConfig) -> Vec<Stage> {
+    /// the per-head q/k norms when the architecture has none, and less
+    /// `sample_probs` unless the run samples at random.
+    pub fn of_model(cfg: &crate::model::ModelConfig, random_sampling: bool) -> Vec<Stage> {
         Stage::all(cfg.layers)
             .into_iter()
             .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
+            .filter(|s| random_sampling || *s != Stage::SampleProbs)
             .collect()
     }
 
@@ -103,6 +110,7 @@ impl Stage {
             "embed" => Some(Stage::Embed),
             "output_norm" => Some(Stage::OutputNorm),
             "logits" => Some(Stage::Logits),
+            "sample_probs" => Some(Stage::SampleProbs),
             _ => {
                 let rest = s.strip_prefix("blk.")?;
                 let (layer, name) = rest.split_once('.')?;
@@ -138,6 +146,7 @@ impl fmt::Display for Stage {
             Stage::Block(l, b) => write!(f, "blk.{l}.{}", b.name()),
             Stage::OutputNorm => f.write_str("output_norm"),
             Stage::Logits => f.write_str("logits"),
+            Stage::SampleProbs => f.write_str("sample_probs"),
         }
     }
 }
@@ -148,6 +157,7 @@ pub fn generic_stage_names() -> Vec<String> {
     v.extend(BLOCK_STAGES.iter().map(|(n, _)| format!("blk.*.{n}")));
     v.push("output_norm".into());
     v.push("logits".into());
+    v.push("sample_probs".into());
     v
 }
 
@@ -215,7 +225,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 18 + 2);
+        assert_eq!(all.len(), 1 + 2 * 18 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

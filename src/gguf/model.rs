@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::model::{LoadOptions, ModelConfig, Weights};
 use crate::tensor::Tensor;
 
-use super::{GgufFile, Value};
+use super::{quant, GgmlType, GgufFile, Value};
 
 /// `general.architecture` values this loader accepts.
 pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "qwen3", "llama", "phi3"];
@@ -284,8 +284,9 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
     out
 }
 
-/// Reads every tensor as f32, renamed to HF names, checked against the
-/// architecture's expected tensors and shapes; Llama Q/K rows un-permuted
+/// Reads every tensor as f32 (quantised types dequantised), renamed to HF
+/// names, checked against the architecture's expected tensors and shapes, and
+/// refused with every tensor named if any type cannot be read; Llama Q/K rows un-permuted
 /// unless `opts.keep_gguf_qk_permutation`. Tensors with no HF name keep their
 /// GGUF name (the engine then reports them as unused).
 pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<Weights> {
@@ -310,6 +311,7 @@ pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<We
             Some(_) => {}
         }
     }
+    unreadable(f)?;
     let unpermute = cfg.arch == "llama" && !opts.keep_gguf_qk_permutation;
     let mut out = BTreeMap::new();
     for info in &f.tensors {
@@ -333,6 +335,37 @@ pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<We
         out.insert(name, t);
     }
     Ok(Weights::from_map(f.path.clone(), out))
+}
+
+/// Every tensor of a type that cannot be read, named and counted per type in
+/// one error: a model in an unsupported quantisation is then refused with the
+/// whole list, not one tensor at a time.
+fn unreadable(f: &GgufFile) -> Result<()> {
+    let mut by_type: BTreeMap<GgmlType, Vec<&str>> = BTreeMap::new();
+    for t in f.tensors.iter().filter(|t| !t.ggml_type.readable()) {
+        by_type.entry(t.ggml_type).or_default().push(&t.name);
+    }
+    if by_type.is_empty() {
+        return Ok(());
+    }
+    let clauses: Vec<String> = by_type
+        .iter()
+        .map(|(ty, names)| {
+            let (n, verb) = match names.len() {
+                1 => ("1 tensor".to_string(), "is"),
+                n => (format!("{n} tensors"), "are"),
+            };
+            format!("{n} of type {} {verb} not supported: {}", ty.name(), names.join(", "))
+        })
+        .collect();
+    Err(Error::model(
+        &f.path,
+        format!(
+            "{} (dequantisation exists for {})",
+            clauses.join("; "),
+            quant::readable_names()
+        ),
+    ))
 }
 
 /// llama.cpp's `permute(w, n_head)`: within each head of D rows, HF row

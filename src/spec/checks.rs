@@ -101,9 +101,9 @@ pub struct DeterminismSpec {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvCacheSpec {
-    #[serde(default = "default_kv_atol")]
+    #[serde(default = "default_kv_atol", deserialize_with = "tol_value")]
     pub atol: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "tol_value")]
     pub rtol: f64,
     /// Decode steps to generate (default: the prompt's decode_steps).
     pub decode_steps: Option<usize>,
@@ -125,6 +125,26 @@ fn default_determinism_sampling() -> SamplingSpec {
         top_p: Some(0.95),
     }
 }
+/// A tolerance: a finite number >= 0. NaN makes every comparison false (a
+/// check that cannot fail), infinity accepts everything, and a negative bound
+/// rejects everything: each is a spec error, located at its value.
+pub(crate) fn tol_value<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(de::Error::custom(format!(
+            "a tolerance must be a finite number >= 0, got {v} (NaN or infinity would make the check unable to \
+             fail, a negative one unable to pass)"
+        )))
+    }
+}
+
+/// `tol_value` for an optional tolerance.
+pub(crate) fn opt_tol_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    tol_value(d).map(Some)
+}
+
 fn default_softmax_tol() -> f64 {
     1e-5
 }
@@ -135,7 +155,7 @@ fn default_rope_tol() -> f64 {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SoftmaxParams {
-    #[serde(default = "default_softmax_tol")]
+    #[serde(default = "default_softmax_tol", deserialize_with = "tol_value")]
     tol: f64,
 }
 
@@ -145,7 +165,7 @@ struct RopeParams {
     input: Option<TemplateText>,
     #[serde(default = "default_style")]
     style: StyleName,
-    #[serde(default = "default_rope_tol")]
+    #[serde(default = "default_rope_tol", deserialize_with = "tol_value")]
     tol: f64,
 }
 
@@ -190,14 +210,18 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for StrOrMap<T> {
 #[serde(deny_unknown_fields)]
 struct GoldenFull {
     source: Option<String>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     atol: Option<f64>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     rtol: Option<f64>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToleranceParams {
+    #[serde(default, deserialize_with = "opt_tol_value")]
     atol: Option<f64>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     rtol: Option<f64>,
 }
 
