@@ -527,3 +527,44 @@ fn a_gguf_model_is_recorded_as_it_is_by_both_recorders() {
     );
     let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }
+
+#[test]
+fn a_llama_cpp_regen_is_fed_the_specs_own_hf_golden() {
+    // The HF golden has a name of its own; no `hf.safetensors` lies beside the
+    // llama.cpp golden, so only the spec can say which file to take the ids from.
+    let sc = scratch("hf-name");
+    let d = sc.dir.path().join("refs");
+    std::fs::create_dir(&d).unwrap();
+    let hf = d.join("reference-hf.safetensors");
+    std::fs::copy(&sc.golden, &hf).unwrap();
+    let lc = sc.dir.path().join("lc").join("llamacpp.safetensors");
+    std::fs::create_dir(lc.parent().unwrap()).unwrap();
+    std::fs::copy(&sc.golden, &lc).unwrap();
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace(&s(&sc.golden), &s(&hf))
+        .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&lc)));
+    std::fs::write(&sc.spec, text).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &[
+            "goldens",
+            "regen",
+            &s(&sc.spec),
+            "--source",
+            "llama.cpp",
+            "--python",
+            &s(&fake),
+        ],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
+    );
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let last = calls.lines().last().unwrap();
+    assert!(
+        last.starts_with("record_llamacpp.py ") && last.ends_with(&format!("--hf-golden {}", s(&hf))),
+        "{calls}"
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}

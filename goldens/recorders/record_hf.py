@@ -420,7 +420,7 @@ def main():
     with torch.no_grad():
         for prm in model.parameters():
             prm.data = prm.data.clone()
-        for buf_name, buf in model.named_buffers():
+        for buf in model.buffers():
             if buf.data_ptr() % 64:
                 buf.data = buf.data.clone()
     assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())

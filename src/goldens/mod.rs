@@ -92,6 +92,11 @@ fn record_args(spec: &Spec) -> RecordArgs {
         steps: spec.record.steps.clone(),
         stages: spec.record.stages.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
+        hf_golden: spec
+            .goldens
+            .iter()
+            .find(|(source, _)| Recorder::for_source(source) == Some(Recorder::Hf))
+            .map(|(_, path)| path.clone()),
     }
 }
 

@@ -74,6 +74,9 @@ pub struct RecordArgs {
     pub stages: Option<Vec<String>>,
     /// `record.logits: last`: only the last row of each step's logits.
     pub logits_last: bool,
+    /// The spec's `hf` golden: the token ids a llama.cpp recording is fed
+    /// when no HF golden is recorded in the same run.
+    pub hf_golden: Option<PathBuf>,
 }
 
 /// A golden to regenerate: the ref plus the model it is recorded from.
@@ -543,9 +546,17 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     run_recorder(c, "convert_gguf.py", &progress)?;
                     gguf
                 };
+                // The token ids to feed: the HF golden recorded in this run,
+                // else the spec's current `hf` golden, else an `hf.safetensors`
+                // beside this golden.
                 let hf = fresh_hf.get(&g.spec).cloned().or_else(|| {
-                    let p = g.golden.with_file_name("hf.safetensors");
-                    p.exists().then_some(p)
+                    [
+                        j.args.hf_golden.clone(),
+                        Some(g.golden.with_file_name("hf.safetensors")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p.exists())
                 });
                 let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
                 c.arg(&gguf).arg(&out);
