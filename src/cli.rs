@@ -191,23 +191,14 @@ impl SourceArg {
 }
 
 impl SinkArgs {
-    /// Writes each requested file (atomically) from its renderer.
-    fn write(
-        &self,
-        junit: impl Fn() -> String,
-        markdown: impl Fn() -> String,
-        html: impl Fn() -> String,
-    ) -> Result<()> {
-        for (path, render) in [
-            (&self.junit, &junit as &dyn Fn() -> String),
-            (&self.markdown, &markdown),
-            (&self.html, &html),
-        ] {
-            if let Some(p) = path {
-                crate::goldens::pending::write_atomic(p, render().as_bytes())?;
-            }
-        }
-        Ok(())
+    /// The report outputs with `json` first, resolved (checked) before the run.
+    fn resolve(&self, json: Option<&Path>) -> Result<report::outputs::Outputs> {
+        report::outputs::Outputs::resolve(&[
+            ("--json", json),
+            ("--junit", self.junit.as_deref()),
+            ("--markdown", self.markdown.as_deref()),
+            ("--html", self.html.as_deref()),
+        ])
     }
 }
 
@@ -331,6 +322,8 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                     }
                 }
             }
+            // Report paths are checked before anything runs.
+            let outputs = sinks.resolve(json.as_deref())?;
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
             let mut report = Report::default();
             // Plan everything first so bad input fails before any engine runs.
@@ -367,15 +360,18 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                     "no check matched --only; `touchstone list` shows the ids".into(),
                 ));
             }
-            print!("{}", report::terminal::render(&report));
-            if let Some(path) = json {
-                report::json::write(&report, &path)?;
+            let text = report::terminal::render(&report);
+            if outputs.uses_stdout() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
             }
-            sinks.write(
-                || report::junit::render(&report),
-                || report::markdown::render(&report),
-                || report::html::render(&report),
-            )?;
+            outputs.commit(&|flag| match flag {
+                "--json" => report::json::to_string(&report),
+                "--junit" => report::junit::render(&report),
+                "--markdown" => report::markdown::render(&report),
+                _ => report::html::render(&report),
+            })?;
             if !bad.is_empty() {
                 let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
                 return Err(Error::Usage(format!(
@@ -426,9 +422,19 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             sinks,
         } => {
             use crate::diff::render;
+            let outputs = sinks.resolve(None)?;
             let d = crate::diff::diff_files(&base, &new, factor, allow_vanished)?;
-            print!("{}", render::terminal_rows(&d, changed));
-            sinks.write(|| render::junit(&d), || render::markdown(&d), || render::html(&d))?;
+            let text = render::terminal_rows(&d, changed);
+            if outputs.uses_stdout() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            outputs.commit(&|flag| match flag {
+                "--junit" => render::junit(&d),
+                "--markdown" => render::markdown(&d),
+                _ => render::html(&d),
+            })?;
             Ok(if d.regressed() {
                 Outcome::Failed
             } else {

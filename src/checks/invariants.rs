@@ -323,7 +323,7 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
         for hh in 0..n {
             let base = (tt * n + hh) * d;
             let (mut vec_diff, mut all_zero) = (0.0f64, true);
-            for j in 0..d / 2 {
+            for (j, &freq) in inv_freq.iter().enumerate() {
                 let (i0, i1) = style.pair(j, d);
                 let (x0, x1) = (a[base + i0] as f64, a[base + i1] as f64);
                 let (y0, y1) = (b[base + i0] as f64, b[base + i1] as f64);
@@ -335,7 +335,7 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
                     norm_first.get_or_insert((tt, hh, j, nin, nout));
                 }
                 all_zero &= nin <= tol;
-                let angle = p as f64 * inv_freq[j];
+                let angle = p as f64 * freq;
                 let (c, sn) = (angle.cos(), angle.sin());
                 let (r0, r1) = (x0 * c - x1 * sn, x1 * c + x0 * sn);
                 let resid = (y0 - r0).hypot(y1 - r1);
