@@ -113,9 +113,61 @@ fn le_f32(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The deepest bracket nesting accepted in a `.npy` header. A plain dtype's
+/// header nests 2 deep (`{... 'shape': (2, 3), }`); npyz's header parser is
+/// exponential in the nesting depth, so a 176-byte header nesting 24 brackets
+/// took over a minute before this bound.
+const NPY_MAX_HEADER_NESTING: usize = 8;
+/// numpy writes headers of at most a few hundred bytes (64 KiB in format 1).
+const NPY_MAX_HEADER_BYTES: usize = 1 << 16;
+
+/// Checks a `.npy` header's framing before npyz parses it: magic, version,
+/// declared length within the bytes and the limit, and nesting depth.
+fn check_npy_header(bytes: &[u8]) -> std::result::Result<(), String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file (no \\x93NUMPY magic)".into());
+    }
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
+        v => return Err(format!(".npy format version {v} is not supported (1, 2, 3)")),
+    };
+    if len > NPY_MAX_HEADER_BYTES {
+        return Err(format!(
+            "the header declares {len} bytes; at most {NPY_MAX_HEADER_BYTES} are accepted"
+        ));
+    }
+    let header = bytes.get(start..start + len).ok_or_else(|| {
+        format!(
+            "the header declares {len} bytes but the file ends after {}",
+            bytes.len() - start
+        )
+    })?;
+    let mut depth = 0usize;
+    for &b in header {
+        match b {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                if depth > NPY_MAX_HEADER_NESTING {
+                    return Err(format!(
+                        "the header nests brackets deeper than {NPY_MAX_HEADER_NESTING} levels (a plain dtype needs 2)"
+                    ));
+                }
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Reads one `.npy` array; the tensor is named after the file stem.
 pub fn read_npy(path: &Path) -> Result<TensorFile> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    check_npy_header(&bytes).map_err(|m| Error::tensor_file(path, format!("not a valid .npy file: {m}")))?;
     let npy =
         npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
     let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
@@ -128,19 +180,39 @@ pub fn read_npy(path: &Path) -> Result<TensorFile> {
 }
 
 /// Reads every array of a `.npz` archive (numpy's `savez`); tensors keep their array names.
+/// Each member is read whole (at most its declared size, so a forged size
+/// cannot make it read more) and its header checked before npyz parses it.
 pub fn read_npz(path: &Path) -> Result<TensorFile> {
+    use std::io::Read;
     let bad = |msg: String| Error::tensor_file(path, msg);
-    let mut npz = npyz::npz::NpzArchive::open(path).map_err(|e| bad(format!("not a valid .npz archive: {e}")))?;
-    let names: Vec<String> = npz.array_names().map(str::to_string).collect();
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(format!("not a valid .npz archive: {e}")))?;
     let mut out = TensorFile {
         path: path.to_path_buf(),
         ..Default::default()
     };
-    for name in names {
-        let npy = npz
-            .by_name(&name)
-            .map_err(|e| bad(format!("array `{name}`: {e}")))?
-            .ok_or_else(|| bad(format!("array `{name}` is listed but cannot be read")))?;
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(|e| bad(format!("member {i}: {e}")))?;
+        let member = entry.name().to_string();
+        let Some(name) = member.strip_suffix(".npy").map(str::to_string) else {
+            continue;
+        };
+        // Deflate expands at most ~1032x: a declared size beyond that of the
+        // whole archive is a forgery, refused before any allocation.
+        let declared = entry.size();
+        if declared > file_len.saturating_mul(1032) + (1 << 20) {
+            return Err(bad(format!(
+                "array `{name}` declares {declared} bytes, impossible for a {file_len}-byte archive"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(declared as usize);
+        (&mut entry)
+            .take(declared)
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(format!("array `{name}`: {e}")))?;
+        check_npy_header(&bytes).map_err(|m| bad(format!("array `{name}`: {m}")))?;
+        let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| bad(format!("array `{name}`: {e}")))?;
         read_npy_array(npy, name, path, &mut out)?;
     }
     Ok(out)
@@ -250,4 +322,43 @@ pub fn write_safetensors(
     safetensors::serialize_to_file(views, Some(meta), &tmp)
         .map_err(|e| Error::tensor_file(&tmp, format!("cannot write: {e}")))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod npy_header_tests {
+    use super::*;
+
+    fn npy(header: &str) -> Vec<u8> {
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b
+    }
+
+    #[test]
+    fn a_deeply_nested_header_is_refused_at_once() {
+        let h = format!(
+            "{{'descr': {}'<f4'{}, 'fortran_order': False, 'shape': (1,), }}",
+            "[".repeat(24),
+            "]".repeat(24)
+        );
+        let t = std::time::Instant::now();
+        let e = check_npy_header(&npy(&h)).unwrap_err();
+        assert!(e.contains("deeper than 8"), "{e}");
+        assert!(t.elapsed().as_millis() < 100);
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("deep.npy");
+        std::fs::write(&p, npy(&h)).unwrap();
+        let err = read_npy(&p).unwrap_err().to_string();
+        assert!(err.contains("deep.npy") && err.contains("deeper than 8"), "{err}");
+    }
+
+    #[test]
+    fn header_framing_is_checked() {
+        assert!(check_npy_header(b"nope").unwrap_err().contains("magic"));
+        let mut b = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }");
+        b.truncate(20);
+        assert!(check_npy_header(&b).unwrap_err().contains("file ends"));
+        assert!(check_npy_header(&npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }")).is_ok());
+    }
 }
