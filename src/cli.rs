@@ -174,7 +174,7 @@ pub enum GoldensAction {
         specs: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = SourceArg::All)]
         source: SourceArg,
-        /// Python interpreter with the pinned recorder packages (default: a venv in .cache/).
+        /// Python interpreter with the pinned recorder packages (default: $TOUCHSTONE_CACHE/recorders-venv).
         #[arg(long)]
         python: Option<PathBuf>,
     },

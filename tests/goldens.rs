@@ -274,9 +274,13 @@ fn llama_cpp_source_converts_then_records_with_the_hf_tokens() {
 /// Starts a regen that will pause as told, waits for `ready`, SIGKILLs it.
 fn kill_regen_when(sc: &Scratch, envs: &[(&str, String)], ready: impl Fn() -> bool) {
     let fake = fake_python(sc.dir.path());
+    // A SIGKILL leaves regen's work folder behind: keep it in the scratch folder.
+    let tmp = sc.dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_touchstone"))
         .args(["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)])
         .env_remove("CI")
+        .env("TMPDIR", &tmp)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .current_dir(root())
         .stdout(std::process::Stdio::null())
@@ -403,4 +407,164 @@ fn a_spec_prompt_other_than_the_goldens_is_stale() {
         "{}",
         o.stderr
     );
+}
+
+/// `git status --porcelain --ignored` of the checkout, less the build folder
+/// (cargo writes there while tests run).
+fn checkout_status() -> String {
+    let out = Command::new("git")
+        .args(["status", "--porcelain", "--ignored"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.ends_with(" target/"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn regen_passes_the_spec_prompt_and_record_and_keeps_work_files_out_of_the_checkout() {
+    let sc = scratch("subset");
+    let text = std::fs::read_to_string(&sc.spec).unwrap().replace(
+        "prompt: {golden: hf}",
+        "prompt: {text: \"def f(x):\", chat: true, golden: hf, decode_steps: 2}\n\
+         record: {steps: [prefill, decode2], stages: [embed, \"blk.0.*\", logits], logits: last}",
+    );
+    std::fs::write(&sc.spec, text).unwrap();
+    // The work folder is made in TMPDIR: point it at a folder we can inspect.
+    let tmp = sc.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let before = checkout_status();
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[
+            ("FAKE_LOG", &s(&log)),
+            ("FAKE_GOLDEN", &s(&sc.golden)),
+            ("TMPDIR", &s(&tmp)),
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let call = calls.lines().next().unwrap();
+    let args: Vec<&str> = call.split(' ').collect();
+    assert_eq!(args[0], "record_hf.py", "{call}");
+    assert_eq!(args[1], s(&model_dir()), "{call}");
+    // The recorder wrote into the temporary work folder ...
+    assert!(args[2].starts_with(&s(&tmp)), "{call}");
+    assert!(
+        call.ends_with(
+            " --prompt def f(x): --chat --decode-steps 2 --steps prefill,decode2 --stages embed,blk.0.*,logits \
+             --logits last"
+        ),
+        "{call}"
+    );
+    // ... which is gone afterwards; the only new file beside the golden is the
+    // pending one, and the checkout is untouched.
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "work folder left behind");
+    assert!(pending(&sc.golden).exists());
+    assert_eq!(checkout_status(), before, "regen wrote into the checkout");
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}
+
+#[test]
+fn regen_removes_its_work_folder_when_a_recorder_fails() {
+    let sc = scratch("fail");
+    let tmp = sc.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let fake = fake_python(sc.dir.path());
+    // FAKE_GOLDEN missing: the fake recorder's `cp` fails.
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[
+            ("FAKE_LOG", &s(&sc.dir.path().join("log"))),
+            ("FAKE_GOLDEN", &s(&sc.dir.path().join("absent"))),
+            ("TMPDIR", &s(&tmp)),
+        ],
+    );
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("record_hf.py failed"), "{}", o.stderr);
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "work folder left behind");
+    assert!(!pending(&sc.golden).exists());
+}
+
+#[test]
+fn a_gguf_model_is_recorded_as_it_is_by_both_recorders() {
+    let sc = scratch("gguf");
+    let gguf = root().join("goldens/qwen2-tiny/model.gguf");
+    let lc = sc.dir.path().join("llamacpp.safetensors");
+    std::fs::copy(&sc.golden, &lc).unwrap();
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace(&s(&model_dir()), &s(&gguf))
+        .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&lc)));
+    assert!(text.contains(&s(&gguf)), "{text}");
+    std::fs::write(&sc.spec, text).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
+    );
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    // No conversion: HF reads the GGUF with its own loader, llama.cpp runs it.
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        calls[0].starts_with(&format!("record_hf.py {} ", s(&gguf))),
+        "{calls:?}"
+    );
+    assert!(
+        calls[1].starts_with(&format!("record_llamacpp.py {} ", s(&gguf))),
+        "{calls:?}"
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}
+
+#[test]
+fn a_llama_cpp_regen_is_fed_the_specs_own_hf_golden() {
+    // The HF golden has a name of its own; no `hf.safetensors` lies beside the
+    // llama.cpp golden, so only the spec can say which file to take the ids from.
+    let sc = scratch("hf-name");
+    let d = sc.dir.path().join("refs");
+    std::fs::create_dir(&d).unwrap();
+    let hf = d.join("reference-hf.safetensors");
+    std::fs::copy(&sc.golden, &hf).unwrap();
+    let lc = sc.dir.path().join("lc").join("llamacpp.safetensors");
+    std::fs::create_dir(lc.parent().unwrap()).unwrap();
+    std::fs::copy(&sc.golden, &lc).unwrap();
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace(&s(&sc.golden), &s(&hf))
+        .replace("goldens:\n", &format!("goldens:\n  llama.cpp: {}\n", s(&lc)));
+    std::fs::write(&sc.spec, text).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &[
+            "goldens",
+            "regen",
+            &s(&sc.spec),
+            "--source",
+            "llama.cpp",
+            "--python",
+            &s(&fake),
+        ],
+        &[("FAKE_LOG", &s(&log)), ("FAKE_GOLDEN", &s(&sc.golden))],
+    );
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let last = calls.lines().last().unwrap();
+    assert!(
+        last.starts_with("record_llamacpp.py ") && last.ends_with(&format!("--hf-golden {}", s(&hf))),
+        "{calls}"
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }

@@ -14,7 +14,7 @@ Instead this script
 
   1. downloads the sdist with `pip download --no-deps --no-binary
      llama-cpp-python llama-cpp-python==X.Y.Z` into
-     <repo>/.cache/llamacpp/sdist/ (gitignored; skipped when present),
+     <cache>/sdist/ (skipped when present),
   2. extracts it to <cache>/src/llama_cpp_python-X.Y.Z/ (skipped when present),
   3. configures vendor/llama.cpp with the cmake of the PyPI `cmake` wheel
      (pinned in requirements.txt) and builds only the `llama` target:
@@ -23,7 +23,9 @@ Instead this script
   4. prints the folder holding libllama.so and its ggml libraries.
 
 A finished build is cached (<cache>/build-X.Y.Z/, marked by a stamp file that
-records the flags) and reused. --cache-dir (or the environment variable
+records the flags) and reused. <cache> is $TOUCHSTONE_CACHE/llamacpp (TOUCHSTONE_CACHE defaults to
+~/.cache/touchstone, the cache every touchstone tool shares, outside any
+checkout). --cache-dir (or the environment variable
 TOUCHSTONE_LLAMACPP_CACHE, which the other recorders honour too) puts sdist,
 source and build somewhere else, e.g. a fresh folder to prove the build
 reproduces.
@@ -42,11 +44,21 @@ import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 REQS = os.path.join(HERE, "requirements.txt")
+
+
+def touchstone_cache():
+    """$TOUCHSTONE_CACHE, default ~/.cache/touchstone: one cache for every
+    checkout (worktrees share one 17-minute libllama build) and never inside
+    one, so nothing a recorder caches can end up in `git status`."""
+    return os.path.abspath(os.environ.get("TOUCHSTONE_CACHE")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "touchstone"))
+
+
 # TOUCHSTONE_LLAMACPP_CACHE moves sdist, source and build elsewhere for every
 # recorder at once (regen.sh uses it to prove a fresh build reproduces).
-DEFAULT_CACHE = os.path.abspath(os.environ.get("TOUCHSTONE_LLAMACPP_CACHE") or os.path.join(ROOT, ".cache", "llamacpp"))
+DEFAULT_CACHE = os.path.abspath(os.environ.get("TOUCHSTONE_LLAMACPP_CACHE")
+                                or os.path.join(touchstone_cache(), "llamacpp"))
 PIN_RE = re.compile(r"^#\s*llama-cpp-python==([0-9A-Za-z.+-]+)\s*(\(|$)")
 
 # Everything that decides the bits of libllama besides the source and the
@@ -213,7 +225,7 @@ def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE,
-                    help="sdist, source and build folder (default <repo>/.cache/llamacpp)")
+                    help="sdist, source and build folder (default $TOUCHSTONE_CACHE/llamacpp, i.e. ~/.cache/touchstone/llamacpp)")
     ap.add_argument("--json", action="store_true", help="print lib_dir, source dir and build info as JSON")
     ap.add_argument("--jobs", type=int, default=None)
     args = ap.parse_args()

@@ -1,28 +1,35 @@
 #!/usr/bin/env python3
-"""Convert a tiny HF model folder to an F32 GGUF with llama.cpp's own converter.
+"""Convert an HF model folder to an F32 GGUF with llama.cpp's own converter.
 
-usage: convert_gguf.py MODEL_DIR OUT.gguf
+usage: convert_gguf.py MODEL_DIR OUT.gguf [--model-name NAME]
 
 Runs vendor/llama.cpp/convert_hf_to_gguf.py from the pinned llama-cpp-python
 sdist (fetched and extracted by build_llamacpp.py; no library build needed)
 with that sdist's own gguf-py (gguf 0.19.0 for 0.3.36), offline, with
-`--outtype f32`, and exactly two patches, both about the tokenizer (the
-model tensors are converted by the unpatched code):
+`--outtype f32`, and two patches, both about the tokenizer (the model
+tensors are converted by the unpatched code):
 
-  1. set_vocab: Qwen2Model and LlamaModel try sentencepiece first (an
-     ImportError without the sentencepiece package; our tokenizers are
-     byte-level BPE anyway) and LlamaModel then tries the Llama-2 HF path.
-     Both go straight to the GPT-2/BPE path, `_set_vocab_gpt2()`, which is
-     what the converter ends up using for real Qwen2 and Llama-3 models.
+  1. set_vocab: Qwen2/Qwen3, Llama and Phi-3 try sentencepiece first (an
+     ImportError without the sentencepiece package) and Llama then tries the
+     Llama-2 HF path. For a folder without a sentencepiece `tokenizer.model`
+     (the tiny models: byte-level BPE) they go straight to the GPT-2/BPE
+     path, `_set_vocab_gpt2()`, which is what the converter ends up using for
+     real Qwen2/Qwen3 and Llama-3 models anyway.
   2. get_vocab_base_pre: the converter recognises a pre-tokenizer by hashing
      the token ids of a test string, and a locally trained vocabulary has an
-     unknown hash (NotImplementedError). make_model.py uses exactly Qwen2's
-     pre-tokenizer regex for qwen2 and Llama 3's for llama, which llama.cpp
-     calls "qwen2" and "llama-bpe": answer that, by the config's model_type.
+     unknown hash (NotImplementedError). Only then, answer the pre-tokenizer
+     make_model.py trained with, by model_type: Qwen2's regex for qwen2 and
+     qwen3 ("qwen2"), Llama 3's for llama and phi3 ("llama-bpe"). A real
+     model's known hash is answered by the converter itself.
 
-`--model-name` is fixed per model_type so the GGUF does not depend on the
-folder name. The output is byte-for-byte reproducible.
+GGUF `general.name`: --model-name, else the config's `_model_name_or_path`
+or `_name_or_path` (its last path part), else the folder name; a folder called `model` (the layout
+goldens/<name>/model/, whose own name says nothing) is named after its parent,
+and a parent `<family>-tiny` gives `touchstone-<family>-tiny`, the name the
+committed tiny GGUFs carry. The output is byte-for-byte reproducible and does
+not depend on where the folder is (beyond the name rule).
 """
+import argparse
 import json
 import os
 import runpy
@@ -37,42 +44,72 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
 
-# model_type -> llama.cpp pre-tokenizer name; model_type -> GGUF general.name
-PRE_TOKENIZER = {"qwen2": "qwen2", "llama": "llama-bpe"}
-MODEL_NAME = {"qwen2": "touchstone-qwen2-tiny", "llama": "touchstone-llama-tiny"}
+# model_type -> llama.cpp pre-tokenizer name of make_model.py's tokenizers
+PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe"}
+
+
+def default_name(model_dir, cfg):
+    """GGUF general.name when --model-name is not given (see the docstring)."""
+    # transformers 4 saved `_name_or_path`; 5 saves `_model_name_or_path`
+    # (for a model loaded from a GGUF: the GGUF's general.name).
+    named = (cfg.get("_model_name_or_path") or cfg.get("_name_or_path") or "").rstrip("/")
+    if named:
+        return named.split("/")[-1]
+    folder = os.path.basename(model_dir.rstrip("/"))
+    if folder != "model":
+        return folder
+    parent = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
+    return f"touchstone-{parent}" if parent.endswith("-tiny") else parent
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        return 2 if len(sys.argv) != 2 else 0
-    model_dir, out = (os.path.abspath(p) for p in sys.argv[1:3])
-    with open(os.path.join(model_dir, "config.json")) as f:
-        model_type = json.load(f)["model_type"]
-    if model_type not in PRE_TOKENIZER:
-        sys.exit(f"convert_gguf.py: unsupported model_type {model_type!r} (known: {sorted(PRE_TOKENIZER)})")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--model-name", default=None, help="GGUF general.name (default: see the module docstring)")
+    args = ap.parse_args()
+    model_dir, out = os.path.abspath(args.model_dir), os.path.abspath(args.out)
+    cfg_path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(cfg_path):
+        ap.error(f"{model_dir} has no config.json (give an HF model folder; a GGUF needs no conversion)")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    model_type = cfg.get("model_type")
+    name = args.model_name or default_name(model_dir, cfg)
 
     llama_dir = os.path.join(build_llamacpp.source_dir(), "vendor", "llama.cpp")
     # The converter and the gguf-py it was released with, never a pip gguf.
     sys.path.insert(0, llama_dir)
     sys.path.insert(1, os.path.join(llama_dir, "gguf-py"))
+    for m in [m for m in sys.modules if m == "gguf" or m.startswith("gguf.")]:
+        del sys.modules[m]
     import gguf  # noqa: E402
     assert os.path.dirname(gguf.__file__).startswith(llama_dir), f"wrong gguf: {gguf.__file__}"
     import conversion.base as base  # noqa: E402
     import conversion.llama as llama  # noqa: E402
+    import conversion.phi as phi  # noqa: E402
     import conversion.qwen as qwen  # noqa: E402
 
-    # Patch 1: byte-level BPE vocab directly.
-    qwen.Qwen2Model.set_vocab = lambda self: self._set_vocab_gpt2()
-    llama.LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
-    # Patch 2: the pre-tokenizer make_model.py trained with.
-    pre = PRE_TOKENIZER[model_type]
-    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    # Patch 1: byte-level BPE vocab directly, when there is no sentencepiece model.
+    if not os.path.isfile(os.path.join(model_dir, "tokenizer.model")):
+        for cls in (qwen.Qwen2Model, qwen.Qwen3Model, llama.LlamaModel, phi.Phi3MiniModel):
+            cls.set_vocab = lambda self: self._set_vocab_gpt2()
+    # Patch 2: the pre-tokenizer make_model.py trained with, for a vocabulary
+    # whose hash the converter does not know.
+    orig_pre = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer):
+        try:
+            return orig_pre(self, tokenizer)
+        except NotImplementedError:
+            if model_type not in PRE_TOKENIZER:
+                raise
+            return PRE_TOKENIZER[model_type]
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
 
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = out + ".tmp"
-    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", tmp,
-                "--model-name", MODEL_NAME[model_type]]
+    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", tmp, "--model-name", name]
     runpy.run_path(os.path.join(llama_dir, "convert_hf_to_gguf.py"), run_name="__main__")
     os.replace(tmp, out)
     return 0

@@ -1,8 +1,11 @@
 """Shared by the golden recorders: the golden file format and its
 deterministic writer (record_hf.py and record_llamacpp.py write the same
 format, so an engine test reads either source the same way)."""
+import hashlib
 import json
+import re
 import struct
+import sys
 
 import numpy as np
 import safetensors
@@ -38,3 +41,120 @@ def save_deterministic(tensors, metadata, path):
     assert all(np.array_equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors)
     with safetensors.safe_open(path, "np") as f:
         assert f.metadata() == metadata
+
+
+# ---- stage vocabulary and record subsets (shared by both recorders) --------
+# The canonical block stages in execution order (src/stage.rs). q_norm/k_norm
+# exist only for architectures with a per-head RMSNorm of q and k before RoPE
+# (Qwen3); every other stage exists for every supported architecture.
+BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_probs",
+                "attn_ctx", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act",
+                "ffn_out", "out"]
+QK_NORM_TYPES = {"qwen3"}
+
+
+def block_stages(model_type):
+    qk_norm = model_type in QK_NORM_TYPES
+    return [s for s in BLOCK_STAGES if qk_norm or s not in ("q_norm", "k_norm")]
+
+
+def all_stages(model_type, n_layers):
+    """Every canonical stage of one step of this model, in execution order."""
+    names = ["embed"]
+    for li in range(n_layers):
+        names += [f"blk.{li}.{s}" for s in block_stages(model_type)]
+    return names + ["output_norm", "logits"]
+
+
+def pattern_matches(pattern, stage):
+    """The spec pattern language (src/spec/pattern.rs): dot-separated parts
+    match one for one, `*` matches any single part, a bare `*` everything."""
+    if pattern == "*":
+        return True
+    p, s = pattern.split("."), stage.split(".")
+    return len(p) == len(s) and all(a == "*" or a == b for a, b in zip(p, s))
+
+
+class SelectionError(ValueError):
+    pass
+
+
+def parse_stages(text, model_type, n_layers):
+    """`--stages` (comma-separated patterns) -> (patterns, selected stage set).
+    A pattern that matches no stage of this model is an error, as in a spec:
+    a typo must not silently record nothing."""
+    pats = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in pats):
+        raise SelectionError(f"--stages {text!r}: empty pattern (give comma-separated patterns, e.g. 'embed,blk.0.*,logits')")
+    stages = all_stages(model_type, n_layers)
+    generic = sorted({re.sub(r"^blk\.\d+\.", "blk.*.", s) for s in stages})
+    chosen = set()
+    for p in pats:
+        hit = [s for s in stages if pattern_matches(p, s)]
+        if not hit:
+            raise SelectionError(
+                f"--stages: pattern {p!r} matches no stage of this {model_type} model with {n_layers} layers "
+                f"(stages: {', '.join(generic)}; `*` matches one dot-separated part, a bare `*` every stage)")
+        chosen.update(hit)
+    return pats, chosen
+
+
+def parse_steps(text, decode_steps):
+    """`--steps` (comma-separated `prefill`, `decodeN`) -> the steps to store,
+    in run order. Every step still runs (a later decode step needs the KV
+    cache of all earlier ones); only its stages are left out."""
+    known = ["prefill"] + [f"decode{i}" for i in range(1, decode_steps + 1)]
+    want = [s.strip() for s in text.split(",")]
+    bad = [s for s in want if s not in known]
+    if bad or not want:
+        raise SelectionError(f"--steps: unknown step(s) {bad} (with --decode-steps {decode_steps} the steps are "
+                             f"{', '.join(known)})")
+    if len(set(want)) != len(want):
+        raise SelectionError(f"--steps {text!r}: a step is named twice")
+    return [s for s in known if s in want]
+
+
+def model_dims(cfg):
+    """(H, KV, D, E, F, V, layers) from an HF config dict. head_dim is optional
+    in most configs (hidden / heads when absent); num_key_value_heads too."""
+    H = cfg["num_attention_heads"]
+    KV = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or cfg["hidden_size"] // H
+    return H, KV, D, cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+
+
+def expected_shape(stage, T, S, dims, logits_last=False):
+    """The canonical layout of `stage` for a step of T tokens, S positions."""
+    H, KV, D, E, F, V, _ = dims
+    name = stage.split(".")[-1]
+    return {
+        "tokens": (T,), "positions": (T,), "logits": (1 if logits_last else T, V),
+        "q": (T, H, D), "q_norm": (T, H, D), "q_rope": (T, H, D),
+        "k": (T, KV, D), "k_norm": (T, KV, D), "k_rope": (T, KV, D), "v": (T, KV, D),
+        "attn_probs": (H, T, S), "attn_ctx": (T, H * D),
+        "ffn_gate": (T, F), "ffn_up": (T, F), "ffn_act": (T, F),
+    }.get(name, (T, E))  # embed, norms, attn_out, ffn_inp, ffn_out, out
+
+
+def record_section(steps_stored, all_steps, patterns, logits):
+    """The provenance `record` entry, or None when everything was recorded
+    (every step, every stage, every logits row): absent means complete, which
+    keeps full recordings byte-identical to those made before subsets existed."""
+    if steps_stored == all_steps and patterns == ["*"] and logits == "all":
+        return None
+    return {"steps": steps_stored, "stages": patterns, "logits": logits}
+
+
+def sha256_file(path):
+    """Streamed: model files can be gigabytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def progress(tool, msg):
+    """A progress line on stderr (stdout carries the JSON summary);
+    `touchstone goldens regen` relays lines of this form."""
+    print(f"{tool}: {msg}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight model (Qwen2 or Llama) the goldens are recorded from.
+"""Build a tiny random-weight model (Qwen2, Llama, Qwen3 or Phi-3) the goldens are recorded from.
 
-usage: make_model.py OUT_DIR [--family qwen2|llama] [--initializer-range R]
+usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3] [--initializer-range R]
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -22,6 +22,25 @@ pre-tokenizer regex (digits in groups of up to 3). It covers what the Qwen2
 model does not: tied head, no biases, a GQA group of 3, another RoPE base,
 and the Q/K row permutation llama.cpp's converter applies to Llama models.
 The default (qwen2) output is byte-identical to before --family existed.
+
+--family qwen3 (goldens/qwen3-tiny/): Qwen3, hidden 64, FFN 128, 2 layers,
+4 query heads sharing 2 KV heads, head_dim 32 (explicit, NOT hidden/heads =
+16: an engine that derives D from hidden/heads fails), vocab 512, per-head
+RMSNorm of q and k before RoPE (q_norm / k_norm, weights randomised like every
+norm), no biases, tied embeddings (as Qwen3-0.6B), RMSNorm eps 1e-6, RoPE
+theta 1000000, float32; tokenizer as for Qwen2.
+
+--family phi3 (goldens/phi3-tiny/): Phi-3 as Phi-3-mini-4k-instruct builds
+it: fused qkv_proj and gate_up_proj, hidden_act silu, no rope scaling
+(rope_type default, partial_rotary_factor 1), sliding_window null, untied
+LM head, no biases, RMSNorm eps 1e-5, RoPE theta 10000; hidden 64, FFN 128,
+2 layers, 4 heads. One deliberate difference from Phi-3-mini: 2 KV heads
+(GQA) instead of 4, so the q, k and v pieces of the fused projection have
+different sizes and a wrong split cannot pass by shape. Config fields that
+had to be set: original_max_position_embeddings (llama.cpp's converter reads
+it unconditionally; = max_position_embeddings 256, so no scaling), bos_token_id
+None. Tokenizer: byte-level BPE with Llama 3's pre-tokenizer (the real
+Phi-3 uses SentencePiece; the tokenizer is not what this model tests).
 """
 import argparse
 import hashlib
@@ -38,7 +57,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 VOCAB = 512
 
@@ -69,6 +89,11 @@ SEEDS = {"weights": WEIGHT_SEED, "biases_and_norms": BIAS_NORM_SEED}
 INITIALIZER_RANGE = 0.15
 # The Llama model's value, chosen the same way (sweep in README.md).
 INITIALIZER_RANGE_LLAMA = 0.12
+# Qwen3 and Phi-3 have qwen2-tiny's hidden size 64, so its value. (Qwen3's
+# q_norm/k_norm rescale q and k to unit RMS anyway, so there the attention
+# sharpness depends on the norm weights and head_dim rather than on this.)
+INITIALIZER_RANGE_BY_FAMILY = {"qwen2": INITIALIZER_RANGE, "llama": INITIALIZER_RANGE_LLAMA,
+                               "qwen3": INITIALIZER_RANGE, "phi3": INITIALIZER_RANGE}
 
 # Byte-level BPE with exactly Qwen2's pre-tokenizer regex. This is the
 # pipeline transformers' Qwen2 tokenizer uses and llama.cpp calls "qwen2",
@@ -83,11 +108,18 @@ LLAMA3_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 LLAMA_SPECIALS = ["<|end_of_text|>", "<|begin_of_text|>", "<|eot_id|>"]
+# Phi-3's specials (the first is EOS/pad, as in Phi-3-mini's config). <unk>,
+# <s> and </s> are required, not decoration: llama.cpp sets attributes on
+# them by name (token_to_id.at) for any model whose general.name contains
+# "phi3", and fails to load the vocabulary ("unordered_map::at") without them.
+PHI3_SPECIALS = ["<|endoftext|>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"]
 
 # Per family: pre-tokenizer regex, special tokens (the first is EOS/pad).
 FAMILIES = {
     "qwen2": (QWEN2_PRETOKENIZE_REGEX, SPECIALS),
     "llama": (LLAMA3_PRETOKENIZE_REGEX, LLAMA_SPECIALS),
+    "qwen3": (QWEN2_PRETOKENIZE_REGEX, SPECIALS),
+    "phi3": (LLAMA3_PRETOKENIZE_REGEX, PHI3_SPECIALS),
 }
 
 # A few KB of text written for this purpose: no downloads, and the corpus is
@@ -196,6 +228,67 @@ def build_llama_config(eos_id, initializer_range):
     )
 
 
+def build_qwen3_config(eos_id, initializer_range):
+    return Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        use_sliding_window=False,
+        sliding_window=None,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=initializer_range,
+        dtype="float32",
+    )
+
+
+def build_phi3_config(eos_id, initializer_range):
+    return Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        original_max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=None,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=initializer_range,
+        dtype="float32",
+    )
+
+
+BUILDERS = {
+    "qwen2": (build_config, Qwen2ForCausalLM),
+    "llama": (build_llama_config, LlamaForCausalLM),
+    "qwen3": (build_qwen3_config, Qwen3ForCausalLM),
+    "phi3": (build_phi3_config, Phi3ForCausalLM),
+}
+# Tied LM head per family (asserted, and then lm_head.weight must not be saved).
+TIED = {"qwen2": False, "llama": True, "qwen3": True, "phi3": False}
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -207,10 +300,10 @@ def main():
     ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
     ap.add_argument("--initializer-range", type=float, default=None,
                     help="for the attention sweep only; the committed models use the default "
-                         f"({INITIALIZER_RANGE} for qwen2, {INITIALIZER_RANGE_LLAMA} for llama)")
+                         f"({INITIALIZER_RANGE_BY_FAMILY})")
     args = ap.parse_args()
     if args.initializer_range is None:
-        args.initializer_range = INITIALIZER_RANGE_LLAMA if args.family == "llama" else INITIALIZER_RANGE
+        args.initializer_range = INITIALIZER_RANGE_BY_FAMILY[args.family]
     regex, specials = FAMILIES[args.family]
     out = args.out_dir
     os.makedirs(out, exist_ok=True)
@@ -237,10 +330,8 @@ def main():
     fast.save_pretrained(out)
 
     torch.manual_seed(WEIGHT_SEED)
-    if args.family == "llama":
-        model = LlamaForCausalLM(build_llama_config(eos_id, args.initializer_range)).to(torch.float32).eval()
-    else:
-        model = Qwen2ForCausalLM(build_config(eos_id, args.initializer_range)).to(torch.float32).eval()
+    build, cls = BUILDERS[args.family]
+    model = cls(build(eos_id, args.initializer_range)).to(torch.float32).eval()
     # HF initialises biases to 0 and norm weights to 1, which would let an
     # engine that forgets the bias add or the norm scale pass. Randomise them
     # (small, so the model stays well behaved) with their own generator.
@@ -253,12 +344,17 @@ def main():
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
     # Guard the assumptions the goldens rely on.
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    if args.family == "llama":
-        assert tied, "the Llama model's LM head must be tied to the embedding"
-        assert not any(n.endswith(".bias") for n, _ in model.named_parameters()), "Llama model has no biases"
-    else:
-        assert not tied, "LM head must be untied"
+    assert tied == TIED[args.family], f"{args.family}: LM head tied={tied}, expected {TIED[args.family]}"
+    if args.family == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
+    else:
+        assert not any(n.endswith(".bias") for n, _ in model.named_parameters()), f"{args.family} has no biases"
+    if args.family == "qwen3":
+        a = model.model.layers[0].self_attn
+        assert a.head_dim == 32 != model.config.hidden_size // model.config.num_attention_heads
+        assert a.q_norm.weight.shape == (32,) and a.k_norm.weight.shape == (32,)
+    if args.family == "phi3":
+        assert hasattr(model.model.layers[0].self_attn, "qkv_proj") and hasattr(model.model.layers[0].mlp, "gate_up_proj")
     model.save_pretrained(out, safe_serialization=True)
     if tied:
         from safetensors import safe_open

@@ -2,6 +2,11 @@
 """Record golden tensors for every canonical stage with llama.cpp.
 
 usage: record_llamacpp.py GGUF OUT_FILE --hf-golden HF_GOLDEN [--threads N]
+                          [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
+                          [--list-nodes]
+
+GGUF is used as it is, quantised or not (a real model's Q4_K_M file runs
+as downloaded; the tiny models' F32 GGUFs come from convert_gguf.py).
 
 Runs libllama (built by build_llamacpp.py from the pinned llama-cpp-python
 sdist) through that sdist's low-level ctypes bindings (llama_cpp/llama_cpp.py,
@@ -24,13 +29,20 @@ converter permutes the rows of the Q and K weights (so llama.cpp's
 interleaved-pair RoPE equals HF's rotate-half RoPE); the recorder undoes that
 permutation on q, k, q_rope and k_rope so the golden is in HF's layout.
 
+--steps/--stages/--logits store a subset, as in record_hf.py; by default the
+same subset the HF golden stored (its provenance `record`), so the two files
+have the same keys. Tokens and positions are stored for every step.
+
+Architectures: qwen2, llama, qwen3 (per-head q/k RMSNorm: `Qcur_normed-L`,
+`Kcur_normed-L`) and phi3 (fused `wqkv-L` and fused up/gate `ffn_up-L`,
+split into the canonical q/k/v and ffn_gate/ffn_up here).
+
 `__metadata__`: `format` = touchstone-golden/1 and `provenance` (compact
 sorted JSON). Nothing in the output varies between runs (no time, host or
 path): a rerun is byte-for-byte identical.
 """
 import argparse
 import ctypes
-import hashlib
 import importlib
 import json
 import os
@@ -47,7 +59,8 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
-from golden_io import FORMAT, save_deterministic  # noqa: E402
+import golden_io  # noqa: E402
+from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
 
 RECORDER = "goldens/recorders/record_llamacpp.py"
 
@@ -57,42 +70,84 @@ RECORDER = "goldens/recorders/record_llamacpp.py"
 # ROPE); the op picks the one meant. Selectors:
 #   "last"       the last node with this name and op (a name/op pair is
 #                unique except where noted)
-#   "after"      the first node with this op after the node `name`: o_proj's
-#                output is unnamed in the Qwen2 graph (the MUL_MAT right after
-#                kqv_out-L); Llama names that same node attn_out-L.
+#   "after"      the first node with this op after the last node called
+#                `name`, whose own name must be one of AFTER_NAMES[stage]:
+#                o_proj's output is unnamed in the Qwen2 graph (the MUL_MAT
+#                right after kqv_out-L; Llama names it attn_out-L), and the
+#                Phi-3 graph leaves the residual after attention unnamed.
+#   "split:P/N"  piece P of N of the node's last dimension, in the sizes of
+#                SPLITS[stage kind]: Phi-3's fused projections. q, k, v are
+#                the first H*D, next KV*D and last KV*D features of wqkv-L
+#                (build_qkv's views); gate and up are the first and second
+#                F features of ffn_up-L (ggml_swiglu: silu(first half) *
+#                second half, as HF's Phi3MLP `gate, up = x.chunk(2)`).
 # Layout transforms (by stage): numpy shape is ggml `ne` reversed, reshaped to
-# the HF golden's shape; attn_probs is sliced from the padded KV length to the
+# the canonical shape; attn_probs is sliced from the padded KV length to the
 # real S (the sliced-off columns must be exactly 0); q/k/q_rope/k_rope are
 # un-permuted for architectures in QK_PERMUTED.
-NODE_MAP = [
-    ("embed", "embd", "GET_ROWS", "last"),
-    ("blk.{L}.attn_norm", "attn_norm-{L}", "MUL", "last"),
-    ("blk.{L}.q", "Qcur-{L}", "RESHAPE", "last"),    # [T,H,D], after the bias add if any
-    ("blk.{L}.k", "Kcur-{L}", "RESHAPE", "last"),
-    ("blk.{L}.v", "Vcur-{L}", "RESHAPE", "last"),
-    ("blk.{L}.q_rope", "Qcur-{L}", "ROPE", "last"),
-    ("blk.{L}.k_rope", "Kcur-{L}", "ROPE", "last"),
-    ("blk.{L}.attn_probs", "kq_soft_max-{L}", "SOFT_MAX", "last"),  # [H,T,n_kv padded]
-    ("blk.{L}.attn_ctx", "kqv_out-{L}", "CONT", "last"),            # [T,H*D]
-    ("blk.{L}.attn_out", "kqv_out-{L}", "MUL_MAT", "after"),
-    ("blk.{L}.ffn_inp", "ffn_inp-{L}", "ADD", "last"),
-    ("blk.{L}.ffn_norm", "ffn_norm-{L}", "MUL", "last"),
-    ("blk.{L}.ffn_gate", "ffn_gate-{L}", "MUL_MAT", "last"),
-    ("blk.{L}.ffn_up", "ffn_up-{L}", "MUL_MAT", "last"),
-    ("blk.{L}.ffn_act", "ffn_swiglu-{L}", "SWIGLU", "last"),       # silu(gate)*up, one op
-    ("blk.{L}.ffn_out", "ffn_out-{L}", "MUL_MAT", "last"),
-    ("blk.{L}.out", "l_out-{L}", "ADD", "last"),
-    ("output_norm", "result_norm", "MUL", "last"),
-    ("logits", "result_output", "MUL_MAT", "last"),
-]
-# The names the o_proj output may carry ("after" selector): ggml calls an
-# unnamed node "node_<index>" (Qwen2), Llama's graph names it attn_out-L.
-ATTN_OUT_NAMES = (r"node_\d+", r"attn_out-{L}")
+NODE_MAP = {
+    "embed": ("embd", "GET_ROWS", "last"),
+    "blk.{L}.attn_norm": ("attn_norm-{L}", "MUL", "last"),
+    "blk.{L}.q": ("Qcur-{L}", "RESHAPE", "last"),    # [T,H,D], after the bias add if any
+    "blk.{L}.k": ("Kcur-{L}", "RESHAPE", "last"),
+    "blk.{L}.v": ("Vcur-{L}", "RESHAPE", "last"),
+    "blk.{L}.q_rope": ("Qcur-{L}", "ROPE", "last"),
+    "blk.{L}.k_rope": ("Kcur-{L}", "ROPE", "last"),
+    "blk.{L}.attn_probs": ("kq_soft_max-{L}", "SOFT_MAX", "last"),  # [H,T,n_kv padded]
+    "blk.{L}.attn_ctx": ("kqv_out-{L}", "CONT", "last"),            # [T,H*D]
+    "blk.{L}.attn_out": ("kqv_out-{L}", "MUL_MAT", "after"),
+    "blk.{L}.ffn_inp": ("ffn_inp-{L}", "ADD", "last"),
+    "blk.{L}.ffn_norm": ("ffn_norm-{L}", "MUL", "last"),
+    "blk.{L}.ffn_gate": ("ffn_gate-{L}", "MUL_MAT", "last"),
+    "blk.{L}.ffn_up": ("ffn_up-{L}", "MUL_MAT", "last"),
+    "blk.{L}.ffn_act": ("ffn_swiglu-{L}", "SWIGLU", "last"),       # silu(gate)*up, one op
+    "blk.{L}.ffn_out": ("ffn_out-{L}", "MUL_MAT", "last"),
+    "blk.{L}.out": ("l_out-{L}", "ADD", "last"),
+    "output_norm": ("result_norm", "MUL", "last"),
+    "logits": ("result_output", "MUL_MAT", "last"),
+}
+# Per-architecture differences from NODE_MAP.
+ARCH_NODE_MAP = {
+    # Qwen3: build_norm(Qcur, attn_q_norm) = RMS_NORM then MUL by the weight,
+    # named after the MUL; the RESHAPE named Qcur-L is still the projection.
+    "qwen3": {
+        "blk.{L}.q_norm": ("Qcur_normed-{L}", "MUL", "last"),
+        "blk.{L}.k_norm": ("Kcur_normed-{L}", "MUL", "last"),
+    },
+    # Phi-3: fused projections (Qcur/Kcur/Vcur before RoPE are only views of
+    # wqkv-L, which the recorder does not copy), an unnamed residual add.
+    "phi3": {
+        "blk.{L}.q": ("wqkv-{L}", "MUL_MAT", "split:0/3"),
+        "blk.{L}.k": ("wqkv-{L}", "MUL_MAT", "split:1/3"),
+        "blk.{L}.v": ("wqkv-{L}", "MUL_MAT", "split:2/3"),
+        "blk.{L}.ffn_inp": ("kqv_out-{L}", "ADD", "after"),
+        "blk.{L}.ffn_gate": ("ffn_up-{L}", "MUL_MAT", "split:0/2"),
+        "blk.{L}.ffn_up": ("ffn_up-{L}", "MUL_MAT", "split:1/2"),
+    },
+}
+# The names an "after" node may carry: ggml calls an unnamed node
+# "node_<index>" (Qwen2's o_proj output), Llama's graph names it attn_out-L.
+AFTER_NAMES = {
+    "attn_out": (r"node_\d+", r"attn_out-{L}"),
+    "ffn_inp": (r"node_\d+", r"ffn_inp-{L}"),
+}
 # general.architecture values whose converter permutes Q/K weight rows
 # (LlamaModel.permute in vendor/llama.cpp/conversion/llama.py) and whose
 # graph uses the interleaved-pair ("NORM") RoPE on them.
 QK_PERMUTED = {"llama"}
-ROPE_TYPE = {"llama": 0, "qwen2": 2}  # LLAMA_ROPE_TYPE_NORM, _NEOX
+ROPE_TYPE = {"llama": 0, "qwen2": 2, "qwen3": 2, "phi3": 2}  # LLAMA_ROPE_TYPE_NORM, _NEOX
+
+
+def node_map(arch):
+    """stage template -> (node, op, selector) for one architecture, in the
+    canonical execution order."""
+    m = dict(NODE_MAP, **ARCH_NODE_MAP.get(arch, {}))
+    order = ["embed"] + [f"blk.{{L}}.{s}" for s in golden_io.block_stages(arch)] + ["output_norm", "logits"]
+    missing = [s for s in order if s not in m]
+    assert not missing, f"no node for {missing} in the {arch} map"
+    return [(s, *m[s]) for s in order]
+
+
 VIEW_OPS = {"VIEW", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"}
 GGML_TYPE_F32 = 0
 
@@ -119,9 +174,8 @@ class GgmlTensor(ctypes.Structure):
     ]
 
 
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def log(msg):
+    progress("record_llamacpp.py", msg)
 
 
 def load_bindings(src, lib_dir):
@@ -176,19 +230,32 @@ class NodeRecorder:
         return True
 
 
-def pick(nodes, name, op, sel, layer):
-    if sel == "last":
+def pick(nodes, name, op, sel, stage, layer):
+    if sel == "last" or sel.startswith("split:"):
         hits = [n for n in nodes if n["name"] == name and n["op"] == op]
         assert hits, f"no node {name} with op {op}"
         return hits[-1]
-    assert sel == "after"
-    idx = max(i for i, n in enumerate(nodes) if n["name"] == name)
-    for n in nodes[idx + 1:]:
+    assert sel == "after", sel
+    named = [i for i, n in enumerate(nodes) if n["name"] == name]
+    assert named, f"no node {name}"
+    allowed = [a.format(L=layer) for a in AFTER_NAMES[stage.split(".")[-1]]]
+    for n in nodes[named[-1] + 1:]:
         if n["op"] == op:
-            allowed = [a.format(L=layer) for a in ATTN_OUT_NAMES]
-            assert any(re.fullmatch(a, n["name"]) for a in allowed), f"node after {name} is {n['name']!r}, expected one of {allowed}"
+            assert any(re.fullmatch(a, n["name"]) for a in allowed), \
+                f"node after {name} is {n['name']!r}, expected one of {allowed}"
             return n
     raise AssertionError(f"no {op} after {name}")
+
+
+def split_piece(a, sel, stage, dims):
+    """Piece P/N of a fused projection's output [T, sum(sizes)] (see NODE_MAP)."""
+    H, KV, D, E, F, V, _ = dims
+    p, n = (int(x) for x in sel[len("split:"):].split("/"))
+    sizes = [H * D, KV * D, KV * D] if n == 3 else [F, F]
+    a = a.reshape(-1, a.shape[-1])
+    assert a.shape[-1] == sum(sizes), f"{stage}: fused node has {a.shape[-1]} features, expected {sizes}"
+    lo = sum(sizes[:p])
+    return a[:, lo:lo + sizes[p]]
 
 
 def unpermute_qk(x):
@@ -198,15 +265,20 @@ def unpermute_qk(x):
     return np.ascontiguousarray(x.reshape(T, H, D // 2, 2).swapaxes(-1, -2).reshape(T, H, D))
 
 
-def canonical(step_nodes, hf, step, n_layer, S, permuted):
+def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep):
+    """The stages in `keep` of one step, canonical layout (see NODE_MAP)."""
     out = {}
-    for stage, name, op, sel in NODE_MAP:
+    for stage, name, op, sel in node_map(arch):
         for L in (range(n_layer) if "{L}" in stage else [None]):
             st = stage.format(L=L)
-            node = pick(step_nodes, name.format(L=L), op, sel, L)
+            if st not in keep:
+                continue
+            node = pick(step_nodes, name.format(L=L), op, sel, st, L)
             a = node["data"]
             assert a is not None, f"{step}/{st}: node {node['name']} {op} has no F32 data"
-            want = hf[f"{step}/{st}"].shape
+            want = golden_io.expected_shape(st, T, S, dims)
+            if sel.startswith("split:"):
+                a = split_piece(a, sel, st, dims)
             if st.endswith("attn_probs"):
                 a = a.reshape(a.shape[-3:])
                 assert a.shape[:2] == want[:2] and a.shape[2] >= S, f"{step}/{st}: {a.shape} vs {want}"
@@ -215,7 +287,7 @@ def canonical(step_nodes, hf, step, n_layer, S, permuted):
                 a = a[..., :S]
             assert a.size == int(np.prod(want)), f"{step}/{st}: {a.shape} cannot be {want}"
             a = np.ascontiguousarray(a.reshape(want), dtype=np.float32)
-            if permuted and st.split(".")[-1] in ("q", "k", "q_rope", "k_rope"):
+            if permuted and st.split(".")[-1] in ("q", "k", "q_rope", "k_rope", "q_norm", "k_norm"):
                 a = unpermute_qk(a)
             assert np.isfinite(a).all(), f"{step}/{st} is not finite"
             out[st] = a
@@ -228,11 +300,23 @@ def main():
     ap.add_argument("out_file")
     ap.add_argument("--hf-golden", required=True, help="take the token ids (and steps) from this HF golden")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", default=None,
+                    help="comma-separated steps to store (default: those the HF golden stored)")
+    ap.add_argument("--stages", default=None,
+                    help="comma-separated stage patterns to store (default: those the HF golden stored)")
+    ap.add_argument("--logits", choices=["all", "last"], default=None,
+                    help="`last`: only the last row of each step's logits (default: as the HF golden)")
     ap.add_argument("--list-nodes", action="store_true",
                     help="print every graph node (step, index, name, op, numpy shape) to stderr")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE,
                     help="build_llamacpp.py's cache (sdist, source, build)")
     args = ap.parse_args()
+    for path, what in ((args.gguf, "GGUF"), (args.hf_golden, "--hf-golden")):
+        if not os.path.isfile(path):
+            ap.error(f"{what} {path} does not exist")
+    with open(args.gguf, "rb") as f:
+        if f.read(4) != b"GGUF":
+            ap.error(f"{args.gguf} is not a GGUF file (no GGUF magic)")
 
     lib_dir, binfo = build_llamacpp.ensure_built(os.path.abspath(args.cache_dir))
     src = build_llamacpp.source_dir(os.path.abspath(args.cache_dir))
@@ -241,18 +325,33 @@ def main():
     # ---- the HF golden: steps, tokens, positions ----------------------------
     hf = {}
     with safe_open(args.hf_golden, "np") as f:
-        hf_meta = f.metadata()
+        hf_meta = f.metadata() or {}
         for k in f.keys():
             hf[k] = f.get_tensor(k)
-    assert hf_meta["format"] == FORMAT, hf_meta.get("format")
+    if hf_meta.get("format") != FORMAT:
+        ap.error(f"--hf-golden {args.hf_golden} is not a {FORMAT} file (format {hf_meta.get('format')!r})")
     hf_prov = json.loads(hf_meta["provenance"])
     steps = hf_prov["steps"]
     prompt_ids = [int(x) for x in hf["prefill/tokens"]]
     assert prompt_ids == hf_prov["prompt"]["token_ids"]
     hf_cfg = hf_prov["model_config"]
     n_layer = hf_cfg["num_hidden_layers"]
+    dims = golden_io.model_dims(hf_cfg)
+
+    # What to store: as asked, else what the HF golden stored.
+    hf_rec = hf_prov.get("record") or {}
+    try:
+        keep_steps = golden_io.parse_steps(
+            args.steps if args.steps is not None else ",".join(hf_rec.get("steps", steps)), len(steps) - 1)
+        patterns, keep = golden_io.parse_stages(
+            args.stages if args.stages is not None else ",".join(hf_rec.get("stages", ["*"])),
+            hf_cfg["model_type"], n_layer)
+    except golden_io.SelectionError as e:
+        ap.error(str(e))
+    logits_rows = args.logits or hf_rec.get("logits", "all")
 
     # ---- model and context ----------------------------------------------------
+    log(f"loading {args.gguf}")
     quiet = lc.llama_log_callback(lambda level, text, ud: None)
     lc.llama_log_set(quiet, None)
     lc.llama_backend_init()
@@ -260,23 +359,36 @@ def main():
     mparams.n_gpu_layers = 0
     mparams.use_mmap = False
     model = lc.llama_model_load_from_file(args.gguf.encode(), mparams)
-    assert model, "model load failed"
+    if not model:
+        sys.exit(f"record_llamacpp.py: libllama could not load {args.gguf} (an architecture or tensor type "
+                 "this llama.cpp does not know?)")
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-    buf = ctypes.create_string_buffer(128)
-    n = lc.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
-    assert n > 0
-    arch = buf.value.decode()
+
+    def meta(key):
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+    arch = meta("general.architecture")
+    assert arch, "GGUF without general.architecture"
     rope_type = lc.llama_model_rope_type(model)
-    assert arch in ROPE_TYPE and rope_type == ROPE_TYPE[arch], f"arch {arch}, rope type {rope_type}"
+    if arch not in ROPE_TYPE:
+        sys.exit(f"record_llamacpp.py: architecture {arch!r} has no node map (known: {sorted(ROPE_TYPE)})")
+    assert rope_type == ROPE_TYPE[arch], f"arch {arch}, rope type {rope_type}"
     permuted = arch in QK_PERMUTED
     assert hf_cfg["model_type"] == arch, (hf_cfg["model_type"], arch)
+    # Read now: the model is freed before the provenance is written.
+    general_name, file_type = meta("general.name"), meta("general.file_type")
+    log(f"{arch} `{general_name}`, {n_layer} layers, vocab {n_vocab}")
 
     # llama.cpp's own tokenization of the prompt text: recorded, and must
-    # agree with HF's (the tokens fed are HF's either way).
-    text = hf_prov["prompt"]["text"].encode()
-    tbuf = (lc.llama_token * 1024)()
-    nt = lc.llama_tokenize(vocab, text, len(text), tbuf, 1024, False, False)
+    # agree with HF's (the tokens fed are HF's either way). A chat prompt is
+    # the rendered template, whose special tokens must be parsed as such.
+    chat = bool(hf_prov["prompt"].get("chat"))
+    text = hf_prov["prompt"].get("rendered", hf_prov["prompt"]["text"]).encode()
+    n_max = len(text) + 16
+    tbuf = (lc.llama_token * n_max)()
+    nt = lc.llama_tokenize(vocab, text, len(text), tbuf, n_max, False, chat)
     assert nt >= 0, "tokenize failed"
     lcpp_ids = list(tbuf[:nt])
     assert lcpp_ids == prompt_ids, f"llama.cpp tokenizes the prompt as {lcpp_ids}, HF as {prompt_ids}"
@@ -296,7 +408,8 @@ def main():
     cparams.type_v = GGML_TYPE_F32
     cparams.cb_eval = cb
     cparams.cb_eval_user_data = None
-    assert n_total <= cparams.n_ctx
+    if n_total > cparams.n_ctx:
+        sys.exit(f"record_llamacpp.py: {n_total} tokens do not fit the context of {cparams.n_ctx}")
     ctx = lc.llama_init_from_model(model, cparams)
     assert ctx, "context init failed"
 
@@ -308,6 +421,7 @@ def main():
             toks = [int(x) for x in hf[f"{step}/tokens"]]
             positions = [int(x) for x in hf[f"{step}/positions"]]
             assert positions == list(range(pos_next, pos_next + len(toks))), f"{step}: positions {positions}"
+            log(f"{step}: {len(toks)} token(s) at position {pos_next}")
             rec.nodes = []
             batch.n_tokens = len(toks)
             for i, (tok, p) in enumerate(zip(toks, positions)):
@@ -322,24 +436,37 @@ def main():
             if args.list_nodes:
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-            stages = canonical(rec.nodes, hf, step, n_layer, S, permuted)
+            want = (keep if step in keep_steps else set()) | {"logits"}
+            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want)
+            rec.nodes = []  # a real model's nodes are large; drop them now
             api = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
                             for i in range(len(toks))])
             api_vs_graph = max(api_vs_graph, float(np.abs(api - stages["logits"]).max()))
+            greedy_ids.append(int(stages["logits"][-1].argmax()))
+            log(f"{step}: greedy token {greedy_ids[-1]}")
+            if step not in keep_steps or "logits" not in keep:
+                del stages["logits"]
+            elif logits_rows == "last":
+                stages["logits"] = np.ascontiguousarray(stages["logits"][-1:])
             stages["tokens"] = np.array(toks, dtype=np.int64)
             stages["positions"] = np.array(positions, dtype=np.int64)
-            assert sorted(f"{step}/{k}" for k in stages) == sorted(k for k in hf if k.startswith(step + "/")), \
-                "stage set differs from the HF golden's"
             for k, v in stages.items():
                 out[f"{step}/{k}"] = v
-            greedy_ids.append(int(stages["logits"][-1].argmax()))
             pos_next = S
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
         lc.llama_model_free(model)
     assert api_vs_graph == 0.0, f"llama_get_logits_ith differs from result_output by {api_vs_graph}"
+    # Same keys and shapes as the HF golden when both stored the same subset.
+    record = golden_io.record_section(keep_steps, steps, patterns, logits_rows)
+    if record == hf_prov.get("record"):
+        assert sorted(out) == sorted(hf), \
+            f"stage set differs from the HF golden's: {sorted(set(out) ^ set(hf))[:10]}"
+        for k, v in out.items():
+            assert v.shape == hf[k].shape, f"{k}: {v.shape} vs the HF golden's {hf[k].shape}"
 
+    gguf_sha = sha256_file(args.gguf)
     prov = {
         "source": "llama.cpp",
         "recorder": RECORDER,
@@ -363,10 +490,10 @@ def main():
             "logits": "all tokens",
             "tokens": "teacher-forced from the HF golden",
         },
-        "gguf_sha256": sha256(args.gguf),
+        "gguf_sha256": gguf_sha,
         "gguf_architecture": arch,
         "qk_unpermuted": permuted,
-        "hf_golden_sha256": sha256(args.hf_golden),
+        "hf_golden_sha256": sha256_file(args.hf_golden),
         "prompt": {"text": hf_prov["prompt"]["text"], "token_ids": prompt_ids,
                    "llamacpp_token_ids": lcpp_ids},
         "greedy_ids": greedy_ids,
@@ -374,16 +501,33 @@ def main():
         "steps": steps,
         "model_config": hf_cfg,
     }
+    if chat:
+        prov["prompt"].update(chat=True, rendered=hf_prov["prompt"]["rendered"])
+    # When the HF golden was recorded from this very GGUF, the GGUF is the
+    # model under test (not a conversion made for the recording, whose file
+    # name means nothing): name it. Converted tiny models keep the provenance
+    # they always had, so their goldens stay byte-identical.
+    if hf_prov.get("gguf_sha256") == gguf_sha:
+        prov["model"] = {"format": "gguf", "file": os.path.basename(args.gguf), "sha256": gguf_sha,
+                         "general_name": general_name, "architecture": arch,
+                         "file_type": None if file_type is None else int(file_type)}
+    if record is not None:
+        prov["record"] = record
     metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
     os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
     tmp = args.out_file + ".tmp"
     save_deterministic(out, metadata, tmp)
+    if os.path.exists(args.out_file):
+        # Replacing is what the caller asked for (regen.sh starts from empty
+        # folders, goldens regen from a fresh one), but never silently.
+        log(f"replacing the existing {args.out_file}")
     os.replace(tmp, args.out_file)
+    log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
     print(json.dumps({
         "out": args.out_file,
         "tensors": len(out),
         "bytes": os.path.getsize(args.out_file),
-        "sha256": sha256(args.out_file),
+        "sha256": sha256_file(args.out_file),
         "architecture": arch,
         "qk_unpermuted": permuted,
         "prompt_ids": prompt_ids,

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Regenerate both tiny models and all their goldens (HF and llama.cpp) from
+# Regenerate the tiny models and all their goldens (HF and llama.cpp) from
 # scratch and compare them, byte for byte, with the committed ones in
-# goldens/qwen2-tiny/ and goldens/llama-tiny/.
+# goldens/qwen2-tiny/, llama-tiny/, qwen3-tiny/ and phi3-tiny/.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #
-#   OUT_DIR  where to write (default: <repo>/.cache/regen), one subfolder per
-#            model; a relative path is taken from the current directory.
+#   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
+#            per model; a relative path is taken from the current directory.
 #            Never inside goldens/: this script only proposes, a human accepts.
 #
-# Creates (or reuses) the virtual environment <repo>/.venv-recorders with the
-# pinned packages of requirements.txt, and builds (or reuses) libllama from
-# the pinned llama-cpp-python sdist (build_llamacpp.py; cache in
-# <repo>/.cache/llamacpp, or $TOUCHSTONE_LLAMACPP_CACHE). Set PYTHON to choose
+# Creates (or reuses) the virtual environment $TOUCHSTONE_CACHE/recorders-venv
+# (the one `touchstone goldens regen` uses; TOUCHSTONE_CACHE defaults to
+# ~/.cache/touchstone, outside the checkout) with the pinned packages of
+# requirements.txt, and builds (or reuses) libllama from the pinned
+# llama-cpp-python sdist (build_llamacpp.py; cache in
+# $TOUCHSTONE_CACHE/llamacpp, or $TOUCHSTONE_LLAMACPP_CACHE). Set PYTHON to choose
 # the interpreter that creates the venv (default python3; the goldens were
 # recorded with 3.11, and the Python version is part of their provenance).
 #
@@ -24,17 +26,18 @@ die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-VENV="$ROOT/.venv-recorders"
+CACHE="${TOUCHSTONE_CACHE:-$HOME/.cache/touchstone}"
+VENV="$CACHE/recorders-venv"
 REQS="$HERE/requirements.txt"
 GOLDENS="$ROOT/goldens"
 # model folder name -> make_model.py --family
-MODELS="qwen2-tiny:qwen2 llama-tiny:llama"
+MODELS="qwen2-tiny:qwen2 llama-tiny:llama qwen3-tiny:qwen3 phi3-tiny:phi3"
 
-OUT="${1:-$ROOT/.cache/regen}"
+OUT="${1:-$CACHE/regen}"
 [ -n "$OUT" ] || die "OUT_DIR is empty"
 # Resolve to an absolute, normalised path before creating anything, so the
 # committed goldens can be refused however they are spelled.
@@ -73,6 +76,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     PY="${PYTHON:-python3}"
     command -v "$PY" >/dev/null || die "no '$PY' on PATH; set PYTHON=/path/to/python3.11"
     say "creating virtual environment $VENV with $("$PY" -V 2>&1)"
+    mkdir -p "$(dirname "$VENV")" || die "cannot create $(dirname "$VENV")"
     "$PY" -m venv "$VENV" || die "could not create $VENV (is the venv module installed?)"
 fi
 if pins_ok; then

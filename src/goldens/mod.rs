@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::spec::Spec;
 use pending::GoldenRef;
-use regen::{Job, Recorder};
+use regen::{Job, RecordArgs, Recorder};
 
 /// Which golden sources a command applies to (`--source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +65,7 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
                 },
                 model: spec.model.clone(),
                 recorder,
+                args: record_args(&spec),
             });
         }
     }
@@ -79,6 +80,24 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
         )));
     }
     Ok(jobs)
+}
+
+/// The recorder arguments a spec asks for: its prompt text and decode steps,
+/// and its `record:` subset.
+fn record_args(spec: &Spec) -> RecordArgs {
+    RecordArgs {
+        prompt: spec.prompt.text.clone(),
+        chat: spec.prompt.chat,
+        decode_steps: spec.prompt.decode_steps,
+        steps: spec.record.steps.clone(),
+        stages: spec.record.stages.clone(),
+        logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
+        hf_golden: spec
+            .goldens
+            .iter()
+            .find(|(source, _)| Recorder::for_source(source) == Some(Recorder::Hf))
+            .map(|(_, path)| path.clone()),
+    }
 }
 
 pub fn refs(jobs: &[Job]) -> Vec<GoldenRef> {

@@ -4,12 +4,24 @@
 //! and refuses to run at all on CI (`CI=true`): CI checks goldens, it never
 //! makes them.
 //!
-//! Environment: the first interpreter whose installed packages match every
-//! pin of `goldens/recorders/requirements.txt` (checked offline) among
-//! `--python`, `<repo>/.cache/recorders-venv` and `<repo>/.venv-recorders`
-//! (the one `regen.sh` makes); failing that, `.cache/recorders-venv` is
-//! created (`$PYTHON -m venv`, default `python3`) and `pip install -r` run.
-//! Recorders run as `regen.sh` runs them: CPU only, one thread, offline.
+//! Environment: `--python` when given (its packages must match every pin of
+//! `goldens/recorders/requirements.txt`, checked offline), else the venv
+//! `$TOUCHSTONE_CACHE/recorders-venv` (default `~/.cache/touchstone`; the one
+//! `regen.sh` uses too), created (`$PYTHON -m venv`, default `python3`) and
+//! `pip install -r` run when it is missing or a pin is not met. Recorders run
+//! as `regen.sh` runs them: CPU only, one thread, offline.
+//!
+//! What is recorded: the spec's prompt (`prompt.text`, `prompt.chat`,
+//! `prompt.decode_steps`; without a text, the current golden's prompt) and its
+//! `record:` subset (`--steps`, `--stages`, `--logits`). The model is the
+//! spec's: an HF folder (llama.cpp gets a GGUF converted from it) or a GGUF,
+//! which both recorders read as it is.
+//!
+//! Nothing is written inside the touchstone checkout: the venv and libllama
+//! live in `$TOUCHSTONE_CACHE`, intermediate files (a converted GGUF, the
+//! recorders' outputs) in a fresh temporary folder that is removed when regen
+//! ends, also on error; only the pending `<golden>.new` files are written,
+//! beside the spec's goldens.
 
 use std::io::{BufRead, BufReader, IsTerminal};
 use std::path::{Path, PathBuf};
@@ -17,7 +29,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::Value;
 
 use super::change;
 use super::pending::{write_atomic, GoldenRef};
@@ -48,12 +59,70 @@ impl Recorder {
     }
 }
 
+/// What a spec asks the recorders to record (its `prompt:` and `record:`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordArgs {
+    /// `prompt.text`; without it the current golden's prompt is recorded again.
+    pub prompt: Option<String>,
+    /// `prompt.chat`: render the text with the model's chat template.
+    pub chat: bool,
+    /// `prompt.decode_steps`; without it the current golden's count.
+    pub decode_steps: Option<usize>,
+    /// `record.steps` (default: every step).
+    pub steps: Option<Vec<String>>,
+    /// `record.stages` patterns (default: every stage).
+    pub stages: Option<Vec<String>>,
+    /// `record.logits: last`: only the last row of each step's logits.
+    pub logits_last: bool,
+    /// The spec's `hf` golden: the token ids a llama.cpp recording is fed
+    /// when no HF golden is recorded in the same run.
+    pub hf_golden: Option<PathBuf>,
+}
+
 /// A golden to regenerate: the ref plus the model it is recorded from.
 #[derive(Clone, Debug)]
 pub struct Job {
     pub golden: GoldenRef,
     pub model: PathBuf,
     pub recorder: Recorder,
+    pub args: RecordArgs,
+}
+
+/// A fresh folder for one regen's intermediate files, removed on drop (so
+/// also when regen fails and returns early). A SIGKILL leaves it in the
+/// system's temporary folder, never in the checkout.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> Result<WorkDir> {
+        let base = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        for i in 0..100u32 {
+            let p = base.join(format!("touchstone-regen-{}-{nanos}-{i}", std::process::id()));
+            match std::fs::create_dir(&p) {
+                Ok(()) => return Ok(WorkDir(p)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io(&p, e)),
+            }
+        }
+        Err(Error::Usage(format!(
+            "cannot create a temporary folder in {}",
+            base.display()
+        )))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// True when the model is a single GGUF file (recorded as it is).
+fn is_gguf(model: &Path) -> bool {
+    model.is_file() && model.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 /// True when the environment says this is CI (`CI=true`, or `CI=1`, as CI services set it).
@@ -127,34 +196,45 @@ impl Progress {
     }
 }
 
-/// Runs `cmd`, streaming its output lines to `on_line`; returns the collected
-/// output and whether it succeeded.
+/// Runs `cmd`, streaming its output lines (stdout and stderr, as they come)
+/// to `on_line`; returns the collected output and whether it succeeded.
 fn run_streaming(mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<(bool, String)> {
     let prog = format!("{:?}", cmd.get_program());
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Usage(format!("cannot run {prog}: {e}")))?;
-    let stderr = child.stderr.take().expect("piped");
-    // stderr on a thread so neither pipe can fill up and block the child.
-    let errs = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(|l| l.ok())
-            .collect::<Vec<_>>()
-            .join("\n")
-    });
+    // One reader thread per pipe so neither can fill up and block the child;
+    // the lines come back here because `on_line` (the progress bar) stays on
+    // this thread.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().expect("piped")) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().expect("piped")),
+    ]
+    .into_iter()
+    .map(|pipe| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        })
+    })
+    .collect();
+    drop(tx);
     let mut all = String::new();
-    for line in BufReader::new(child.stdout.take().expect("piped"))
-        .lines()
-        .map_while(|l| l.ok())
-    {
+    for line in rx {
         on_line(&line);
         all += &line;
         all.push('\n');
     }
+    for r in readers {
+        let _ = r.join();
+    }
     let status = child.wait().map_err(|e| Error::Usage(format!("{prog}: {e}")))?;
-    all += &errs.join().unwrap_or_default();
     Ok((status.success(), all))
 }
 
@@ -205,7 +285,7 @@ fn pins_ok(python: &Path, reqs: &Path) -> std::result::Result<(), String> {
 /// Finds or builds the recorders' interpreter (see the module comment).
 fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> Result<PathBuf> {
     let reqs = root.join("goldens/recorders/requirements.txt");
-    let cache_venv = root.join(".cache/recorders-venv");
+    let cache_venv = crate::cache::dir().join("recorders-venv");
     progress.start("checking the recorders' Python environment");
     if let Some(p) = explicit {
         return match pins_ok(p, &reqs) {
@@ -217,23 +297,23 @@ fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> 
             ))),
         };
     }
-    for venv in [&cache_venv, &root.join(".venv-recorders")] {
-        let py = venv.join("bin/python");
-        if py.exists() {
-            match pins_ok(&py, &reqs) {
-                Ok(()) => {
-                    progress.println(&format!(
-                        "reusing {} (every pin of requirements.txt installed)",
-                        venv.display()
-                    ));
-                    return Ok(py);
-                }
-                Err(why) => progress.println(&format!("not reusing {}: {why}", venv.display())),
+    let py = cache_venv.join("bin/python");
+    if py.exists() {
+        match pins_ok(&py, &reqs) {
+            Ok(()) => {
+                progress.println(&format!(
+                    "reusing {} (every pin of requirements.txt installed)",
+                    cache_venv.display()
+                ));
+                return Ok(py);
             }
+            Err(why) => progress.println(&format!("updating {}: {why}", cache_venv.display())),
         }
     }
-    let py = cache_venv.join("bin/python");
     if !py.exists() {
+        if let Some(parent) = cache_venv.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
         let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         progress.detail(&format!("creating {} with {base}", cache_venv.display()));
         let out = Command::new(&base)
@@ -286,20 +366,69 @@ fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> 
     Ok(py)
 }
 
-/// Recorder arguments taken from the current golden's provenance, so a regen
-/// records the same prompt and number of decode steps.
-fn prompt_args(golden: &Path) -> Vec<String> {
-    let Ok(g) = GoldenSet::load("current", golden) else {
-        return Vec::new();
+/// The prompt arguments of both recorders: the spec's prompt, else the one
+/// the current golden was recorded with (so a regen records the same prompt
+/// and number of decode steps).
+fn prompt_args(golden: &Path, args: &RecordArgs) -> Vec<String> {
+    let current = GoldenSet::load("current", golden).ok();
+    let recorded = |ptr: &str| current.as_ref().and_then(|g| g.provenance.pointer(ptr).cloned());
+    let mut out = Vec::new();
+    let (text, chat) = match &args.prompt {
+        Some(t) => (Some(t.clone()), args.chat),
+        None => (
+            recorded("/prompt/text").and_then(|v| v.as_str().map(String::from)),
+            recorded("/prompt/chat").and_then(|v| v.as_bool()).unwrap_or(false),
+        ),
     };
-    let mut args = Vec::new();
-    if let Some(t) = g.provenance.pointer("/prompt/text").and_then(Value::as_str) {
-        args.extend(["--prompt".to_string(), t.to_string()]);
+    if let Some(t) = text {
+        out.extend(["--prompt".to_string(), t]);
+        if chat {
+            out.push("--chat".to_string());
+        }
     }
-    if let Some(n) = g.provenance.get("decode_steps").and_then(Value::as_u64) {
-        args.extend(["--decode-steps".to_string(), n.to_string()]);
+    let steps = args
+        .decode_steps
+        .map(|n| n as u64)
+        .or_else(|| recorded("/decode_steps").and_then(|v| v.as_u64()));
+    if let Some(n) = steps {
+        out.extend(["--decode-steps".to_string(), n.to_string()]);
     }
-    args
+    out
+}
+
+/// The subset arguments (`record:`), the same for both recorders.
+fn subset_args(args: &RecordArgs) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(s) = &args.steps {
+        out.extend(["--steps".to_string(), s.join(",")]);
+    }
+    if let Some(s) = &args.stages {
+        out.extend(["--stages".to_string(), s.join(",")]);
+    }
+    if args.logits_last {
+        out.extend(["--logits".to_string(), "last".to_string()]);
+    }
+    out
+}
+
+/// Recorder progress (`record_hf.py: prefill: layer 3/24`, ...) goes to the
+/// bar; anything else a recorder prints is kept for the error message.
+fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
+    |line: &str| {
+        let l = line.trim();
+        if [
+            "record_hf.py:",
+            "record_llamacpp.py:",
+            "build_llamacpp.py:",
+            "convert_gguf.py:",
+            "INFO:hf-to-gguf:",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
+        {
+            progress.detail(l);
+        }
+    }
 }
 
 fn recorder_cmd(python: &Path, script: &Path) -> Command {
@@ -322,7 +451,7 @@ fn recorder_cmd(python: &Path, script: &Path) -> Command {
 }
 
 fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<()> {
-    let (ok, out) = run_streaming(cmd, |_| {})?;
+    let (ok, out) = run_streaming(cmd, relay(progress))?;
     if !ok {
         progress.finish();
         return Err(Error::Usage(format!("{what} failed:\n{}", tail(&out, 25))));
@@ -357,8 +486,18 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             }
         }
     }
-    let work = root.join(".cache/regen/work");
-    std::fs::create_dir_all(&work).map_err(|e| Error::io(&work, e))?;
+    for j in jobs {
+        if !j.model.exists() {
+            return Err(Error::Usage(format!(
+                "spec `{}`: model {} does not exist",
+                j.golden.spec,
+                j.model.display()
+            )));
+        }
+    }
+    // Removed when this function returns, whichever way.
+    let work_dir = WorkDir::new()?;
+    let work = work_dir.0.as_path();
     let mut progress = Progress::new(1 + jobs.len() as u64);
     let t0 = Instant::now();
     let py = python_env(root, python, &mut progress)?;
@@ -385,21 +524,43 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         match j.recorder {
             Recorder::Hf => {
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
-                c.arg(&j.model).arg(&out).args(prompt_args(&g.golden));
+                c.arg(&j.model)
+                    .arg(&out)
+                    .args(prompt_args(&g.golden, &j.args))
+                    .args(subset_args(&j.args));
                 run_recorder(c, "record_hf.py", &progress)?;
                 fresh_hf.insert(g.spec.clone(), g.pending());
             }
             Recorder::LlamaCpp => {
-                let gguf = work.join(format!("{}.gguf", g.spec));
-                let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
-                c.arg(&j.model).arg(&gguf);
-                run_recorder(c, "convert_gguf.py", &progress)?;
+                // A GGUF is recorded as it is (quantised or not); an HF folder
+                // is converted first, into the work folder.
+                let gguf = if is_gguf(&j.model) {
+                    j.model.clone()
+                } else {
+                    // A folder per job, the file named as regen.sh names it.
+                    let dir = work.join(format!("{}-{}", g.spec, g.source));
+                    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                    let gguf = dir.join("model.gguf");
+                    let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
+                    c.arg(&j.model).arg(&gguf);
+                    run_recorder(c, "convert_gguf.py", &progress)?;
+                    gguf
+                };
+                // The token ids to feed: the HF golden recorded in this run,
+                // else the spec's current `hf` golden, else an `hf.safetensors`
+                // beside this golden.
                 let hf = fresh_hf.get(&g.spec).cloned().or_else(|| {
-                    let p = g.golden.with_file_name("hf.safetensors");
-                    p.exists().then_some(p)
+                    [
+                        j.args.hf_golden.clone(),
+                        Some(g.golden.with_file_name("hf.safetensors")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p.exists())
                 });
                 let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
                 c.arg(&gguf).arg(&out);
+                c.args(subset_args(&j.args));
                 if let Some(hf) = hf {
                     c.arg("--hf-golden").arg(hf);
                 }
