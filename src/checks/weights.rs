@@ -227,6 +227,10 @@ mod tests {
             "goldens/qwen2-tiny/model.gguf",
             "goldens/llama-tiny/model",
             "goldens/llama-tiny/model.gguf",
+            "goldens/qwen3-tiny/model",
+            "goldens/qwen3-tiny/model.gguf",
+            "goldens/phi3-tiny/model",
+            "goldens/phi3-tiny/model.gguf",
         ] {
             for storage in [DType::F32, DType::BF16] {
                 let v = run(

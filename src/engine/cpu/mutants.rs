@@ -226,3 +226,60 @@ mod self_test {
         }
     }
 }
+
+/// The new families' own planted bugs (issue: real models): a Qwen3 engine
+/// without its q/k norms, a Phi-3 loader splitting q and k the wrong way round.
+#[cfg(test)]
+mod families {
+    use super::*;
+    use crate::checks::Status;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::model::LoaderBug;
+    use crate::plan::Plan;
+    use crate::runner::{run_plan_on, Filter};
+    use crate::spec::Spec;
+    use std::path::Path;
+
+    fn first_divergence(spec: &str, bug: Option<LoaderBug>, m: Option<Mutant>) -> (Option<String>, Vec<String>) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut plan = Plan::build(Spec::load(&root.join("specs").join(spec)).unwrap(), None).unwrap();
+        plan.load_options.plant = bug;
+        let mut eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        if let Some(m) = m {
+            eng = eng.mutated(m);
+        }
+        let r = run_plan_on(&plan, &eng as &dyn Engine, &Filter::default(), &|id| id.to_string());
+        let failed_run_checks = r
+            .outcomes
+            .iter()
+            .filter(|o| o.at.is_none() && o.status == Status::Fail)
+            .map(|o| o.check.clone())
+            .collect();
+        (
+            r.first_divergence.map(|d| format!("{}/{}", d.step, d.stage)),
+            failed_run_checks,
+        )
+    }
+
+    #[test]
+    fn the_new_families_pass_as_loaded() {
+        for spec in ["qwen3-tiny.yaml", "phi3-tiny.yaml"] {
+            let (fd, runs) = first_divergence(spec, None, None);
+            assert_eq!((fd, runs), (None, vec![]), "{spec}");
+        }
+    }
+
+    #[test]
+    fn qwen3_without_qk_norm_diverges_at_q_norm() {
+        let (fd, _) = first_divergence("qwen3-tiny.yaml", None, Some(Mutant::SkipQkNorm));
+        assert_eq!(fd.as_deref(), Some("prefill/blk.0.q_norm"));
+    }
+
+    #[test]
+    fn phi3_split_with_q_and_k_swapped_diverges_at_q_and_fails_the_weights_check() {
+        let (fd, runs) = first_divergence("phi3-tiny.yaml", Some(LoaderBug::SplitKFirst), None);
+        assert_eq!(fd.as_deref(), Some("prefill/blk.0.q"));
+        assert!(runs.contains(&"weights".to_string()), "{runs:?}");
+    }
+}
