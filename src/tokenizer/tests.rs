@@ -1,0 +1,2 @@
+//! Unit tests: loading errors, incremental decoding, chat rendering. The
+//! equality with HF and llama.cpp is tests/tokenizer.rs (fixtures).
