@@ -48,6 +48,9 @@ pub struct TextStream<'a> {
     /// Other vocabularies: every id so far and how much text was returned.
     ids: Vec<u32>,
     emitted: usize,
+    /// Show bytes that cannot be UTF-8 as `<invalid UTF-8: 98>` (for a
+    /// report) instead of U+FFFD (HF's `decode`).
+    show_invalid: bool,
 }
 
 impl<'a> TextStream<'a> {
@@ -57,7 +60,14 @@ impl<'a> TextStream<'a> {
             pending: Vec::new(),
             ids: Vec::new(),
             emitted: 0,
+            show_invalid: false,
         }
+    }
+
+    /// Invalid bytes shown as hex rather than as U+FFFD.
+    pub fn show_invalid_bytes(mut self) -> Self {
+        self.show_invalid = true;
+        self
     }
 
     /// The text completed by token `id`: possibly empty (the token ends inside
@@ -76,6 +86,11 @@ impl<'a> TextStream<'a> {
             }
         }
         self.take_valid(false)
+    }
+
+    /// Bytes held back: the start of a character no token has finished yet.
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
     }
 
     /// What is left: a character still incomplete when the tokens ended is
@@ -105,7 +120,12 @@ impl<'a> TextStream<'a> {
                     out.push_str(std::str::from_utf8(good).expect("valid up to here"));
                     match e.error_len() {
                         Some(n) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
+                            if self.show_invalid {
+                                let hex: Vec<String> = bad[..n].iter().map(|b| format!("{b:02x}")).collect();
+                                out.push_str(&format!("<invalid UTF-8: {}>", hex.join(" ")));
+                            } else {
+                                out.push(char::REPLACEMENT_CHARACTER);
+                            }
                             rest = &bad[n..];
                         }
                         None if flush => {

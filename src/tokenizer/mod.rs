@@ -171,6 +171,23 @@ impl Tokenizer {
         TextStream::new(self)
     }
 
+    /// `ids` as text for a report: like [`decode`](Self::decode), but a
+    /// character the tokens stop in the middle of (a generation cut off after
+    /// the first byte tokens of an emoji) is shown as its bytes,
+    /// `<incomplete UTF-8: f0 9f>`, rather than as U+FFFD, which would look
+    /// like a decoding bug; a byte that cannot start or continue a character
+    /// (a model generating a stray byte token) as `<invalid UTF-8: 98>`.
+    pub fn decode_display(&self, ids: &[u32]) -> String {
+        let mut s = self.stream().show_invalid_bytes();
+        let mut out: String = ids.iter().map(|&id| s.push(id)).collect();
+        let tail = s.pending();
+        if !tail.is_empty() {
+            let hex: Vec<String> = tail.iter().map(|b| format!("{b:02x}")).collect();
+            out.push_str(&format!("<incomplete UTF-8: {}>", hex.join(" ")));
+        }
+        out
+    }
+
     /// All of `ids` as text (special tokens written out, e.g. `<|im_end|>`).
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut s = self.stream();

@@ -78,8 +78,17 @@ fn a_character_cut_off_at_the_end_is_shown_as_replacement_once() {
         assert_eq!(s.push(id), "");
     }
     assert_eq!(s.finish(), "\u{FFFD}");
-    // Decoding each token on its own (the naive way) would have printed two.
     assert_eq!(t.decode(&ids[..2]), "\u{FFFD}");
+    // The report shows the bytes instead.
+    assert_eq!(t.decode_display(&ids[..2]), "<incomplete UTF-8: f0 9f>");
+    let mut with_text = t.encode("hi ").unwrap();
+    with_text.extend_from_slice(&ids[..3]);
+    assert_eq!(t.decode_display(&with_text), "hi <incomplete UTF-8: f0 9f a4>");
+    // A byte that no character starts with (a stray continuation byte, 0x98).
+    let stray = t.encode("\u{98}").unwrap(); // U+0098 is c2 98: two byte tokens
+    assert_eq!(stray.len(), 2, "{stray:?}");
+    assert_eq!(t.decode_display(&stray[1..]), "<invalid UTF-8: 98>");
+    assert_eq!(t.decode(&stray[1..]), "\u{FFFD}");
 }
 
 #[test]
@@ -122,7 +131,11 @@ fn a_folder_without_tokenizer_json_is_a_clear_error() {
 #[test]
 fn a_malformed_tokenizer_json_names_the_file() {
     let d = tempfile::tempdir().unwrap();
-    std::fs::write(d.path().join("tokenizer.json"), r#"{"model": {"type": "BPE", "vocab": 3}}"#).unwrap();
+    std::fs::write(
+        d.path().join("tokenizer.json"),
+        r#"{"model": {"type": "BPE", "vocab": 3}}"#,
+    )
+    .unwrap();
     let e = err(Tokenizer::load(d.path()));
     assert!(e.contains("tokenizer.json: not a tokenizer.json"), "{e}");
     std::fs::write(d.path().join("tokenizer.json"), "not json").unwrap();
@@ -178,7 +191,11 @@ fn chat_template_from_a_jinja_file_a_named_list_and_special_token_variables() {
     let t = Tokenizer::load(d.path()).unwrap();
     assert_eq!(t.render_chat("a").unwrap(), "<|im_start|>[a]");
     // chat_template.jinja wins over tokenizer_config.json (as in transformers).
-    std::fs::write(d.path().join("chat_template.jinja"), "J{{ messages | length }}{{ messages[0] | tojson }}").unwrap();
+    std::fs::write(
+        d.path().join("chat_template.jinja"),
+        "J{{ messages | length }}{{ messages[0] | tojson }}",
+    )
+    .unwrap();
     let t = Tokenizer::load(d.path()).unwrap();
     assert_eq!(t.render_chat("<a>").unwrap(), r#"J1{"role": "user", "content": "<a>"}"#);
 }
@@ -187,7 +204,10 @@ fn chat_template_from_a_jinja_file_a_named_list_and_special_token_variables() {
 fn chat_template_errors_are_reported_not_panicked() {
     for (template, want) in [
         ("{% if %}", "does not parse"),
-        ("{{ raise_exception('only user/assistant roles') }}", "only user/assistant roles"),
+        (
+            "{{ raise_exception('only user/assistant roles') }}",
+            "only user/assistant roles",
+        ),
         ("{{ strftime_now('%Y') }}", "today's date"),
     ] {
         let d = folder_with_config(&serde_json::json!({ "chat_template": template }));
@@ -196,13 +216,19 @@ fn chat_template_errors_are_reported_not_panicked() {
     }
     let d = folder_with_config(&serde_json::json!({ "chat_template": 3 }));
     let e = err(Tokenizer::load(d.path()));
-    assert!(e.contains("tokenizer_config.json") && e.contains("`chat_template` is a number"), "{e}");
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("`chat_template` is a number"),
+        "{e}"
+    );
 }
 
 // ---- GGUF vocabularies ----
 
 fn strings(items: &[&str]) -> Value {
-    Value::Array(ValueType::String, items.iter().map(|s| Value::String(s.to_string())).collect())
+    Value::Array(
+        ValueType::String,
+        items.iter().map(|s| Value::String(s.to_string())).collect(),
+    )
 }
 
 /// A minimal gpt2 vocabulary: bytes of "ab ", merges a+b, Ġ+ab; one control token.
@@ -210,7 +236,10 @@ fn tiny_gguf(edit: impl FnOnce(&mut Vec<(String, Value)>)) -> (tempfile::TempDir
     let mut kv: Vec<(String, Value)> = vec![
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("qwen2".into())),
-        ("tokenizer.ggml.tokens".into(), strings(&["<|x|>", "a", "b", "Ġ", "ab", "Ġab"])),
+        (
+            "tokenizer.ggml.tokens".into(),
+            strings(&["<|x|>", "a", "b", "Ġ", "ab", "Ġab"]),
+        ),
         ("tokenizer.ggml.merges".into(), strings(&["a b", "Ġ ab"])),
         (
             "tokenizer.ggml.token_type".into(),
@@ -246,19 +275,33 @@ fn a_gguf_vocabulary_encodes_with_merges_control_tokens_and_bos() {
     let (_d, p) = tiny_gguf(|kv| {
         set(kv, "tokenizer.ggml.add_bos_token", Some(Value::Bool(true)));
         set(kv, "tokenizer.ggml.bos_token_id", Some(Value::U32(0)));
-        set(kv, "tokenizer.chat_template", Some(Value::String("{{ bos_token }}{{ messages[0].content }}".into())));
+        set(
+            kv,
+            "tokenizer.chat_template",
+            Some(Value::String("{{ bos_token }}{{ messages[0].content }}".into())),
+        );
     });
     let t = Tokenizer::load(&p).unwrap();
     assert_eq!(t.encode("ab").unwrap(), [0, 4]);
-    assert_eq!(t.encode_chat("ab").unwrap(), [0, 4], "the template writes the BOS, encode adds none");
+    assert_eq!(
+        t.encode_chat("ab").unwrap(),
+        [0, 4],
+        "the template writes the BOS, encode adds none"
+    );
 }
 
 #[test]
 fn gguf_tokenizer_errors_name_the_file_and_the_key() {
     type Edit = Box<dyn FnOnce(&mut Vec<(String, Value)>)>;
     let cases: Vec<(Edit, &str)> = vec![
-        (Box::new(|kv| set(kv, "tokenizer.ggml.tokens", None)), "`tokenizer.ggml.tokens` is missing"),
-        (Box::new(|kv| set(kv, "tokenizer.ggml.model", None)), "`tokenizer.ggml.model` is missing"),
+        (
+            Box::new(|kv| set(kv, "tokenizer.ggml.tokens", None)),
+            "`tokenizer.ggml.tokens` is missing",
+        ),
+        (
+            Box::new(|kv| set(kv, "tokenizer.ggml.model", None)),
+            "`tokenizer.ggml.model` is missing",
+        ),
         (
             Box::new(|kv| set(kv, "tokenizer.ggml.tokens", Some(Value::U32(3)))),
             "`tokenizer.ggml.tokens` is a u32, expected an array of strings",
@@ -271,7 +314,10 @@ fn gguf_tokenizer_errors_name_the_file_and_the_key() {
             Box::new(|kv| set(kv, "tokenizer.ggml.pre", Some(Value::String("gpt-4o".into())))),
             "`tokenizer.ggml.pre` is \"gpt-4o\"",
         ),
-        (Box::new(|kv| set(kv, "tokenizer.ggml.pre", None)), "`tokenizer.ggml.pre` is missing"),
+        (
+            Box::new(|kv| set(kv, "tokenizer.ggml.pre", None)),
+            "`tokenizer.ggml.pre` is missing",
+        ),
         (
             Box::new(|kv| set(kv, "tokenizer.ggml.merges", Some(strings(&["ab"])))),
             "merge 0 (\"ab\") has no space",
@@ -282,7 +328,11 @@ fn gguf_tokenizer_errors_name_the_file_and_the_key() {
         ),
         (
             Box::new(|kv| {
-                set(kv, "tokenizer.ggml.token_type", Some(Value::Array(ValueType::I32, vec![Value::I32(1)])))
+                set(
+                    kv,
+                    "tokenizer.ggml.token_type",
+                    Some(Value::Array(ValueType::I32, vec![Value::I32(1)])),
+                )
             }),
             "`tokenizer.ggml.token_type` has 1 entries but `tokenizer.ggml.tokens` has 6",
         ),
