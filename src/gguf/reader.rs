@@ -125,8 +125,11 @@ fn bound(n: u64, min: u64, what: &str, c: &Cursor) -> R<()> {
     Ok(())
 }
 
+/// Metadata entries in file order.
+type Metadata = Vec<(String, Value)>;
+
 /// Magic, version, counts and the metadata entries; returns (version, tensor count, metadata).
-fn header_and_metadata(c: &mut Cursor) -> R<(u32, u64, Vec<(String, Value)>)> {
+fn header_and_metadata(c: &mut Cursor) -> R<(u32, u64, Metadata)> {
     let magic = c.array::<4>(&|| "the magic number".into())?;
     if &magic != MAGIC {
         return Err(format!(
@@ -168,7 +171,7 @@ fn header_and_metadata(c: &mut Cursor) -> R<(u32, u64, Vec<(String, Value)>)> {
 
 /// Only the header and the metadata: what a reader of the tokenizer needs,
 /// whatever tensor types the file holds. Returns (version, metadata).
-pub(crate) fn parse_metadata(buf: &[u8]) -> R<(u32, Vec<(String, Value)>)> {
+pub(crate) fn parse_metadata(buf: &[u8]) -> R<(u32, Metadata)> {
     let mut c = Cursor { buf, pos: 0 };
     let (version, _, metadata) = header_and_metadata(&mut c)?;
     Ok((version, metadata))
