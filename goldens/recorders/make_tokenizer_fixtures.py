@@ -5,9 +5,10 @@ that `cargo test` compares our ids with (tests/tokenizer.rs).
 
     python goldens/recorders/make_tokenizer_fixtures.py OUT.json [--real-gguf PATH] [--no-llamacpp]
 
-Run it with the pinned recorder environment (requirements.txt: tokenizers,
-transformers, numpy, cmake, safetensors; `goldens/recorders/regen.sh` creates
-one as .venv-recorders/). torch is not needed. The committed fixture is
+Run it with the pinned recorder environment (requirements.txt;
+`goldens/recorders/regen.sh` creates it as .venv-recorders/): transformers'
+GGUF reader imports torch, and build_llamacpp.py needs the pinned cmake. The
+committed fixture is
 `tests/fixtures/tokenizer.json`; regenerate it with
 
     .venv-recorders/bin/python goldens/recorders/make_tokenizer_fixtures.py tests/fixtures/tokenizer.json \
