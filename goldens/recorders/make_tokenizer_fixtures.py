@@ -176,6 +176,29 @@ def record_model(name, folder, gguf, lcpp, notes):
     return out
 
 
+def record_chat_folder(real_gguf, notes):
+    import shutil
+    import tempfile
+
+    import gguf
+
+    r = gguf.GGUFReader(real_gguf)
+    field = r.fields["tokenizer.chat_template"]
+    template = bytes(field.parts[field.data[0]]).decode("utf-8")
+    src = os.path.join(ROOT, "goldens", "qwen2-tiny", "model")
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    config["chat_template"] = template
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(os.path.join(src, "tokenizer.json"), d)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        out = record_model("qwen2-tiny-chat", d, None, None, notes)
+    out["files"] = {"model/tokenizer.json": sha256(os.path.join(src, "tokenizer.json"))}
+    out["tokenizer_config"] = config
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -199,10 +222,16 @@ def main():
         d = os.path.join(ROOT, "goldens", name)
         models[name] = record_model(name, os.path.join(d, "model"), os.path.join(d, "model.gguf"), lcpp, notes)
     if args.real_gguf:
+        real = os.path.abspath(args.real_gguf)
         models["qwen2.5-coder-0.5b-instruct-q4_k_m"] = record_model(
-            "qwen2.5-coder-0.5b-instruct-q4_k_m", None, os.path.abspath(args.real_gguf), lcpp, notes)
+            "qwen2.5-coder-0.5b-instruct-q4_k_m", None, real, lcpp, notes)
+        # The chat template from an HF folder (tokenizer_config.json), checked
+        # against HF too: the tiny Qwen2 tokenizer with the real model's
+        # template added to its tokenizer_config.json (the test rebuilds the
+        # same folder from the fixture).
+        models["qwen2-tiny-chat"] = record_chat_folder(real, notes)
     else:
-        notes.append("real model not recorded (no --real-gguf)")
+        notes.append("real model not recorded (no --real-gguf), nor qwen2-tiny-chat (its template comes from it)")
 
     doc = {
         "format": "touchstone-tokenizer-fixtures/1",

@@ -416,3 +416,15 @@ fn the_qwen2_and_llama3_splits_differ_on_digit_runs() {
     assert_eq!(Tokenizer::load(&q).unwrap().encode("123").unwrap(), [0, 1, 2]);
     assert_eq!(Tokenizer::load(&l).unwrap().encode("123").unwrap(), [3, 2]);
 }
+
+#[test]
+fn chat_whitespace_follows_trim_blocks_and_lstrip_blocks_as_in_transformers() {
+    // Qwen's template strips whitespace itself ({%- -%}); older templates rely
+    // on the environment. Expected output rendered by Jinja2 3.1.6 with
+    // transformers' settings (ImmutableSandboxedEnvironment(trim_blocks=True,
+    // lstrip_blocks=True, extensions=[loopcontrols])).
+    let template = "{% for m in messages %}\n  {% if m.role == \"user\" %}\n[{{ m.content }}]\n  {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\n    <gen>\n{% endif %}\n";
+    let d = folder_with_config(&serde_json::json!({ "chat_template": template }));
+    let t = Tokenizer::load(d.path()).unwrap();
+    assert_eq!(t.render_chat("a").unwrap(), "[a]\n    <gen>\n");
+}
