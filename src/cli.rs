@@ -64,6 +64,11 @@ pub enum Command {
         /// Fail (exit 2) instead of skipping when a requested GPU engine is unavailable.
         #[arg(long)]
         require_gpu: bool,
+        /// Exit 0 even when nothing ran (every check skipped, e.g. `--engine cuda`
+        /// without a GPU); the summary still says NOTHING RAN. Without it such a
+        /// run exits 1: a run that checked nothing is not a pass.
+        #[arg(long)]
+        allow_skip: bool,
         #[command(flatten)]
         sinks: SinkArgs,
     },
@@ -84,6 +89,10 @@ pub enum Command {
         /// GPU architecture (repeatable; default sm_90 and sm_80).
         #[arg(long, value_name = "SM")]
         arch: Vec<String>,
+        /// Accept a check without ptxas: compile to PTX only, registers and
+        /// spills unchecked (without this flag a missing ptxas fails, exit 1).
+        #[arg(long)]
+        ptx_only: bool,
     },
     /// Regenerate goldens into pending files, review, accept or reject them.
     Goldens {
@@ -97,6 +106,13 @@ pub enum Command {
         /// A passing check regresses when its error grows by more than this factor.
         #[arg(long, default_value_t = 10.0)]
         factor: f64,
+        /// Accept checks of BASE that are missing from NEW (by default they fail
+        /// the diff, exit 1: a smaller report is not "no regression").
+        #[arg(long)]
+        allow_vanished: bool,
+        /// Show only rows whose status or error changed.
+        #[arg(long)]
+        changed: bool,
         #[command(flatten)]
         sinks: SinkArgs,
     },
@@ -175,23 +191,14 @@ impl SourceArg {
 }
 
 impl SinkArgs {
-    /// Writes each requested file (atomically) from its renderer.
-    fn write(
-        &self,
-        junit: impl Fn() -> String,
-        markdown: impl Fn() -> String,
-        html: impl Fn() -> String,
-    ) -> Result<()> {
-        for (path, render) in [
-            (&self.junit, &junit as &dyn Fn() -> String),
-            (&self.markdown, &markdown),
-            (&self.html, &html),
-        ] {
-            if let Some(p) = path {
-                crate::goldens::pending::write_atomic(p, render().as_bytes())?;
-            }
-        }
-        Ok(())
+    /// The report outputs with `json` first, resolved (checked) before the run.
+    fn resolve(&self, json: Option<&Path>) -> Result<report::outputs::Outputs> {
+        report::outputs::Outputs::resolve(&[
+            ("--json", json),
+            ("--junit", self.junit.as_deref()),
+            ("--markdown", self.markdown.as_deref()),
+            ("--html", self.html.as_deref()),
+        ])
     }
 }
 
@@ -223,23 +230,72 @@ pub enum Outcome {
     Failed,
 }
 
-/// The default spec: in the working directory if present, else in the source tree
-/// this binary was built from (so `cargo run` works from any folder of the repo).
-pub fn default_spec() -> PathBuf {
-    let local = PathBuf::from(DEFAULT_SPEC);
-    if local.exists() {
-        local
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_SPEC)
+/// With no SPEC: the nearest `specs/` folder from the working directory up
+/// through its parents; its default spec (`qwen2-tiny.yaml`, touchstone's own
+/// checkout) when it has one, else every spec in it. Says on stderr which it
+/// used. Never a path compiled into the binary: a run from elsewhere must not
+/// silently check touchstone's own spec.
+fn discover_specs() -> Result<Vec<PathBuf>> {
+    let cwd = std::env::current_dir().map_err(|e| Error::Usage(format!("cannot read the working directory: {e}")))?;
+    for (up, abs) in cwd.ancestors().enumerate() {
+        if !abs.join("specs").is_dir() {
+            continue;
+        }
+        // Shown relative to the working directory (`specs/…`, `../specs/…`).
+        let dir: PathBuf = std::iter::repeat_n("..", up).collect();
+        let specs = dir.join("specs");
+        let default = dir.join(DEFAULT_SPEC);
+        let chosen = if default.is_file() {
+            vec![default]
+        } else {
+            spec_files_in(&specs)?
+        };
+        if chosen.is_empty() {
+            continue;
+        }
+        let shown: Vec<String> = chosen.iter().map(|p| p.display().to_string()).collect();
+        eprintln!("touchstone: no SPEC given; using {}", shown.join(", "));
+        return Ok(chosen);
     }
+    Err(Error::Usage(format!(
+        "no SPEC given and no specs/ folder with a spec in {} or its parents: name a spec file or a folder of specs",
+        cwd.display()
+    )))
 }
 
-fn specs_or_default(specs: Vec<PathBuf>) -> Vec<PathBuf> {
+/// The `*.yaml` / `*.yml` files of a folder, sorted.
+fn spec_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The specs named (a folder stands for every spec in it), or the discovered
+/// default when none is named.
+fn specs_or_default(specs: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
     if specs.is_empty() {
-        vec![default_spec()]
-    } else {
-        specs
+        return discover_specs();
     }
+    let mut out = Vec::new();
+    for p in specs {
+        if p.is_dir() {
+            let files = spec_files_in(&p)?;
+            if files.is_empty() {
+                return Err(Error::Usage(format!(
+                    "{}: a folder with no *.yaml spec in it",
+                    p.display()
+                )));
+            }
+            out.extend(files);
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 pub fn execute(cli: Cli) -> Result<Outcome> {
@@ -253,6 +309,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             json,
             only,
             require_gpu,
+            allow_skip,
             sinks,
         } => {
             if require_gpu {
@@ -265,40 +322,74 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                     }
                 }
             }
+            // Report paths are checked before anything runs.
+            let outputs = sinks.resolve(json.as_deref())?;
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
             let mut report = Report::default();
-            // Plan everything first so bad input anywhere fails before any engine runs.
-            let plans = specs_or_default(specs)
-                .iter()
-                .map(|p| {
-                    let mut plan = Plan::build(Spec::load(p)?, model.as_deref())?;
-                    plan.load_options.keep_gguf_qk_permutation = keep_gguf_qk_permutation;
-                    if let Some(s) = storage {
-                        plan.load_options.storage = s;
+            // Plan everything first so bad input fails before any engine runs.
+            // One bad spec among several is reported and the others still run
+            // (the exit code is then 2); a single bad spec is simply the error.
+            let paths = specs_or_default(specs)?;
+            let mut plans = Vec::new();
+            let mut bad = Vec::new();
+            for p in &paths {
+                match Spec::load(p).and_then(|s| Plan::build(s, model.as_deref())) {
+                    Ok(mut plan) => {
+                        plan.load_options.keep_gguf_qk_permutation = keep_gguf_qk_permutation;
+                        if let Some(s) = storage {
+                            plan.load_options.storage = s;
+                        }
+                        plans.push(plan);
                     }
-                    Ok(plan)
-                })
-                .collect::<Result<Vec<_>>>()?;
+                    Err(e) if paths.len() == 1 => return Err(e),
+                    Err(e) => bad.push(e),
+                }
+            }
             for plan in &plans {
                 for kind in engine.kinds() {
                     report.runs.push(run_plan(plan, kind, &filter, model.as_deref())?);
                 }
             }
             let selected: usize = report.runs.iter().map(|r| r.outcomes.len()).sum();
+            if plans.is_empty() {
+                let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
+                return Err(Error::Usage(format!("no spec could run:\n  {}", msgs.join("\n  "))));
+            }
             if selected == 0 {
                 return Err(Error::Usage(
                     "no check matched --only; `touchstone list` shows the ids".into(),
                 ));
             }
-            print!("{}", report::terminal::render(&report));
-            if let Some(path) = json {
-                report::json::write(&report, &path)?;
+            let text = report::terminal::render(&report);
+            if outputs.uses_stdout() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
             }
-            sinks.write(
-                || report::junit::render(&report),
-                || report::markdown::render(&report),
-                || report::html::render(&report),
-            )?;
+            outputs.commit(&|flag| match flag {
+                "--json" => report::json::to_string(&report),
+                "--junit" => report::junit::render(&report),
+                "--markdown" => report::markdown::render(&report),
+                _ => report::html::render(&report),
+            })?;
+            if !bad.is_empty() {
+                let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
+                return Err(Error::Usage(format!(
+                    "{} of {} specs could not run (the others' results are above):\n  {}",
+                    bad.len(),
+                    paths.len(),
+                    msgs.join("\n  ")
+                )));
+            }
+            let c = report.counts();
+            if c.failed == 0 && c.passed == 0 && !allow_skip {
+                eprintln!(
+                    "touchstone: NOTHING RAN: all {} selected check(s) were skipped; that is not a pass (exit 1). \
+                     Pass --allow-skip to accept a run that checks nothing.",
+                    c.skipped
+                );
+                return Ok(Outcome::Failed);
+            }
             Ok(if report.passed() {
                 Outcome::Passed
             } else {
@@ -306,7 +397,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             })
         }
         Command::List { specs, engine, model } => {
-            for p in specs_or_default(specs) {
+            for p in specs_or_default(specs)? {
                 let plan = Plan::build(Spec::load(&p)?, model.as_deref())?;
                 for kind in engine.kinds() {
                     for c in &plan.checks {
@@ -316,7 +407,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             }
             Ok(Outcome::Passed)
         }
-        Command::Kernels { arch } => crate::kernels::run(&arch),
+        Command::Kernels { arch, ptx_only } => crate::kernels::run(&arch, ptx_only),
         Command::Inspect { file } => {
             print!("{}", crate::inspect::render(&file)?);
             Ok(Outcome::Passed)
@@ -326,12 +417,24 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             base,
             new,
             factor,
+            allow_vanished,
+            changed,
             sinks,
         } => {
             use crate::diff::render;
-            let d = crate::diff::diff_files(&base, &new, factor)?;
-            print!("{}", render::terminal(&d));
-            sinks.write(|| render::junit(&d), || render::markdown(&d), || render::html(&d))?;
+            let outputs = sinks.resolve(None)?;
+            let d = crate::diff::diff_files(&base, &new, factor, allow_vanished)?;
+            let text = render::terminal_rows(&d, changed);
+            if outputs.uses_stdout() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            outputs.commit(&|flag| match flag {
+                "--junit" => render::junit(&d),
+                "--markdown" => render::markdown(&d),
+                _ => render::html(&d),
+            })?;
             Ok(if d.regressed() {
                 Outcome::Failed
             } else {
@@ -352,7 +455,7 @@ fn goldens(action: GoldensAction) -> Result<Outcome> {
         GoldensAction::Regen { specs, source, python } => {
             // Refuse before reading anything, so CI cannot write even a cache file.
             regen::refuse_on_ci("regenerate")?;
-            let specs = specs_or_default(specs);
+            let specs = specs_or_default(specs)?;
             let jobs = jobs(&specs, source.filter())?;
             let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
             print!("{}", r.text);
@@ -361,7 +464,7 @@ fn goldens(action: GoldensAction) -> Result<Outcome> {
         GoldensAction::Status { specs } => {
             print!(
                 "{}",
-                pending::status(&refs(&jobs(&specs_or_default(specs), SourceFilter::All)?))
+                pending::status(&refs(&jobs(&specs_or_default(specs)?, SourceFilter::All)?))
             );
             Ok(Outcome::Passed)
         }
@@ -369,14 +472,14 @@ fn goldens(action: GoldensAction) -> Result<Outcome> {
             regen::refuse_on_ci("accept")?;
             print!(
                 "{}",
-                pending::accept(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+                pending::accept(&refs(&jobs(&specs_or_default(specs)?, source.filter())?))?
             );
             Ok(Outcome::Passed)
         }
         GoldensAction::Reject { specs, source } => {
             print!(
                 "{}",
-                pending::reject(&refs(&jobs(&specs_or_default(specs), source.filter())?))?
+                pending::reject(&refs(&jobs(&specs_or_default(specs)?, source.filter())?))?
             );
             Ok(Outcome::Passed)
         }

@@ -109,6 +109,31 @@ impl GoldenSet {
         })
     }
 
+    /// Whether this golden set out to record `step/stage`: its provenance's
+    /// `record` (written by the recorders from a spec's `record:`) lists the
+    /// steps and stage patterns recorded; absent, everything was. Checks are
+    /// planned only where this holds, so a compact golden plans fewer checks
+    /// rather than failing the rest, while a tensor it claims but lacks still
+    /// fails its check.
+    pub fn records(&self, step: Step, stage: Stage) -> bool {
+        let rec = self.provenance.get("record");
+        let listed = |k: &str, hit: &dyn Fn(&str) -> bool| match rec.and_then(|r| r.get(k)).and_then(Value::as_array) {
+            None => true,
+            Some(items) => items.iter().filter_map(Value::as_str).any(hit),
+        };
+        let step_name = step.to_string();
+        listed("steps", &|s| s == step_name)
+            && listed("stages", &|p| {
+                crate::spec::StagePattern::parse(p).is_ok_and(|p| p.matches(stage))
+            })
+    }
+
+    /// True when the recorder kept only the last row of each step's logits
+    /// (`record.logits: last`): a `[1, V]` tensor compared with the last row.
+    pub fn logits_last_row(&self) -> bool {
+        self.provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last")
+    }
+
     pub fn get(&self, step: Step, stage: Stage) -> Option<&Tensor> {
         self.tensors.get(&(step, stage))
     }

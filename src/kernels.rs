@@ -98,7 +98,11 @@ fn ptxas(ptxas: &PathBuf, ptx: &str, arch: &str, file: &str) -> std::result::Res
 /// Runs the check and prints the table. `Err` (exit 2) when NVRTC cannot be
 /// loaded or an architecture is malformed; `Outcome::Failed` on any compile
 /// error, missing kernel, ptxas failure or spill.
-pub fn run(archs: &[String]) -> Result<Outcome> {
+///
+/// Without ptxas on PATH the registers, shared memory and spills are not
+/// checked: that is a failure (never "kernels: ok") unless `ptx_only` says
+/// compiling to PTX is all that was asked for.
+pub fn run(archs: &[String], ptx_only: bool) -> Result<Outcome> {
     let archs: Vec<String> = if archs.is_empty() {
         DEFAULT_ARCHS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -209,9 +213,14 @@ pub fn run(archs: &[String]) -> Result<Outcome> {
             "ptxas: {} (smem = static shared memory; attention's dynamic (D+S)*4 bytes are not included)",
             p.display()
         ),
-        None => {
-            println!("ptxas not on PATH: compiled to PTX only; registers, shared memory and spills were NOT checked")
+        None if ptx_only => {
+            println!("ptxas not on PATH: compiled to PTX only (--ptx-only); registers, shared memory and spills were NOT checked")
         }
+        None => problems.push(
+            "ptxas is not on PATH, so registers, shared memory, stack and spills were NOT checked (put ptxas on \
+             PATH, e.g. `bash ci/kernels.sh`, or pass --ptx-only to check only that every kernel compiles)"
+                .into(),
+        ),
     }
     if problems.is_empty() {
         println!("kernels: ok");

@@ -90,7 +90,11 @@ impl Plan {
             .map(Path::to_path_buf)
             .unwrap_or_else(|| spec.model.clone());
         if !model.exists() {
-            return Err(Error::model(&model, "model not found (no such file or folder)"));
+            let why = match (&spec.cached_model, model_override) {
+                (Some(name), None) => format!("model not found: {}", crate::cache::fetch_hint(name)),
+                _ => "model not found (no such file or folder)".to_string(),
+            };
+            return Err(Error::model(&model, why));
         }
         let config = model::read_config(&model)?;
         let mut goldens = BTreeMap::new();
@@ -152,7 +156,34 @@ impl Plan {
             )));
         }
 
-        let stages = Stage::all(config.layers);
+        // Every run the checks make must fit the model's context (and a
+        // sliding window in force): steps beyond it compute nothing faithful.
+        let mut runs = vec![("the prompt plus prompt.decode_steps", decode_steps)];
+        for rc in &spec.run_checks {
+            match rc {
+                RunCheck::Determinism(d) => runs.push(("the prompt plus determinism.decode_steps", d.decode_steps)),
+                RunCheck::KvCache(k) => runs.push((
+                    "the prompt plus kv_cache.decode_steps",
+                    k.decode_steps.unwrap_or(decode_steps),
+                )),
+                _ => {}
+            }
+        }
+        for (what, steps) in runs {
+            let total = prompt.len() + steps;
+            if let Some(ctx) = config.context_length.filter(|&c| total > c) {
+                return Err(invalid(format!(
+                    "{what} reach {total} positions ({} + {steps}), but the model's context is {ctx} positions \
+                     (max_position_embeddings / context_length)",
+                    prompt.len()
+                )));
+            }
+            if let Some(why) = config.unfaithful_beyond(total) {
+                return Err(invalid(why));
+            }
+        }
+        let random = matches!(spec.sampling, crate::spec::SamplingSpec::Random { .. });
+        let stages = Stage::of_model(&config, random);
         for (pattern, _) in &spec.stages {
             if let Some(l) = pattern.named_layer() {
                 if l >= config.layers {
@@ -189,6 +220,17 @@ impl Plan {
                     // A single-token step has no future positions: `causal` would
                     // check nothing there, so it is not planned (never a vacuous pass).
                     if *kind == StageCheckKind::Causal && step != Step::Prefill {
+                        continue;
+                    }
+                    // A compact golden (`record:`) plans checks only where it
+                    // recorded; a tensor it claims but lacks still fails.
+                    let recorded = |src: &str| goldens[src].records(step, *stage);
+                    let unrecorded = match kind {
+                        StageCheckKind::Golden { source, .. } => !recorded(source),
+                        StageCheckKind::ReferencesAgree { base, other, .. } => !recorded(base) || !recorded(other),
+                        _ => false,
+                    };
+                    if unrecorded {
                         continue;
                     }
                     checks.push(CheckInstance {
@@ -250,9 +292,12 @@ impl Plan {
         match stage {
             Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
             Stage::Logits => vec![t, c.vocab],
+            Stage::SampleProbs => vec![1, c.vocab],
             Stage::Block(_, b) => match b {
-                BlockStage::Q | BlockStage::QRope => vec![t, c.heads, c.head_dim],
-                BlockStage::K | BlockStage::V | BlockStage::KRope => vec![t, c.kv_heads, c.head_dim],
+                BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
+                BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
+                    vec![t, c.kv_heads, c.head_dim]
+                }
                 BlockStage::AttnProbs => vec![c.heads, t, s],
                 BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
                 BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],

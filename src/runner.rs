@@ -66,6 +66,25 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         );
     }
     let engine = kind.load(&plan.model, &plan.load_options)?;
+    Ok(run_plan_on(plan, engine.as_ref(), filter, &rerun))
+}
+
+/// Runs the checks of `plan` that `filter` selects on an engine already
+/// loaded (any `Engine`: the built-in ones, or one a test or another crate
+/// made). `rerun` gives the command that reruns one check id.
+pub fn run_plan_on(
+    plan: &Plan,
+    engine: &dyn Engine,
+    filter: &Filter,
+    rerun: &(dyn Fn(&str) -> String + Sync),
+) -> SuiteRun {
+    let spec_name = plan.spec.name.as_str();
+    let spec_path = plan.spec.path.display().to_string();
+    let selected: Vec<&CheckInstance> = plan
+        .checks
+        .iter()
+        .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", engine.name(), c.id)))
+        .collect();
 
     let mut taps = TapSet::none();
     for c in &selected {
@@ -118,7 +137,7 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         let CheckKind::Run(rc) = &c.kind else {
             unreachable!("run targets carry run checks")
         };
-        let verdict = run_checks::evaluate(plan, engine.as_ref(), rc);
+        let verdict = run_checks::evaluate(plan, engine, rc);
         outcomes.push(Outcome::new(
             spec_name,
             engine.name(),
@@ -133,9 +152,9 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
         .and_then(|r| r.as_ref().ok())
         .map(|o| o.sampled.as_slice());
     let (prompt_text, continuation_text) = texts(plan, sampled);
-    Ok(SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None)
+    SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None)
         .with_storage(plan.load_options.storage)
-        .with_text(prompt_text, continuation_text))
+        .with_text(prompt_text, continuation_text)
 }
 
 /// The prompt and the engine's continuation (its sampled token at every step)
@@ -213,7 +232,7 @@ fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &
         StageCheckKind::SoftmaxRows { tol } => invariants::softmax_rows(t, *tol),
         StageCheckKind::Causal => invariants::causal(t, positions),
         StageCheckKind::Rope { input, style, tol } => match out.captures.get(step, *input) {
-            Some(i) => invariants::rope(i, t, positions, *style, *tol),
+            Some(i) => invariants::rope(i, t, positions, *style, *tol, plan.config.rope_theta),
             None => Verdict::fail(format!(
                 "the engine returned no capture for the rope input {step}/{input}"
             )),
@@ -265,6 +284,10 @@ fn references_verdict(
             o.tokens.get(&step)
         ));
     }
+    let (actual, expected) = (
+        &last_row_if(actual, expected, stage, b.logits_last_row()),
+        &last_row_if(expected, actual, stage, o.logits_last_row()),
+    );
     let tol = tolerance(plan, actual, expected, atol, rtol);
     match compare(actual, expected, tol) {
         Err(m) => Verdict::fail(format!("`{other}` vs `{base}`: {m}")).metric("shape_mismatch", 1.0),
@@ -311,6 +334,7 @@ fn golden_verdict(
             ));
         }
     }
+    let actual = &last_row_if(actual, expected, stage, golden.logits_last_row());
     let tol = tolerance(plan, actual, expected, atol, rtol);
     match compare(actual, expected, tol) {
         Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})")).metric("shape_mismatch", 1.0),
@@ -324,6 +348,32 @@ fn golden_verdict(
             v.metrics = c.metrics();
             v
         }
+    }
+}
+
+/// Logits against a last-row golden (`record.logits: last`, shape `[1, V]`):
+/// the last row of `t`, which is what the golden recorded. Anything else is
+/// compared as it is (so a wrong shape still fails the shape comparison).
+fn last_row_if<'a>(
+    t: &'a Tensor,
+    other: &Tensor,
+    stage: Stage,
+    other_is_last_row: bool,
+) -> std::borrow::Cow<'a, Tensor> {
+    let (ts, os) = (t.shape(), other.shape());
+    if other_is_last_row
+        && stage == Stage::Logits
+        && ts.len() == 2
+        && os.len() == 2
+        && os[0] == 1
+        && ts[0] > 1
+        && ts[1] == os[1]
+    {
+        let v = ts[1];
+        let row = t.data()[(ts[0] - 1) * v..].to_vec();
+        std::borrow::Cow::Owned(Tensor::new(vec![1, v], row).with_dtype(t.dtype()))
+    } else {
+        std::borrow::Cow::Borrowed(t)
     }
 }
 

@@ -65,22 +65,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-fn sample_random(
+/// The tokens a random draw chooses from, in draw order (logit descending,
+/// ties by index), and their probabilities: temperature, then top-k, then
+/// top-p (the smallest prefix whose mass reaches p, renormalised). `None` when
+/// no logit is finite.
+fn nucleus(
     logits: &[f32],
     temperature: f32,
     top_k: Option<usize>,
     top_p: Option<f32>,
-    rng: &mut ChaCha8Rng,
-) -> u32 {
-    // One draw per call, taken first, so the n-th call always uses the n-th
-    // u64 of the stream whatever the logits (the CUDA engine's sampling kernel
-    // is handed that index instead of carrying the generator's state).
-    let mut u: f64 = rng.random();
+) -> Option<(Vec<usize>, Vec<f64>)> {
     // Candidates sorted by logit, descending; ties broken by index so the order
     // (and hence the draw) is deterministic.
     let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
     if idx.is_empty() {
-        return argmax(logits);
+        return None;
     }
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     if let Some(k) = top_k {
@@ -109,6 +108,51 @@ fn sample_random(
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
     }
+    Some((idx, probs))
+}
+
+/// The distribution a random draw samples from, over the whole vocabulary
+/// (0 for tokens temperature/top-k/top-p removed): the `sample_probs` stage.
+/// `None` for greedy sampling, which draws nothing.
+pub fn distribution(sampling: &Sampling, logits: &[f32]) -> Option<Vec<f32>> {
+    let Sampling::Random {
+        temperature,
+        top_k,
+        top_p,
+    } = *sampling
+    else {
+        return None;
+    };
+    let mut out = vec![0.0f32; logits.len()];
+    if temperature <= 0.0 {
+        out[argmax(logits) as usize] = 1.0;
+        return Some(out);
+    }
+    match nucleus(logits, temperature, top_k, top_p) {
+        Some((idx, probs)) => {
+            for (i, p) in idx.into_iter().zip(probs) {
+                out[i] = p as f32;
+            }
+        }
+        None => out[argmax(logits) as usize] = 1.0,
+    }
+    Some(out)
+}
+
+fn sample_random(
+    logits: &[f32],
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    rng: &mut ChaCha8Rng,
+) -> u32 {
+    // One draw per call, taken first, so the n-th call always uses the n-th
+    // u64 of the stream whatever the logits (the CUDA engine's sampling kernel
+    // is handed that index instead of carrying the generator's state).
+    let mut u: f64 = rng.random();
+    let Some((idx, probs)) = nucleus(logits, temperature, top_k, top_p) else {
+        return argmax(logits);
+    };
     for (n, q) in probs.iter().enumerate() {
         if u < *q {
             return idx[n] as u32;
@@ -150,6 +194,25 @@ mod tests {
             3,
         );
         assert_eq!(k1.sample(&logits), argmax(&logits));
+    }
+
+    #[test]
+    fn distribution_is_what_the_draw_uses() {
+        let logits: Vec<f32> = vec![1.0, 3.0, 2.0, f32::NEG_INFINITY, 3.0, 0.5];
+        let s = Sampling::Random {
+            temperature: 0.7,
+            top_k: Some(4),
+            top_p: Some(0.9),
+        };
+        let d = distribution(&s, &logits).unwrap();
+        assert!((d.iter().map(|&p| p as f64).sum::<f64>() - 1.0).abs() < 1e-6);
+        assert_eq!(d[3], 0.0, "-inf is never drawn");
+        assert_eq!(d[5], 0.0, "outside the top 4");
+        assert_eq!(d[1], d[4], "tied logits, tied probabilities");
+        // Every token drawn has a positive probability.
+        let mut sm = Sampler::new(s.clone(), 11);
+        assert!((0..200).all(|_| d[sm.sample(&logits) as usize] > 0.0));
+        assert_eq!(distribution(&Sampling::Greedy, &logits), None);
     }
 
     #[test]

@@ -6,11 +6,13 @@
 use std::fmt;
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 16] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 18] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
     ("v", BlockStage::V),
+    ("q_norm", BlockStage::QNorm),
+    ("k_norm", BlockStage::KNorm),
     ("q_rope", BlockStage::QRope),
     ("k_rope", BlockStage::KRope),
     ("attn_probs", BlockStage::AttnProbs),
@@ -31,6 +33,10 @@ pub enum BlockStage {
     Q,
     K,
     V,
+    /// Qwen3: per-head RMSNorm of q, before RoPE.
+    QNorm,
+    /// Qwen3: per-head RMSNorm of k, before RoPE.
+    KNorm,
     QRope,
     KRope,
     AttnProbs,
@@ -66,10 +72,17 @@ pub enum Stage {
     Block(usize, BlockStage),
     OutputNorm,
     Logits,
+    /// `[1, V]`: the distribution a random draw samples the step's token from
+    /// (after temperature, top-k and top-p; 0 for removed tokens). Only runs
+    /// with random sampling have it.
+    SampleProbs,
 }
 
 impl Stage {
-    /// Every stage of a model with `n_layers` blocks, in execution order.
+    /// Every stage of the vocabulary for `n_layers` blocks, in execution
+    /// order, including stages only some architectures have (`q_norm`,
+    /// `k_norm`): what patterns are validated against. A model's own stages
+    /// are [`Stage::of_model`].
     pub fn all(n_layers: usize) -> Vec<Stage> {
         let mut v = vec![Stage::Embed];
         for l in 0..n_layers {
@@ -77,7 +90,19 @@ impl Stage {
         }
         v.push(Stage::OutputNorm);
         v.push(Stage::Logits);
+        v.push(Stage::SampleProbs);
         v
+    }
+
+    /// The stages a model computes, in execution order: the vocabulary less
+    /// the per-head q/k norms when the architecture has none, and less
+    /// `sample_probs` unless the run samples at random.
+    pub fn of_model(cfg: &crate::model::ModelConfig, random_sampling: bool) -> Vec<Stage> {
+        Stage::all(cfg.layers)
+            .into_iter()
+            .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
+            .filter(|s| random_sampling || *s != Stage::SampleProbs)
+            .collect()
     }
 
     pub fn parse(s: &str) -> Option<Stage> {
@@ -85,6 +110,7 @@ impl Stage {
             "embed" => Some(Stage::Embed),
             "output_norm" => Some(Stage::OutputNorm),
             "logits" => Some(Stage::Logits),
+            "sample_probs" => Some(Stage::SampleProbs),
             _ => {
                 let rest = s.strip_prefix("blk.")?;
                 let (layer, name) = rest.split_once('.')?;
@@ -120,6 +146,7 @@ impl fmt::Display for Stage {
             Stage::Block(l, b) => write!(f, "blk.{l}.{}", b.name()),
             Stage::OutputNorm => f.write_str("output_norm"),
             Stage::Logits => f.write_str("logits"),
+            Stage::SampleProbs => f.write_str("sample_probs"),
         }
     }
 }
@@ -130,6 +157,7 @@ pub fn generic_stage_names() -> Vec<String> {
     v.extend(BLOCK_STAGES.iter().map(|(n, _)| format!("blk.*.{n}")));
     v.push("output_norm".into());
     v.push("logits".into());
+    v.push("sample_probs".into());
     v
 }
 
@@ -197,7 +225,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 16 + 2);
+        assert_eq!(all.len(), 1 + 2 * 18 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

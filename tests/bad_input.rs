@@ -196,3 +196,147 @@ fn references_agree_needs_two_sources() {
         &["`references_agree` needs two golden sources"],
     );
 }
+
+/// A copy of the default model folder with `edit` applied to its config.json.
+fn model_with_config(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir_all(&m).unwrap();
+    for e in std::fs::read_dir(model_dir()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, m.join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = m.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    m
+}
+
+#[test]
+fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
+    use serde_json::json;
+    for (key, value, named) in [
+        (
+            "rope_scaling",
+            json!({"rope_type": "yarn", "factor": 4.0}),
+            "rope_scaling.rope_type",
+        ),
+        ("hidden_act", json!("banana"), "hidden_act"),
+        ("final_logit_softcapping", json!(30.0), "final_logit_softcapping"),
+        ("partial_rotary_factor", json!(0.5), "partial_rotary_factor"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let m = model_with_config(d.path(), |c| c[key] = value.clone());
+        let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
+        let o = expect_exit2(
+            &["run", &s.display().to_string()],
+            &[&format!("`{named}`"), "not implemented"],
+        );
+        assert!(o.stderr.contains("config.json"), "{}", o.stderr);
+    }
+}
+
+#[test]
+fn a_run_longer_than_a_sliding_window_in_force_is_refused() {
+    use serde_json::json;
+    let d = tempfile::tempdir().unwrap();
+    let m = model_with_config(d.path(), |c| {
+        c["sliding_window"] = json!(8);
+        c["use_sliding_window"] = json!(true);
+    });
+    let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
+    expect_exit2(
+        &["run", &s.display().to_string()],
+        &["sliding attention window is 8", "sliding_window"],
+    );
+}
+
+/// The default spec (absolute paths) with `from` replaced by `to`, written to a temp dir.
+fn edited_spec(from: &str, to: &str) -> (tempfile::TempDir, String, String) {
+    let d = tempfile::tempdir().unwrap();
+    let text = spec_text(&model_dir(), &hf_golden());
+    assert!(text.contains(from), "the default spec lacks {from:?}");
+    let text = text.replacen(from, to, 1);
+    let s = write(d.path(), "s.yaml", &text).display().to_string();
+    (d, s, text)
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn tolerances_that_cannot_fail_or_cannot_pass_are_refused() {
+    for bad in [
+        "{atol: .inf, rtol: .nan}",
+        "{atol: -1.0e-5, rtol: 1.3e-6}",
+        "{atol: 1.0e-5, rtol: .nan}",
+    ] {
+        let (_d, s, text) = edited_spec("{atol: 1.0e-5, rtol: 1.3e-6}", bad);
+        let line = line_of(&text, bad);
+        expect_exit2(
+            &["run", &s],
+            &[&format!("{s}:{line}:"), "a tolerance must be a finite number >= 0"],
+        );
+    }
+    let (_d, s, _) = edited_spec("{kv_cache: {atol: 1.0e-5", "{kv_cache: {atol: .nan");
+    expect_exit2(&["run", &s], &["a tolerance must be a finite number >= 0"]);
+    let (_d, s, _) = edited_spec("{softmax_rows: {tol: 1.0e-5}}", "{softmax_rows: {tol: -1.0}}");
+    expect_exit2(&["run", &s], &["a tolerance must be a finite number >= 0"]);
+}
+
+#[test]
+fn duplicate_keys_are_errors_at_every_depth() {
+    let (_d, s, text) = edited_spec("  llama.cpp: ", "  hf: /elsewhere.safetensors\n  llama.cpp: ");
+    let line = line_of(&text, "/elsewhere.safetensors");
+    expect_exit2(
+        &["run", &s],
+        &[&format!("{s}:{line}:"), "duplicate entry with key \"hf\""],
+    );
+    let (_d, s, _) = edited_spec("seed: 1234", "seed: 1234\nseed: 1");
+    expect_exit2(&["run", &s], &["duplicate"]);
+}
+
+#[test]
+fn unbounded_counts_are_refused_before_anything_runs() {
+    for (from, to, needle) in [
+        (
+            "decode_steps: 4}}",
+            "decode_steps: 9223372036854775807}}",
+            "kv_cache.decode_steps is 9223372036854775807",
+        ),
+        (
+            "decode_steps: 4}}",
+            "decode_steps: 2147483648}}",
+            "kv_cache.decode_steps is 2147483648",
+        ),
+        ("runs: 3,", "runs: 0x7fffffff,", "determinism.runs is 2147483647"),
+        (
+            "decode_steps: 8,",
+            "decode_steps: 65536,",
+            "determinism.decode_steps is 65536",
+        ),
+    ] {
+        let (_d, s, _) = edited_spec(from, to);
+        let t = std::time::Instant::now();
+        expect_exit2(&["run", &s], &[needle, "at most"]);
+        assert!(t.elapsed().as_secs() < 10, "{to}: took {:?}", t.elapsed());
+    }
+    // Within the fixed limits but past the model's 256 positions.
+    let (_d, s, _) = edited_spec("decode_steps: 4}}", "decode_steps: 300}}");
+    expect_exit2(
+        &["run", &s],
+        &["kv_cache.decode_steps reach 314 positions", "context is 256 positions"],
+    );
+}
+
+#[test]
+fn deeply_nested_yaml_is_refused_in_linear_time() {
+    let d = tempfile::tempdir().unwrap();
+    let s = write(d.path(), "deep.yaml", &format!("model: {}\n", "[".repeat(32_000)))
+        .display()
+        .to_string();
+    let t = std::time::Instant::now();
+    expect_exit2(&["run", &s], &["nested deeper than 64 levels"]);
+    assert!(t.elapsed().as_secs_f64() < 2.0, "took {:?}", t.elapsed());
+}

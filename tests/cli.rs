@@ -66,13 +66,19 @@ fn cuda_is_skipped_with_a_reason_not_passed() {
     let Availability::Unavailable(reason) = EngineKind::Cuda.availability() else {
         return; // a machine with a GPU runs the CUDA trials for real
     };
+    // A run that checked nothing is not a pass: exit 1, saying so...
     let o = touchstone(&["run", "--engine", "cuda"]);
-    assert_eq!(o.code, 0, "{}", o.all());
+    assert_eq!(o.code, 1, "{}", o.all());
     assert!(
         o.stdout.contains(&format!("skipped: {}", &reason[..30])),
         "{}",
         o.stdout
     );
+    assert!(o.stdout.contains("NOTHING RAN: 0 passed, 0 failed"), "{}", o.stdout);
+    assert!(o.stderr.contains("--allow-skip"), "{}", o.stderr);
+    // ...unless the user says a skipped run is acceptable; the summary still says so.
+    let o = touchstone(&["run", "--engine", "cuda", "--allow-skip"]);
+    assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.stdout.contains("NOTHING RAN: 0 passed, 0 failed"), "{}", o.stdout);
     // --require-gpu turns the skip into exit 2, naming what is missing.
     let o = touchstone(&["run", "--engine", "cuda", "--require-gpu"]);
@@ -238,6 +244,47 @@ fn storage_flag_overrides_the_spec_and_is_reported() {
     assert_eq!(o.code, 2, "{}", o.all());
     assert!(
         o.stderr.contains("unknown dtype `fp8` (known: f32, f16, bf16)"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn with_no_spec_the_nearest_specs_folder_is_used_and_named() {
+    // From a subfolder of the checkout: ../specs/qwen2-tiny.yaml, said on stderr.
+    let o = touchstone_in(&root().join("src/engine"), &["list"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stderr.contains("using ../../specs/qwen2-tiny.yaml"), "{}", o.stderr);
+    // From a folder with no specs/ above it: an error, not the compiled-in spec.
+    let d = tempfile::tempdir().unwrap();
+    let o = touchstone_in(d.path(), &["run"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("no SPEC given and no specs/ folder"), "{}", o.stderr);
+    // A user's own specs/ without touchstone's default: every spec in it.
+    std::fs::create_dir(d.path().join("specs")).unwrap();
+    std::fs::write(d.path().join("specs/mine.yaml"), spec_text(&model_dir(), &hf_golden())).unwrap();
+    let o = touchstone_in(d.path(), &["list"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stderr.contains("using specs/mine.yaml"), "{}", o.stderr);
+}
+
+#[test]
+fn a_folder_of_specs_runs_them_all_and_one_bad_spec_does_not_stop_the_others() {
+    let d = tempfile::tempdir().unwrap();
+    let good = hf_only_spec_text(&model_dir(), &hf_golden());
+    std::fs::write(d.path().join("a-good.yaml"), &good).unwrap();
+    std::fs::write(d.path().join("b-bad.yaml"), good.replace("seed:", "sede:")).unwrap();
+    let o = touchstone(&[
+        "run",
+        &d.path().display().to_string(),
+        "--only",
+        "prefill/embed::golden:hf",
+    ]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stdout.contains("== a-good on engine cpu"), "{}", o.stdout);
+    assert!(o.stderr.contains("1 of 2 specs could not run"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("b-bad.yaml") && o.stderr.contains("unknown field `sede`"),
         "{}",
         o.stderr
     );

@@ -244,3 +244,45 @@ fn compare_safetensors_npy_and_npz() {
     assert_eq!(o.code, 1, "{}", o.all());
     assert!(o.stdout.contains("no tensor name in common"), "{}", o.stdout);
 }
+
+#[test]
+fn checks_that_vanish_fail_the_diff_and_are_counted() {
+    let d = tempfile::tempdir().unwrap();
+    let full = d.path().join("full.json");
+    assert_eq!(run_json(d.path(), &hf_golden(), &full).code, 0);
+    // A later run that checked only a handful of the same checks.
+    let spec = write(d.path(), "s.yaml", &spec_text(&model_dir(), &hf_golden()));
+    let small = d.path().join("small.json");
+    let o = touchstone(&[
+        "run",
+        &s(&spec),
+        "--only",
+        "prefill/embed::golden",
+        "--json",
+        &s(&small),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let o = touchstone(&["diff", &s(&full), &s(&small)]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(o.stdout.contains("VANISHED from NEW"), "{}", o.stdout);
+    assert!(o.stdout.contains("2 checks compared"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("vanished (in BASE, not in NEW), 0 new"),
+        "{}",
+        o.stdout
+    );
+    // Allowed explicitly: no regression, still counted.
+    let o = touchstone(&["diff", &s(&full), &s(&small), "--allow-vanished", "--changed"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("no regression (2 checks compared"), "{}", o.stdout);
+    // --changed: the unchanged rows are not listed, the vanished ones are.
+    assert!(
+        !o.stdout.lines().any(|l| l.starts_with("prefill/embed::golden:hf ")),
+        "{}",
+        o.stdout
+    );
+    // The reverse: new checks are counted and do not fail.
+    let o = touchstone(&["diff", &s(&small), &s(&full)]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("0 vanished"), "{}", o.stdout);
+}

@@ -105,6 +105,7 @@ fn inspect_shows_version_metadata_and_tensors() {
         "blk.0.attn_q.weight",
         "[64, 64]",
         "F32",
+        "27 tensors by type: 27 F32 (",
     ] {
         assert!(o.stdout.contains(needle), "lacks {needle:?}:\n{}", o.stdout);
     }
@@ -193,15 +194,58 @@ fn missing_tokenizer_metadata() {
 
 #[test]
 fn unsupported_dtype() {
+    // IQ4_NL (blocks of 32 in 18 bytes) has a block size but no dequantiser:
+    // the file opens and inspects; loading it names every such tensor.
     let d = tempfile::tempdir().unwrap();
     let mut w = tiny_writer("qwen2");
-    let t = w.tensors.iter_mut().find(|t| t.name == "blk.0.ffn_up.weight").unwrap();
-    t.type_id = 12; // Q4_K
+    for t in w.tensors.iter_mut() {
+        if matches!(
+            t.name.as_str(),
+            "blk.0.ffn_up.weight" | "blk.1.ffn_up.weight" | "blk.0.ffn_down.weight"
+        ) {
+            let n = t.bytes.len() / 4;
+            (t.type_id, t.bytes) = (GgmlType::IQ4_NL.id(), vec![0; n / 32 * 18]);
+        }
+    }
     let p = d.path().join("m.gguf");
+    w.write(&p).unwrap();
+    let s = p.display().to_string();
+    let spec = write(d.path(), "hf-only.yaml", &hf_only_spec_text(&model_dir(), &hf_golden()));
+    expect_exit2(
+        &["run", &spec.display().to_string(), "--model", &s],
+        &[
+            &s,
+            "3 tensors of type IQ4_NL are not supported: blk.0.ffn_down.weight, blk.0.ffn_up.weight, \
+             blk.1.ffn_up.weight (dequantisation exists for F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, \
+             Q4_K, Q5_K, Q6_K, BF16)",
+        ],
+    );
+    let o = touchstone(&["inspect", &s]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let row = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("blk.0.ffn_up.weight "))
+        .unwrap_or_else(|| panic!("no row:\n{}", o.stdout));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1], "IQ4_NL", "{row}");
+    assert_eq!(&cells[cells.len() - 5..], ["-"; 5], "{row}");
+    assert!(
+        o.stdout
+            .contains("; 3 cannot be read (no dequantisation for their type; stats shown as -)"),
+        "{}",
+        o.stdout
+    );
+
+    // A row length that is not a multiple of the block size is refused at open.
+    let mut w = tiny_writer("qwen2");
+    let t = w.tensors.iter_mut().find(|t| t.name == "blk.0.ffn_up.weight").unwrap();
+    t.type_id = GgmlType::Q4_K.id();
+    let p = d.path().join("q4k.gguf");
     w.write(&p).unwrap();
     rejected(
         &p,
-        "tensor `blk.0.ffn_up.weight`: ggml type id 12 (Q4_K) is not supported",
+        "tensor `blk.0.ffn_up.weight`: row length ne[0] = 64 is not a multiple of the Q4_K block size 256",
     );
 }
 

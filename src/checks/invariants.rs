@@ -257,7 +257,17 @@ impl RopeStyle {
 /// stored type, not a loosening: it grants exactly one rounding of each output
 /// value and nothing else, and for f32 storage it adds only 2^-24 relative. A
 /// wrong angle, a scale or a wrong pairing changes norms or values by far more.
-pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64) -> Verdict {
+///
+/// (4) The angle: every pair must be the input pair turned by
+/// `position · theta^(-2j/D)` (pair j, the model's `theta`), so a wrong base,
+/// a position that is off, frozen or wraps is caught wherever the run goes,
+/// not only where goldens were recorded. Allowed residual per pair:
+/// tol·max(‖x‖, 1) + (u + 4·2^-24 + angle·2^-22)·‖x‖ — one rounding to
+/// storage, the f32 cos/sin and products, and the f32 angle itself (HF and
+/// llama.cpp form `inv_freq·pos` in f32: its relative error is ~2^-23, which
+/// at position 300 is ~1e-4 of a radian on the fastest pair). A wrong angle
+/// moves the pair by ~|Δangle|·‖x‖, orders of magnitude more.
+pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, theta: f64) -> Verdict {
     if input.shape() != output.shape() {
         return Verdict::fail(format!(
             "rope: input shape {:?} vs output shape {:?}: both must be the same [T, N, D]",
@@ -306,12 +316,14 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
     let (mut pos0_rows, mut id_bad, mut id_max, mut id_first) = (0usize, 0usize, 0.0f64, None);
     let (mut checked, mut unrotated, mut skipped, mut unrot_first) = (0usize, 0usize, 0usize, None);
     let (mut norm_bad, mut norm_max, mut norm_first) = (0usize, 0.0f64, None);
+    let (mut ang_bad, mut ang_max, mut ang_first) = (0usize, 0.0f64, None);
+    let inv_freq: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
     for (tt, &p) in positions.iter().enumerate() {
         pos0_rows += (p == 0) as usize;
         for hh in 0..n {
             let base = (tt * n + hh) * d;
             let (mut vec_diff, mut all_zero) = (0.0f64, true);
-            for j in 0..d / 2 {
+            for (j, &freq) in inv_freq.iter().enumerate() {
                 let (i0, i1) = style.pair(j, d);
                 let (x0, x1) = (a[base + i0] as f64, a[base + i1] as f64);
                 let (y0, y1) = (b[base + i0] as f64, b[base + i1] as f64);
@@ -323,6 +335,16 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
                     norm_first.get_or_insert((tt, hh, j, nin, nout));
                 }
                 all_zero &= nin <= tol;
+                let angle = p as f64 * freq;
+                let (c, sn) = (angle.cos(), angle.sin());
+                let (r0, r1) = (x0 * c - x1 * sn, x1 * c + x0 * sn);
+                let resid = (y0 - r0).hypot(y1 - r1);
+                let allowed = tol * nin.max(1.0) + (u + 4.0 * 2f64.powi(-24) + angle * 2f64.powi(-22)) * nin;
+                ang_max = ang_max.max(resid / nin.max(1.0));
+                if resid > allowed {
+                    ang_bad += 1;
+                    ang_first.get_or_insert((tt, hh, j, angle, resid, allowed));
+                }
                 let diff = (y0 - x0).abs().max((y1 - x1).abs());
                 vec_diff = vec_diff.max(diff);
                 let identity_ok = (y0 - x0).abs() <= tol + u * x0.abs() && (y1 - x1).abs() <= tol + u * x1.abs();
@@ -377,6 +399,16 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
             }
         ));
     }
+    if let Some((tt, hh, j, angle, resid, allowed)) = ang_first {
+        failures.push(format!(
+            "(4) wrong rotation angle: {ang_bad} pairs are not the input turned by position·theta^(-2j/D) \
+             (theta {theta}); first {}: expected angle {angle:.6} rad, residual {} > allowed {} \
+             (wrong theta, or a wrong/frozen/wrapped position?)",
+            pair_text(tt, hh, j),
+            sci(resid),
+            sci(allowed)
+        ));
+    }
     let identity = if pos0_rows == 0 {
         "(1) identity at position 0: not applicable, no row at position 0 (decode step)".to_string()
     } else {
@@ -399,8 +431,10 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
             format!("(2) all {checked} vectors at positions > 0 rotated ({skipped} skipped as ~0)")
         };
         Verdict::pass(format!(
-            "{head}: {identity}; {rotated}; (3) pair norms preserved within {} relative",
-            sci(norm_max)
+            "{head}: {identity}; {rotated}; (3) pair norms preserved within {} relative; (4) every pair turned by \
+             position·theta^(-2j/D), theta {theta} (max residual {} of max(‖x‖, 1))",
+            sci(norm_max),
+            sci(ang_max)
         ))
     } else {
         if pos0_rows == 0 {
@@ -416,6 +450,8 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
         .metric("skipped_zero", skipped as f64)
         .metric("norm_violations", norm_bad as f64)
         .metric("max_norm_err", norm_max)
+        .metric("angle_violations", ang_bad as f64)
+        .metric("max_angle_residual", ang_max)
         .metric("unit_roundoff", u)
 }
 

@@ -20,6 +20,7 @@ pub fn evaluate(plan: &Plan, engine: &dyn Engine, check: &RunCheck) -> Verdict {
             Some(s) => greedy_tokens(plan, engine, s),
             None => Err("greedy_tokens needs a golden source and the spec declares none".into()),
         },
+        RunCheck::Weights => Ok(super::weights::check(&plan.model, plan.load_options.storage, engine)),
     };
     result.unwrap_or_else(|e| Verdict::fail(format!("the engine failed: {e}")))
 }

@@ -125,6 +125,10 @@ pub struct DiffReport {
     pub base: PathBuf,
     pub new: PathBuf,
     pub factor: f64,
+    /// Whether checks of BASE missing from NEW are accepted (`--allow-vanished`).
+    /// By default they fail the diff: a report with 11 of 730 checks must not
+    /// read as "no regression".
+    pub allow_vanished: bool,
     /// In execution order.
     pub rows: Vec<Row>,
 }
@@ -136,12 +140,28 @@ impl DiffReport {
     pub fn first_regression(&self) -> Option<&Row> {
         self.regressions().next()
     }
+    /// Checks in BASE that NEW does not have.
+    pub fn vanished(&self) -> usize {
+        self.rows.iter().filter(|r| r.change == Change::Removed).count()
+    }
+    /// Checks in NEW that BASE did not have.
+    pub fn added(&self) -> usize {
+        self.rows.iter().filter(|r| r.before.is_none()).count()
+    }
+    /// Checks on both sides.
+    pub fn compared(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.before.is_some() && r.after.is_some())
+            .count()
+    }
+    /// A regression, or vanished checks not allowed.
     pub fn regressed(&self) -> bool {
-        self.first_regression().is_some()
+        self.first_regression().is_some() || (self.vanished() > 0 && !self.allow_vanished)
     }
 }
 
-pub fn diff_files(base: &Path, new: &Path, factor: f64) -> Result<DiffReport> {
+pub fn diff_files(base: &Path, new: &Path, factor: f64, allow_vanished: bool) -> Result<DiffReport> {
     if !(factor.is_finite() && factor >= 1.0) {
         return Err(Error::Usage(format!("--factor must be a number >= 1, got {factor}")));
     }
@@ -151,6 +171,7 @@ pub fn diff_files(base: &Path, new: &Path, factor: f64) -> Result<DiffReport> {
         base: base.to_path_buf(),
         new: new.to_path_buf(),
         factor,
+        allow_vanished,
         rows: diff(b, n, factor),
     })
 }
@@ -188,7 +209,13 @@ pub fn diff(base: Vec<JsonCheck>, new: Vec<JsonCheck>, factor: f64) -> Vec<Row> 
             (Some(_), Some(_)) => Some(1.0),
             _ => None,
         };
-        let (change, note) = if fails(&after) && !fails(&before) {
+        let (change, note) = if after.is_none() {
+            // Checked of before and gone now: neither fixed nor passing.
+            (
+                Change::Removed,
+                format!("VANISHED: only in BASE (was {})", Row::status(&before)),
+            )
+        } else if fails(&after) && !fails(&before) {
             let was = Row::status(&before).to_string();
             (Change::Regressed, format!("newly failing (was {was})"))
         } else if fails(&after) {
@@ -205,8 +232,6 @@ pub fn diff(base: Vec<JsonCheck>, new: Vec<JsonCheck>, factor: f64) -> Vec<Row> 
             (Change::Regressed, note)
         } else if before.is_none() {
             (Change::Added, "only in NEW".into())
-        } else if after.is_none() {
-            (Change::Removed, "only in BASE".into())
         } else {
             (Change::Same, String::new())
         };

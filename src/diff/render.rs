@@ -41,18 +41,44 @@ fn shown(r: &Row) -> bool {
 
 fn verdict(d: &DiffReport) -> String {
     let n = d.regressions().count();
+    let counts = format!(
+        "{} checks compared, {} vanished (in BASE, not in NEW), {} new (in NEW only), factor {}x",
+        d.compared(),
+        d.vanished(),
+        d.added(),
+        d.factor
+    );
+    let vanished = if d.vanished() > 0 && !d.allow_vanished {
+        format!(
+            "; {} check(s) of BASE VANISHED from NEW (pass --allow-vanished if that is intended)",
+            d.vanished()
+        )
+    } else {
+        String::new()
+    };
     match d.first_regression() {
         Some(f) => format!(
-            "REGRESSED: {n} regression(s); first regressed stage in execution order: {} ({}: {})",
+            "REGRESSED: {n} regression(s); first regressed stage in execution order: {} ({}: {}){vanished}; {counts}",
             f.step_stage().unwrap_or_else(|| "run".into()),
             f.id,
             f.note
         ),
-        None => format!("no regression ({} checks compared, factor {}x)", d.rows.len(), d.factor),
+        None if !vanished.is_empty() => format!("REGRESSED{vanished}; {counts}"),
+        None => format!("no regression ({counts})"),
     }
 }
 
+/// The terminal table: rows with an error or a status change (`changed_only`:
+/// only rows whose change is not `Same`).
+pub fn terminal_rows(d: &DiffReport, changed_only: bool) -> String {
+    terminal_impl(d, changed_only)
+}
+
 pub fn terminal(d: &DiffReport) -> String {
+    terminal_impl(d, false)
+}
+
+fn terminal_impl(d: &DiffReport, changed_only: bool) -> String {
     let mut out = format!("BASE {}\nNEW  {}\n", d.base.display(), d.new.display());
     let _ = writeln!(
         out,
@@ -65,7 +91,11 @@ pub fn terminal(d: &DiffReport) -> String {
         runs.dedup();
         runs.len() > 1
     };
-    for r in d.rows.iter().filter(|r| shown(r)) {
+    for r in d
+        .rows
+        .iter()
+        .filter(|r| shown(r) && (!changed_only || r.change != Change::Same))
+    {
         let name = if multi { &r.key } else { &r.id };
         let mark = if r.change == Change::Regressed {
             "<< REGRESSION: "

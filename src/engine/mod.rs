@@ -195,8 +195,25 @@ pub struct RunOutput {
     pub positions: Vec<Vec<usize>>,
 }
 
+/// The visitor of `Engine::visit_weights`: (HF name, shape, values).
+pub type WeightVisitor<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
+
 pub trait Engine: Send + Sync {
     fn name(&self) -> &'static str;
     fn config(&self) -> &ModelConfig;
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput>;
+    /// Calls `f` once per weight tensor the engine holds, with its HF name
+    /// (fused projections under their split names: `q_proj`, `gate_proj`, ...),
+    /// its row-major shape and its values as held (rounded to the storage
+    /// dtype, widened to f32; a device engine copies each tensor back). The
+    /// `weights` run check compares them with the model file. An engine that
+    /// cannot show its weights keeps this default, and the check is skipped
+    /// with the reason.
+    fn visit_weights(&self, f: &mut WeightVisitor) -> Result<()> {
+        let _ = f;
+        Err(crate::Error::Usage(format!(
+            "the {} engine does not expose the weights it holds",
+            self.name()
+        )))
+    }
 }

@@ -11,8 +11,9 @@
 //! corrupt file is an error, never a panic or a huge allocation) and checks
 //! every tensor's data range, alignment and overlap before anything is read.
 //!
-//! - [`GgufFile::open`] maps and validates a file; [`GgufFile::read_tensor`]
-//!   widens a tensor to f32 (F32, F16, BF16, Q8_0 dequantised).
+//! - [`GgufFile::open`] maps and validates a file of any ggml tensor types
+//!   (their block sizes locate the data); [`GgufFile::read_tensor`] widens a
+//!   tensor to f32, dequantising the quantised types [`quant`] reads.
 //! - [`model`] turns a file into a [`ModelConfig`](crate::model::ModelConfig)
 //!   and HF-named [`Weights`](crate::model::Weights), undoing llama.cpp's Q/K
 //!   row permutation for Llama.
@@ -20,6 +21,7 @@
 
 pub mod inspect;
 pub mod model;
+pub mod quant;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -28,8 +30,6 @@ pub mod writer;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-
-use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -233,15 +233,105 @@ impl fmt::Display for Value {
     }
 }
 
-/// The tensor data types this reader accepts (`ggml_type` ids).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The `ggml_type`s, with their ids as discriminants. The reader accepts every
+/// one of them (their block sizes locate the data); [`quant::READABLE`] says
+/// which can be read as f32. Names are ggml's own (hence the allow).
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    /// Blocks of 32: an f16 scale then 32 i8 quants (34 bytes); dequantised to f32.
-    Q8_0,
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    IQ1_M = 29,
+    BF16 = 30,
+    Q4_0_4_4 = 31,
+    Q4_0_4_8 = 32,
+    Q4_0_8_8 = 33,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
+    MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
+    Q2_0 = 42,
 }
+
+/// Every type: (type, name, elements per block, bytes per block), in id order.
+/// The sizes are ggml's `type_traits` (`blck_size`, `type_size`), as gguf-py
+/// 0.19.0 lists them in `GGML_QUANT_SIZES`. `QK_K` = 256.
+///
+/// Q4_0_4_4 / Q4_0_4_8 / Q4_0_8_8 (31..=33) were Q4_0 blocks interleaved for
+/// ARM; ggml has since removed them (its table now has block size 0 for
+/// them, and llama.cpp refuses such files). They keep the layout they had
+/// (`blck_size = QK4_0`, `type_size = sizeof(block_q4_0)`), so files from that
+/// time still open and inspect; their data cannot be read.
+const TYPES: [(GgmlType, &str, u64, u64); 38] = {
+    use GgmlType::*;
+    const QK_K: u64 = 256;
+    [
+        (F32, "F32", 1, 4),
+        (F16, "F16", 1, 2),
+        (Q4_0, "Q4_0", 32, 2 + 16),
+        (Q4_1, "Q4_1", 32, 2 + 2 + 16),
+        (Q5_0, "Q5_0", 32, 2 + 4 + 16),
+        (Q5_1, "Q5_1", 32, 2 + 2 + 4 + 16),
+        (Q8_0, "Q8_0", 32, 2 + 32),
+        (Q8_1, "Q8_1", 32, 2 + 2 + 32),
+        (Q2_K, "Q2_K", 256, 2 + 2 + QK_K / 16 + QK_K / 4),
+        (Q3_K, "Q3_K", 256, 2 + QK_K / 4 + QK_K / 8 + 12),
+        (Q4_K, "Q4_K", 256, 2 + 2 + QK_K / 2 + 12),
+        (Q5_K, "Q5_K", 256, 2 + 2 + QK_K / 2 + QK_K / 8 + 12),
+        (Q6_K, "Q6_K", 256, 2 + QK_K / 2 + QK_K / 4 + QK_K / 16),
+        (Q8_K, "Q8_K", 256, 4 + QK_K + QK_K / 8),
+        (IQ2_XXS, "IQ2_XXS", 256, 2 + QK_K / 4),
+        (IQ2_XS, "IQ2_XS", 256, 2 + QK_K / 4 + QK_K / 32),
+        (IQ3_XXS, "IQ3_XXS", 256, 2 + QK_K / 4 + QK_K / 8),
+        (IQ1_S, "IQ1_S", 256, 2 + QK_K / 8 + QK_K / 16),
+        (IQ4_NL, "IQ4_NL", 32, 2 + 16),
+        (IQ3_S, "IQ3_S", 256, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4),
+        (IQ2_S, "IQ2_S", 256, 2 + QK_K / 4 + QK_K / 16),
+        (IQ4_XS, "IQ4_XS", 256, 2 + 2 + QK_K / 2 + QK_K / 64),
+        (I8, "I8", 1, 1),
+        (I16, "I16", 1, 2),
+        (I32, "I32", 1, 4),
+        (I64, "I64", 1, 8),
+        (F64, "F64", 1, 8),
+        (IQ1_M, "IQ1_M", 256, QK_K / 8 + QK_K / 16 + QK_K / 32),
+        (BF16, "BF16", 1, 2),
+        (Q4_0_4_4, "Q4_0_4_4", 32, 2 + 16),
+        (Q4_0_4_8, "Q4_0_4_8", 32, 2 + 16),
+        (Q4_0_8_8, "Q4_0_8_8", 32, 2 + 16),
+        (TQ1_0, "TQ1_0", 256, 2 + 4 * 13),
+        (TQ2_0, "TQ2_0", 256, 2 + 64),
+        (MXFP4, "MXFP4", 32, 1 + 16),
+        (NVFP4, "NVFP4", 64, 4 + 32),
+        (Q1_0, "Q1_0", 128, 2 + 16),
+        (Q2_0, "Q2_0", 64, 2 + 16),
+    ]
+};
 
 impl GgmlType {
     pub const F32_ID: u32 = 0;
@@ -249,92 +339,63 @@ impl GgmlType {
     pub const Q8_0_ID: u32 = 8;
     pub const BF16_ID: u32 = 30;
 
+    /// Every type, in id order.
+    pub fn all() -> impl Iterator<Item = GgmlType> {
+        TYPES.iter().map(|e| e.0)
+    }
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        match id {
-            Self::F32_ID => Some(GgmlType::F32),
-            Self::F16_ID => Some(GgmlType::F16),
-            Self::Q8_0_ID => Some(GgmlType::Q8_0),
-            Self::BF16_ID => Some(GgmlType::BF16),
-            _ => None,
-        }
+        TYPES.iter().find(|e| e.0 as u32 == id).map(|e| e.0)
     }
     pub fn id(self) -> u32 {
-        match self {
-            GgmlType::F32 => Self::F32_ID,
-            GgmlType::F16 => Self::F16_ID,
-            GgmlType::Q8_0 => Self::Q8_0_ID,
-            GgmlType::BF16 => Self::BF16_ID,
-        }
+        self as u32
+    }
+    fn entry(self) -> &'static (GgmlType, &'static str, u64, u64) {
+        // Every variant has its row (the test `every_type_has_one_row` checks).
+        TYPES.iter().find(|e| e.0 == self).unwrap_or(&TYPES[0])
     }
     pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::F32 => "F32",
-            GgmlType::F16 => "F16",
-            GgmlType::BF16 => "BF16",
-            GgmlType::Q8_0 => "Q8_0",
-        }
+        self.entry().1
     }
     /// (elements per block, bytes per block).
     pub fn block(self) -> (u64, u64) {
-        match self {
-            GgmlType::F32 => (1, 4),
-            GgmlType::F16 | GgmlType::BF16 => (1, 2),
-            GgmlType::Q8_0 => (32, 34),
-        }
+        (self.entry().2, self.entry().3)
     }
-    /// The storage precision a loaded tensor reports. Q8_0 values are exact in
-    /// f32 once dequantised (an f16 scale times an i8), so they report f32.
+    /// Whether [`GgufFile::read_tensor`] can read this type (see [`quant`]).
+    pub fn readable(self) -> bool {
+        quant::READABLE.contains(&self)
+    }
+    /// The storage precision a loaded tensor reports. F16 and BF16 values stay
+    /// exactly representable in their type. Dequantised values are f32: each is
+    /// an f32 product (and difference) of f16 scales and small integers, which
+    /// in general needs more mantissa than f16 or bf16 has (a Q4_K value
+    /// `(d·sc)·q − dmin·m` is rounded to f32 twice), so tagging them f16 would
+    /// claim a rounding the values never had. The quantisation error is a
+    /// property of the weights, not a storage rounding the engine applies.
     pub fn dtype(self) -> DType {
         match self {
-            GgmlType::F32 | GgmlType::Q8_0 => DType::F32,
             GgmlType::F16 => DType::F16,
             GgmlType::BF16 => DType::BF16,
+            _ => DType::F32,
         }
     }
 }
 
-/// The names of `ggml_type` ids, for messages about unsupported types.
+/// The name of a `ggml_type` id, if ggml has (or had) that id.
 pub fn ggml_type_name(id: u32) -> Option<&'static str> {
-    const NAMES: [(u32, &str); 37] = [
-        (0, "F32"),
-        (1, "F16"),
-        (2, "Q4_0"),
-        (3, "Q4_1"),
-        (6, "Q5_0"),
-        (7, "Q5_1"),
-        (8, "Q8_0"),
-        (9, "Q8_1"),
-        (10, "Q2_K"),
-        (11, "Q3_K"),
-        (12, "Q4_K"),
-        (13, "Q5_K"),
-        (14, "Q6_K"),
-        (15, "Q8_K"),
-        (16, "IQ2_XXS"),
-        (17, "IQ2_XS"),
-        (18, "IQ3_XXS"),
-        (19, "IQ1_S"),
-        (20, "IQ4_NL"),
-        (21, "IQ3_S"),
-        (22, "IQ2_S"),
-        (23, "IQ4_XS"),
-        (24, "I8"),
-        (25, "I16"),
-        (26, "I32"),
-        (27, "I64"),
-        (28, "F64"),
-        (29, "IQ1_M"),
-        (30, "BF16"),
-        (34, "TQ1_0"),
-        (35, "TQ2_0"),
-        (39, "MXFP4"),
-        (40, "NVFP4"),
-        (41, "Q1_0"),
-        (42, "Q2_0"),
-        (31, "Q4_0_4_4"),
-        (32, "Q4_0_4_8"),
-    ];
-    NAMES.iter().find(|(i, _)| *i == id).map(|(_, n)| *n)
+    GgmlType::from_id(id).map(GgmlType::name)
+}
+
+/// The known `ggml_type` ids as ranges, `0..=3, 6..=35, 39..=42`.
+pub fn known_type_ids() -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for id in GgmlType::all().map(GgmlType::id) {
+        match ranges.last_mut() {
+            Some((_, hi)) if *hi + 1 == id => *hi = id,
+            _ => ranges.push((id, id)),
+        }
+    }
+    let r: Vec<String> = ranges.iter().map(|(lo, hi)| format!("{lo}..={hi}")).collect();
+    r.join(", ")
 }
 
 /// One entry of the tensor table.
@@ -433,24 +494,22 @@ impl GgufFile {
         &self.map[start..start + info.size as usize]
     }
 
-    /// Reads a tensor widened to f32, shaped row-major (`ne` reversed).
+    /// Reads a tensor widened to f32 (dequantised for the quantised types),
+    /// shaped row-major (`ne` reversed). A type outside [`quant::READABLE`]
+    /// is an error naming the tensor and its type.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Tensor> {
         let b = self.tensor_bytes(info);
-        let data: Vec<f32> = match info.ggml_type {
-            GgmlType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            GgmlType::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            GgmlType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            GgmlType::Q8_0 => dequantize_q8_0(b),
-        };
+        let data = quant::to_f32(info.ggml_type, b).ok_or_else(|| {
+            Error::tensor_file(
+                &self.path,
+                format!(
+                    "tensor `{}` is of type {}, which cannot be read (dequantisation exists for {})",
+                    info.name,
+                    info.ggml_type.name(),
+                    quant::readable_names()
+                ),
+            )
+        })?;
         let shape = info.shape();
         if data.len() != shape.iter().product::<usize>() {
             // `open` checked sizes; this guards the invariant without a panic.
@@ -468,16 +527,6 @@ impl GgufFile {
         }
         Ok(Tensor::new(shape, data).with_dtype(info.ggml_type.dtype()))
     }
-}
-
-/// Q8_0: per block of 32 values, an f16 scale `d` then 32 i8 `q`; value = d·q.
-pub fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(bytes.len() / 34 * 32);
-    for block in bytes.chunks_exact(34) {
-        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-        out.extend(block[2..].iter().map(|&q| d * (q as i8) as f32));
-    }
-    out
 }
 
 /// Whether `path` names a GGUF file (by extension).

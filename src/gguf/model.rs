@@ -15,10 +15,10 @@ use crate::error::{Error, Result};
 use crate::model::{LoadOptions, ModelConfig, Weights};
 use crate::tensor::Tensor;
 
-use super::{GgufFile, Value};
+use super::{quant, GgmlType, GgufFile, Value};
 
 /// `general.architecture` values this loader accepts.
-pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "llama"];
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "qwen3", "llama", "phi3"];
 
 /// Reads the model config from metadata (and the presence / shape of
 /// `token_embd.weight` and `output.weight`).
@@ -77,6 +77,27 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             return Err(bad(format!("{scaling_key} is `{s}`: RoPE scaling is not supported")));
         }
     }
+    // Maths the engines do not implement: refused by key, never computed as
+    // something else (the HF side does the same in `model::config`).
+    for (k, what) in [
+        ("attn_logit_softcapping", "attention logit soft-capping"),
+        ("final_logit_softcapping", "final logit soft-capping"),
+        ("rope.scaling.factor", "RoPE scaling"),
+    ] {
+        let key = format!("{arch}.{k}");
+        if let Some(v) = f.get(&key) {
+            let inert = k == "rope.scaling.factor" && v.as_f64() == Some(1.0);
+            let zero = v.as_f64() == Some(0.0);
+            if !inert && !zero {
+                return Err(bad(format!(
+                    "{key} is {v}: {what} is not implemented by touchstone's engines (refusing rather than \
+                     computing a different model)"
+                )));
+            }
+        }
+    }
+    let sliding_window = opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+    let context_length = opt_uint("context_length")?;
     // llama.cpp's default when the key is absent.
     let rope_key = format!("{arch}.rope.freq_base");
     let rope_theta = match f.get(&rope_key) {
@@ -116,6 +137,9 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         }
     }
     let cfg = ModelConfig {
+        qk_norm: arch == "qwen3",
+        sliding_window,
+        context_length,
         arch,
         vocab,
         hidden,
@@ -166,6 +190,9 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
+        "attn_qkv" => "self_attn.qkv_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "attn_output" => "self_attn.o_proj",
         "ffn_norm" => "post_attention_layernorm",
         "ffn_gate" => "mlp.gate_proj",
@@ -196,10 +223,15 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
+        "self_attn.qkv_proj" => "attn_qkv",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
         "self_attn.o_proj" => "attn_output",
         "post_attention_layernorm" => "ffn_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
+        // Phi-3's fused gate·up is llama.cpp's (double-height) ffn_up.
+        "mlp.gate_up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
         _ => return None,
     };
@@ -215,28 +247,46 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
         ("output_norm.weight".to_string(), vec![e], true),
         ("output.weight".to_string(), vec![v, e], false),
     ];
+    let (d, phi3) = (cfg.head_dim, cfg.arch == "phi3");
     for i in 0..cfg.layers {
         let b = |n: &str| format!("blk.{i}.{n}");
+        out.push((b("attn_norm.weight"), vec![e], true));
+        if phi3 {
+            // Fused q·k·v rows, split on load (`model::fused`).
+            out.push((b("attn_qkv.weight"), vec![qd + 2 * kvd, e], true));
+        } else {
+            out.extend([
+                (b("attn_q.weight"), vec![qd, e], true),
+                (b("attn_k.weight"), vec![kvd, e], true),
+                (b("attn_v.weight"), vec![kvd, e], true),
+                (b("attn_q.bias"), vec![qd], false),
+                (b("attn_k.bias"), vec![kvd], false),
+                (b("attn_v.bias"), vec![kvd], false),
+            ]);
+        }
+        if cfg.qk_norm {
+            out.push((b("attn_q_norm.weight"), vec![d], true));
+            out.push((b("attn_k_norm.weight"), vec![d], true));
+        }
         out.extend([
-            (b("attn_norm.weight"), vec![e], true),
-            (b("attn_q.weight"), vec![qd, e], true),
-            (b("attn_k.weight"), vec![kvd, e], true),
-            (b("attn_v.weight"), vec![kvd, e], true),
-            (b("attn_q.bias"), vec![qd], false),
-            (b("attn_k.bias"), vec![kvd], false),
-            (b("attn_v.bias"), vec![kvd], false),
             (b("attn_output.weight"), vec![e, qd], true),
             (b("ffn_norm.weight"), vec![e], true),
-            (b("ffn_gate.weight"), vec![f, e], true),
-            (b("ffn_up.weight"), vec![f, e], true),
             (b("ffn_down.weight"), vec![e, f], true),
         ]);
+        if phi3 {
+            // Fused gate·up (gate rows first), split on load.
+            out.push((b("ffn_up.weight"), vec![2 * f, e], true));
+        } else {
+            out.push((b("ffn_gate.weight"), vec![f, e], true));
+            out.push((b("ffn_up.weight"), vec![f, e], true));
+        }
     }
     out
 }
 
-/// Reads every tensor as f32, renamed to HF names, checked against the
-/// architecture's expected tensors and shapes; Llama Q/K rows un-permuted
+/// Reads every tensor as f32 (quantised types dequantised), renamed to HF
+/// names, checked against the architecture's expected tensors and shapes, and
+/// refused with every tensor named if any type cannot be read; Llama Q/K rows un-permuted
 /// unless `opts.keep_gguf_qk_permutation`. Tensors with no HF name keep their
 /// GGUF name (the engine then reports them as unused).
 pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<Weights> {
@@ -261,6 +311,7 @@ pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<We
             Some(_) => {}
         }
     }
+    unreadable(f)?;
     let unpermute = cfg.arch == "llama" && !opts.keep_gguf_qk_permutation;
     let mut out = BTreeMap::new();
     for info in &f.tensors {
@@ -277,10 +328,44 @@ pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<We
                 t = unpermute_rows(t, n_head);
             }
         }
-        let name = hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+        let mut name = hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+        if cfg.arch == "phi3" && name.ends_with(".mlp.up_proj.weight") {
+            name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
+        }
         out.insert(name, t);
     }
     Ok(Weights::from_map(f.path.clone(), out))
+}
+
+/// Every tensor of a type that cannot be read, named and counted per type in
+/// one error: a model in an unsupported quantisation is then refused with the
+/// whole list, not one tensor at a time.
+fn unreadable(f: &GgufFile) -> Result<()> {
+    let mut by_type: BTreeMap<GgmlType, Vec<&str>> = BTreeMap::new();
+    for t in f.tensors.iter().filter(|t| !t.ggml_type.readable()) {
+        by_type.entry(t.ggml_type).or_default().push(&t.name);
+    }
+    if by_type.is_empty() {
+        return Ok(());
+    }
+    let clauses: Vec<String> = by_type
+        .iter()
+        .map(|(ty, names)| {
+            let (n, verb) = match names.len() {
+                1 => ("1 tensor".to_string(), "is"),
+                n => (format!("{n} tensors"), "are"),
+            };
+            format!("{n} of type {} {verb} not supported: {}", ty.name(), names.join(", "))
+        })
+        .collect();
+    Err(Error::model(
+        &f.path,
+        format!(
+            "{} (dequantisation exists for {})",
+            clauses.join("; "),
+            quant::readable_names()
+        ),
+    ))
 }
 
 /// llama.cpp's `permute(w, n_head)`: within each head of D rows, HF row

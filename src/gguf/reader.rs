@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use super::{ggml_type_name, GgmlType, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT, MAGIC, SUPPORTED_VERSIONS};
+use super::{GgmlType, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT, MAGIC, SUPPORTED_VERSIONS};
 
 /// Most dimensions a ggml tensor has (`GGML_MAX_DIMS`).
 const MAX_DIMS: u32 = 4;
@@ -218,11 +218,15 @@ pub(crate) fn parse(buf: &[u8]) -> R<Parsed> {
         }
         let type_id = c.u32(&|| format!("the type of {}", t()))?;
         let offset = c.u64(&|| format!("the data offset of {}", t()))?;
+        // Any type ggml has (or had) is accepted here: its block size locates
+        // the data, so the table can be shown and every range checked. Only
+        // reading a tensor needs a dequantiser (`GgufFile::read_tensor`).
         let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
             format!(
-                "{}: ggml type id {type_id}{} is not supported (supported: F32, F16, BF16, Q8_0)",
+                "{}: ggml type id {type_id} is not supported: no ggml type has this id (known ids: {}), \
+                 so the size of its data is unknown",
                 t(),
-                ggml_type_name(type_id).map(|n| format!(" ({n})")).unwrap_or_default()
+                super::known_type_ids()
             )
         })?;
         let numel = ne

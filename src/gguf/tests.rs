@@ -230,20 +230,114 @@ fn tensor_ranges_are_checked() {
 }
 
 #[test]
-fn unsupported_dtypes_name_the_tensor_and_type() {
-    let mut w = small();
-    w.raw_tensor("blk.0.ffn_up.weight", 12, vec![256, 2], vec![0; 288]);
-    let msg = open_err(&w.to_bytes());
-    assert!(
-        msg.contains("tensor `blk.0.ffn_up.weight`") && msg.contains("ggml type id 12 (Q4_K)"),
-        "{msg}"
+fn every_type_has_one_row_and_its_id() {
+    let all: Vec<GgmlType> = GgmlType::all().collect();
+    assert_eq!(all.len(), 38);
+    for (i, t) in all.iter().enumerate() {
+        assert_eq!(GgmlType::from_id(t.id()), Some(*t));
+        assert_eq!(ggml_type_name(t.id()), Some(t.name()));
+        // The name is the variant's own (no fallback row was used).
+        assert_eq!(t.name(), format!("{t:?}"));
+        assert!(all[..i].iter().all(|u| u.id() < t.id()), "id order");
+        let (qk, bytes) = t.block();
+        assert!(qk > 0 && bytes > 0, "{t:?}");
+    }
+    let ids: Vec<u32> = (0..=64).filter(|&i| GgmlType::from_id(i).is_some()).collect();
+    assert_eq!(ids.len(), 38);
+    assert_eq!(known_type_ids(), "0..=3, 6..=35, 39..=42");
+    assert_eq!(
+        quant::readable_names(),
+        "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16"
     );
+    // ggml's sizes for the types the real models use (ggml-common.h).
+    assert_eq!(GgmlType::Q4_K.block(), (256, 144));
+    assert_eq!(GgmlType::Q5_0.block(), (32, 22));
+    assert_eq!(GgmlType::Q6_K.block(), (256, 210));
+    assert_eq!(GgmlType::IQ2_XS.block(), (256, 74));
+}
+
+#[test]
+fn every_known_type_opens_and_only_reading_needs_a_dequantiser() {
     let mut w = small();
-    w.raw_tensor("x", 999, vec![4], vec![0; 16]);
-    assert!(open_err(&w.to_bytes()).contains("ggml type id 999 is not supported"));
+    for ty in GgmlType::all() {
+        let (qk, bytes) = ty.block();
+        w.raw_tensor(
+            &format!("t.{}", ty.name()),
+            ty.id(),
+            vec![2 * qk, 3],
+            vec![0; 6 * bytes as usize],
+        );
+    }
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "all.gguf", &w.to_bytes());
+    let f = GgufFile::open(&p).unwrap();
+    for ty in GgmlType::all() {
+        let info = f.tensor(&format!("t.{}", ty.name())).unwrap();
+        assert_eq!((info.ggml_type, info.size), (ty, 6 * ty.block().1));
+        match f.read_tensor(info) {
+            Ok(t) => {
+                assert!(ty.readable(), "{ty:?}");
+                assert_eq!(t.shape(), &[3, 2 * ty.block().0 as usize]);
+                assert!(t.data().iter().all(|&x| x == 0.0), "{ty:?}: zero blocks are zeros");
+            }
+            Err(e) => {
+                assert!(!ty.readable(), "{ty:?}: {e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&p.display().to_string())
+                        && msg.contains(&format!("tensor `t.{}` is of type {}", ty.name(), ty.name()))
+                        && msg.contains("dequantisation exists for F32, F16, Q4_0"),
+                    "{msg}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn truncated_quantised_data_names_the_tensor() {
+    // Two Q6_K blocks (420 bytes) as the last tensor: any cut into them is an
+    // error naming it, never a short read.
+    let mut w = small();
+    w.raw_tensor("blk.0.ffn_down.weight", GgmlType::Q6_K.id(), vec![256, 2], vec![7; 420]);
+    let b = w.to_bytes();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("q.gguf");
+    std::fs::write(&p, &b).unwrap();
+    let f = GgufFile::open(&p).unwrap();
+    let t = f.read_tensor(f.tensor("blk.0.ffn_down.weight").unwrap()).unwrap();
+    assert_eq!(t.shape(), &[2, 256]);
+    for cut in [1, 209, 210, 211, 419] {
+        let msg = open_err(&b[..b.len() - cut]);
+        assert!(
+            msg.contains("tensor `blk.0.ffn_down.weight`") && msg.contains("past the end of the file"),
+            "cut {cut}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn unknown_type_ids_and_bad_sizes_name_the_tensor() {
+    for id in [4u32, 5, 36, 37, 38, 43, 999] {
+        let mut w = small();
+        w.raw_tensor("x", id, vec![4], vec![0; 16]);
+        let msg = open_err(&w.to_bytes());
+        assert!(
+            msg.contains(&format!("tensor `x`: ggml type id {id} is not supported"))
+                && msg.contains("known ids: 0..=3, 6..=35, 39..=42"),
+            "{msg}"
+        );
+    }
     let mut w = small();
     w.raw_tensor("q", GgmlType::Q8_0_ID, vec![16], vec![0; 17]);
     assert!(open_err(&w.to_bytes()).contains("block size 32"));
+    let mut w = small();
+    w.raw_tensor("blk.0.ffn_up.weight", GgmlType::Q4_K.id(), vec![64, 2], vec![0; 144]);
+    let msg = open_err(&w.to_bytes());
+    assert!(
+        msg.contains("tensor `blk.0.ffn_up.weight`") && msg.contains("not a multiple of the Q4_K block size 256"),
+        "{msg}"
+    );
     let mut w = small();
     w.raw_tensor("five", 0, vec![1, 1, 1, 1, 1], vec![0; 4]);
     assert!(open_err(&w.to_bytes()).contains("5 dimensions"));
@@ -484,4 +578,33 @@ fn load_dispatch_names_unknown_files() {
         .unwrap_err()
         .to_string()
         .contains("not found"));
+}
+
+#[test]
+fn a_model_with_unreadable_types_names_every_such_tensor() {
+    let (cfg, ts) = hf_model("qwen2", false);
+    let mut w = model_writer(&cfg, &ts, GgmlType::F32);
+    // Types with a block size but no dequantiser: I8 (1 byte) and F64 (8).
+    for t in w.tensors.iter_mut() {
+        let n = t.bytes.len() / 4;
+        if t.name.ends_with("ffn_up.weight") {
+            (t.type_id, t.bytes) = (GgmlType::I8.id(), vec![0; n]);
+        } else if t.name == "output_norm.weight" {
+            (t.type_id, t.bytes) = (GgmlType::F64.id(), vec![0; 8 * n]);
+        }
+    }
+    let msg = model_err(&w);
+    assert!(
+        msg.contains(
+            "2 tensors of type I8 are not supported: blk.0.ffn_up.weight, blk.1.ffn_up.weight; \
+             1 tensor of type F64 is not supported: output_norm.weight (dequantisation exists for F32, F16, Q4_0"
+        ),
+        "{msg}"
+    );
+    // The file itself opens: header, metadata and table are fine.
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.gguf");
+    w.write(&p).unwrap();
+    assert_eq!(GgufFile::open(&p).unwrap().tensors.len(), w.tensors.len());
+    assert!(tmodel::read_config(&p).is_ok());
 }

@@ -62,7 +62,8 @@ impl GgufWriter {
         self
     }
 
-    /// A tensor of row-major `shape`, encoded as `ty` (Q8_0 rounds to 8 bits).
+    /// A tensor of row-major `shape`, encoded as `ty` (F32, F16, BF16 or Q8_0;
+    /// Q8_0 rounds to 8 bits). Panics on other types: this is a test aid.
     pub fn tensor(&mut self, name: &str, ty: GgmlType, shape: &[usize], data: &[f32]) -> &mut Self {
         assert_eq!(shape.iter().product::<usize>(), data.len(), "tensor `{name}`");
         let bytes: Vec<u8> = match ty {
@@ -70,6 +71,11 @@ impl GgufWriter {
             GgmlType::F16 => data.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
             GgmlType::BF16 => data.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
             GgmlType::Q8_0 => quantize_q8_0(data),
+            // A test aid: other types are written from their bytes.
+            other => panic!(
+                "the writer encodes F32, F16, BF16 and Q8_0, not {}: use raw_tensor",
+                other.name()
+            ),
         };
         let ne = shape.iter().rev().map(|&n| n as u64).collect();
         self.raw_tensor(name, ty.id(), ne, bytes)

@@ -1,5 +1,11 @@
 //! The architecture hyper-parameters an engine and the shape check need, read
-//! from an HF `config.json`. Qwen2 and Llama-family decoders only.
+//! from an HF `config.json`: Llama-family decoders (Llama, Mistral, Qwen2,
+//! Qwen3 with its per-head q/k norms, Phi-3 with fused projections).
+//!
+//! A config that asks for maths the engines do not implement (RoPE scaling,
+//! an activation other than SiLU, soft-capping, ...) is refused with the field
+//! named (`unimplemented`): computing a different model and reporting PASSED
+//! against goldens recorded from the real one would be the worst outcome.
 
 use std::path::Path;
 
@@ -21,11 +27,21 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rms_eps: f64,
     pub tie_embeddings: bool,
+    /// Qwen3: q and k go through a per-head RMSNorm (weights of length
+    /// head_dim) before RoPE, giving the `q_norm` / `k_norm` stages.
+    pub qk_norm: bool,
+    /// A sliding attention window (keys older than this many positions are
+    /// masked), when the model uses one. The engines do not implement it, so a
+    /// run must stay within it (`Plan::build` checks), where it masks nothing.
+    pub sliding_window: Option<usize>,
+    /// The longest context the model was built for (`max_position_embeddings`,
+    /// GGUF `context_length`), when the file says.
+    pub context_length: Option<usize>,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
 /// two RMSNorms per block, NEOX rotate-half RoPE).
-const SUPPORTED: &[&str] = &["qwen2", "llama", "mistral"];
+const SUPPORTED: &[&str] = &["qwen2", "qwen3", "llama", "mistral", "phi3"];
 
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
@@ -77,8 +93,13 @@ impl ModelConfig {
             .and_then(Value::as_f64)
             .ok_or("missing number key `rms_norm_eps`")?;
         let tie_embeddings = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
+        unimplemented(v)?;
+        let sliding_window = sliding_window(v, &arch)?;
+        let context_length = v
+            .get("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map(|n| n as usize);
         let cfg = ModelConfig {
-            arch,
             vocab: usize_key("vocab_size")?,
             hidden,
             ffn: usize_key("intermediate_size")?,
@@ -89,6 +110,10 @@ impl ModelConfig {
             rope_theta,
             rms_eps,
             tie_embeddings,
+            qk_norm: arch == "qwen3",
+            sliding_window,
+            context_length,
+            arch,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -120,10 +145,129 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Whether a run reaching `positions` positions (prompt + decode steps)
+    /// is outside what the engines compute faithfully: beyond the sliding
+    /// window (which they do not implement). Returns the reason.
+    pub fn unfaithful_beyond(&self, positions: usize) -> Option<String> {
+        match self.sliding_window {
+            Some(w) if positions > w => Some(format!(
+                "the run reaches {positions} positions but the model's sliding attention window is {w} \
+                 (`sliding_window`): touchstone's engines do not implement the window, so only runs of at most \
+                 {w} positions (where it masks nothing) are computed faithfully"
+            )),
+            _ => None,
+        }
+    }
+
     /// Query heads per KV head (GQA group size).
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
+}
+
+/// Config fields whose value changes the maths, with the values the engines
+/// implement. Anything else is refused, naming the field: a config that asks
+/// for YaRN or GELU and still "passes" would be a silent green.
+fn unimplemented(v: &Value) -> std::result::Result<(), String> {
+    let refuse = |field: &str, got: &Value, what: &str| {
+        Err(format!(
+            "`{field}` is {got}: {what} is not implemented by touchstone's engines, so this model cannot be \
+             computed faithfully (refusing rather than checking a different model)"
+        ))
+    };
+    let present = |k: &str| v.get(k).filter(|x| !x.is_null());
+    // RoPE scaling of any type, in transformers 4 (`rope_scaling`) or 5
+    // (`rope_parameters.rope_type` and its factors) form.
+    if let Some(rs) = present("rope_scaling") {
+        let ty = rs.get("rope_type").or_else(|| rs.get("type"));
+        let default = ty.and_then(Value::as_str) == Some("default") && rs.get("factor").is_none();
+        if !default {
+            let field = if ty.is_some() {
+                "rope_scaling.rope_type"
+            } else {
+                "rope_scaling"
+            };
+            return refuse(field, ty.unwrap_or(rs), "RoPE scaling");
+        }
+    }
+    if let Some(rp) = present("rope_parameters") {
+        if let Some(ty) = rp.get("rope_type").filter(|t| t.as_str() != Some("default")) {
+            return refuse("rope_parameters.rope_type", ty, "RoPE scaling");
+        }
+        for k in [
+            "factor",
+            "original_max_position_embeddings",
+            "low_freq_factor",
+            "high_freq_factor",
+        ] {
+            if let Some(x) = rp.get(k).filter(|x| !x.is_null()) {
+                return refuse(&format!("rope_parameters.{k}"), x, "RoPE scaling");
+            }
+        }
+    }
+    for k in ["hidden_act", "hidden_activation"] {
+        if let Some(a) = present(k) {
+            if a.as_str() != Some("silu") && a.as_str() != Some("swish") {
+                return refuse(k, a, "an activation other than SiLU");
+            }
+        }
+    }
+    for k in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if let Some(x) = present(k) {
+            return refuse(k, x, "logit soft-capping");
+        }
+    }
+    if let Some(x) = present("partial_rotary_factor").filter(|x| x.as_f64() != Some(1.0)) {
+        return refuse("partial_rotary_factor", x, "partial RoPE");
+    }
+    if let Some(x) = present("mlp_bias").filter(|x| x.as_bool() != Some(false)) {
+        return refuse("mlp_bias", x, "a bias in the MLP projections");
+    }
+    if let Some(x) = present("pretraining_tp").filter(|x| x.as_u64().is_some_and(|n| n > 1)) {
+        return refuse("pretraining_tp", x, "tensor-parallel split projections");
+    }
+    if let Some(x) = present("qk_layernorm").filter(|x| x.as_bool() == Some(true)) {
+        return refuse("qk_layernorm", x, "a q/k layer norm outside Qwen3");
+    }
+    for k in [
+        "embedding_multiplier",
+        "logits_scaling",
+        "residual_multiplier",
+        "attention_multiplier",
+    ] {
+        if let Some(x) = present(k).filter(|x| x.as_f64() != Some(1.0)) {
+            return refuse(k, x, "a scaled embedding, residual, attention or logits");
+        }
+    }
+    if let Some(lt) = present("layer_types").and_then(Value::as_array) {
+        if let Some((i, t)) = lt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.as_str() != Some("full_attention"))
+        {
+            return refuse(
+                &format!("layer_types[{i}]"),
+                t,
+                "a layer type other than full attention",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The sliding window a config actually uses. Qwen2/Qwen3 carry a
+/// `sliding_window` that only applies with `use_sliding_window: true`; for
+/// Mistral and Phi-3 a non-null `sliding_window` is in force.
+fn sliding_window(v: &Value, arch: &str) -> std::result::Result<Option<usize>, String> {
+    let w = match v.get("sliding_window") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(w) => w
+            .as_u64()
+            .ok_or_else(|| format!("`sliding_window` is {w}, expected a positive integer or null"))?,
+    };
+    let gated = matches!(arch, "qwen2" | "qwen3");
+    let used = !gated || v.get("use_sliding_window").and_then(Value::as_bool) == Some(true);
+    Ok(used.then_some(w as usize))
 }
 
 #[cfg(test)]
@@ -146,6 +290,92 @@ mod tests {
         v5["rope_parameters"] = json!({"rope_theta": 10000.0, "rope_type": "default"});
         assert_eq!(ModelConfig::from_json(&v5).unwrap().rope_theta, 1e4);
         assert!(ModelConfig::from_json(&base()).unwrap_err().contains("rope_theta"));
+    }
+
+    fn with(k: &str, val: Value) -> std::result::Result<ModelConfig, String> {
+        let mut v = base();
+        v["rope_theta"] = json!(1e4);
+        v[k] = val;
+        ModelConfig::from_json(&v)
+    }
+
+    #[test]
+    fn refuses_every_unimplemented_field_by_name() {
+        for (k, val, named) in [
+            (
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 4.0}),
+                "rope_scaling.rope_type",
+            ),
+            (
+                "rope_scaling",
+                json!({"type": "linear", "factor": 2.0}),
+                "rope_scaling.rope_type",
+            ),
+            ("rope_scaling", json!({"factor": 2.0}), "rope_scaling"),
+            (
+                "rope_parameters",
+                json!({"rope_type": "llama3", "rope_theta": 1e4}),
+                "rope_parameters.rope_type",
+            ),
+            (
+                "rope_parameters",
+                json!({"rope_theta": 1e4, "factor": 8.0}),
+                "rope_parameters.factor",
+            ),
+            ("hidden_act", json!("banana"), "hidden_act"),
+            ("hidden_act", json!("gelu_pytorch_tanh"), "hidden_act"),
+            ("hidden_activation", json!("gelu"), "hidden_activation"),
+            ("attn_logit_softcapping", json!(50.0), "attn_logit_softcapping"),
+            ("final_logit_softcapping", json!(30.0), "final_logit_softcapping"),
+            ("partial_rotary_factor", json!(0.5), "partial_rotary_factor"),
+            ("mlp_bias", json!(true), "mlp_bias"),
+            ("pretraining_tp", json!(2), "pretraining_tp"),
+            ("logits_scaling", json!(8.0), "logits_scaling"),
+            (
+                "layer_types",
+                json!(["full_attention", "sliding_attention"]),
+                "layer_types[1]",
+            ),
+        ] {
+            let err = with(k, val.clone()).expect_err(&format!("{k}: {val} must be refused"));
+            assert!(err.contains(&format!("`{named}`")), "{k}={val}: {err}");
+            assert!(err.contains("not implemented"), "{err}");
+        }
+    }
+
+    #[test]
+    fn accepts_the_values_that_change_nothing() {
+        for (k, val) in [
+            ("rope_scaling", Value::Null),
+            ("rope_parameters", json!({"rope_type": "default", "rope_theta": 1e4})),
+            ("hidden_act", json!("silu")),
+            ("attn_logit_softcapping", Value::Null),
+            ("partial_rotary_factor", json!(1.0)),
+            ("mlp_bias", json!(false)),
+            ("pretraining_tp", json!(1)),
+            ("layer_types", json!(["full_attention", "full_attention"])),
+            // Qwen2's window is off unless use_sliding_window is true.
+            ("sliding_window", json!(32768)),
+        ] {
+            let c = with(k, val.clone()).unwrap_or_else(|e| panic!("{k}={val}: {e}"));
+            assert_eq!(c.sliding_window, None);
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_in_force_bounds_the_run() {
+        let mut v = base();
+        v["rope_theta"] = json!(1e4);
+        v["sliding_window"] = json!(8);
+        v["use_sliding_window"] = json!(true);
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert_eq!(c.sliding_window, Some(8));
+        assert!(c.unfaithful_beyond(8).is_none());
+        assert!(c.unfaithful_beyond(9).unwrap().contains("sliding_window"));
+        v["model_type"] = json!("mistral");
+        v["use_sliding_window"] = Value::Null;
+        assert_eq!(ModelConfig::from_json(&v).unwrap().sliding_window, Some(8));
     }
 
     #[test]

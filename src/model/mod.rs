@@ -2,6 +2,7 @@
 //! point for reading a model: an HF folder (`config.json` + `*.safetensors`) or
 //! a `.gguf` file.
 pub mod config;
+pub mod fused;
 pub mod weights;
 
 use std::path::Path;
@@ -13,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{self, GgufFile};
 
 /// How a model is loaded.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoadOptions {
     /// Test aid: keep llama.cpp's Q/K row permutation of Llama GGUF weights
     /// instead of undoing it, so the engine computes the wrong model and a spec
@@ -22,6 +23,52 @@ pub struct LoadOptions {
     /// The storage dtype the engine holds weights and stage outputs in (all
     /// arithmetic is f32 whatever it is): f32, or f16/bf16 with f32 accumulation.
     pub storage: crate::tensor::DType,
+    /// Test aid: a loader bug planted after the file is read, so tests can
+    /// show the `weights` check names the tensor. Never set it otherwise.
+    #[doc(hidden)]
+    pub plant: Option<LoaderBug>,
+}
+
+/// A planted loader bug (see `LoadOptions::plant`): the three ways a new
+/// engine's loader typically goes wrong without any load error.
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoaderBug {
+    /// The tensor is left zeroed (allocated, never filled).
+    Zero(String),
+    /// Two tensors of the same shape (two layers' q_proj, say) are swapped.
+    Swap(String, String),
+    /// The tensor is never mapped: its name is not in the loader's table, so
+    /// it is dropped (an optional tensor such as a bias then silently goes).
+    Unmapped(String),
+    /// A fused q·k·v projection (Phi-3) split with q and k swapped: k taken
+    /// from the top rows, q after it.
+    SplitKFirst,
+}
+
+impl LoaderBug {
+    fn apply(&self, ws: &mut Weights) -> Result<()> {
+        let dir = ws.dir.clone();
+        let missing = |n: &str| Error::model(&dir, format!("planted loader bug: no weight `{n}`"));
+        match self {
+            LoaderBug::Zero(n) => {
+                let mut t = ws.remove(n).ok_or_else(|| missing(n))?;
+                t.data_mut().fill(0.0);
+                ws.insert(n.clone(), t);
+            }
+            LoaderBug::Swap(a, b) => {
+                let ta = ws.remove(a).ok_or_else(|| missing(a))?;
+                let tb = ws.remove(b).ok_or_else(|| missing(b))?;
+                ws.insert(a.clone(), tb);
+                ws.insert(b.clone(), ta);
+            }
+            LoaderBug::Unmapped(n) => {
+                ws.remove(n).ok_or_else(|| missing(n))?;
+            }
+            LoaderBug::SplitKFirst => {}
+        }
+        Ok(())
+    }
 }
 
 enum Format {
@@ -55,14 +102,20 @@ pub fn read_config(path: &Path) -> Result<ModelConfig> {
 }
 
 /// Reads the config and the weights (HF names, f32 values) of a model.
+/// Fused projections (Phi-3) come back split into the Llama layout.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
-    match format_of(path)? {
-        Format::HfDir => Ok((ModelConfig::from_hf_dir(path)?, Weights::from_hf_dir(path)?)),
+    let (cfg, mut ws) = match format_of(path)? {
+        Format::HfDir => (ModelConfig::from_hf_dir(path)?, Weights::from_hf_dir(path)?),
         Format::Gguf => {
             let f = GgufFile::open(path)?;
             let cfg = gguf::model::config(&f)?;
             let ws = gguf::model::weights(&f, &cfg, opts)?;
-            Ok((cfg, ws))
+            (cfg, ws)
         }
+    };
+    fused::split(&cfg, &mut ws, opts.plant == Some(LoaderBug::SplitKFirst))?;
+    if let Some(bug) = opts.plant.as_ref().filter(|b| **b != LoaderBug::SplitKFirst) {
+        bug.apply(&mut ws)?;
     }
+    Ok((cfg, ws))
 }

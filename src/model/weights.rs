@@ -52,6 +52,22 @@ impl Weights {
         Weights { dir, tensors }
     }
 
+    /// Adds (or replaces) a tensor: loaders that reshape the file's tensors
+    /// (fused projections split, GGUF renames) put the pieces back here.
+    pub fn insert(&mut self, name: String, t: Tensor) {
+        self.tensors.insert(name, t);
+    }
+
+    /// Takes a tensor out whatever its shape (`None` when absent).
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.tensors.remove(name)
+    }
+
+    /// Every name held, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -2,12 +2,9 @@
 //! `first_divergence` (of the first run that has one), per-run summaries, and
 //! every check outcome with its metrics, message and rerun command.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use super::{Counts, Divergence, Outcome, Report};
-use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 #[derive(Serialize)]
@@ -70,11 +67,4 @@ pub fn to_string(report: &Report) -> String {
         checks: report.runs.iter().flat_map(|r| &r.outcomes).collect(),
     };
     serde_json::to_string_pretty(&doc).expect("report is plain data")
-}
-
-/// Writes the report atomically (temp file + rename) so a reader never sees half a file.
-pub fn write(report: &Report, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, to_string(report)).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }

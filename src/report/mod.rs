@@ -7,6 +7,7 @@ pub mod html;
 pub mod json;
 pub mod junit;
 pub mod markdown;
+pub mod outputs;
 pub mod terminal;
 
 use std::collections::BTreeMap;

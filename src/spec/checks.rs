@@ -3,6 +3,7 @@
 //! `{golden: hf}`). Unknown names and parameters are errors with a suggestion;
 //! serde_yaml adds the line:col.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -22,7 +23,7 @@ pub const STAGE_CHECKS: [&str; 7] = [
     "golden",
     "references_agree",
 ];
-pub const RUN_CHECKS: [&str; 3] = ["determinism", "kv_cache", "greedy_tokens"];
+pub const RUN_CHECKS: [&str; 4] = ["determinism", "kv_cache", "greedy_tokens", "weights"];
 
 /// A check applied to each (step, stage) a pattern matches.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,7 +58,11 @@ pub enum StageCheck {
 pub enum RunCheck {
     Determinism(DeterminismSpec),
     KvCache(KvCacheSpec),
-    GreedyTokens { source: Option<String> },
+    GreedyTokens {
+        source: Option<String>,
+    },
+    /// The engine's weights equal the model file's, all finite, all used.
+    Weights,
 }
 
 impl RunCheck {
@@ -69,6 +74,7 @@ impl RunCheck {
             RunCheck::KvCache(_) => "kv_cache".into(),
             RunCheck::GreedyTokens { source: Some(s) } => format!("greedy_tokens:{s}"),
             RunCheck::GreedyTokens { source: None } => "greedy_tokens".into(),
+            RunCheck::Weights => "weights".into(),
         }
     }
 }
@@ -95,9 +101,9 @@ pub struct DeterminismSpec {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvCacheSpec {
-    #[serde(default = "default_kv_atol")]
+    #[serde(default = "default_kv_atol", deserialize_with = "tol_value")]
     pub atol: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "tol_value")]
     pub rtol: f64,
     /// Decode steps to generate (default: the prompt's decode_steps).
     pub decode_steps: Option<usize>,
@@ -119,6 +125,26 @@ fn default_determinism_sampling() -> SamplingSpec {
         top_p: Some(0.95),
     }
 }
+/// A tolerance: a finite number >= 0. NaN makes every comparison false (a
+/// check that cannot fail), infinity accepts everything, and a negative bound
+/// rejects everything: each is a spec error, located at its value.
+pub(crate) fn tol_value<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(de::Error::custom(format!(
+            "a tolerance must be a finite number >= 0, got {v} (NaN or infinity would make the check unable to \
+             fail, a negative one unable to pass)"
+        )))
+    }
+}
+
+/// `tol_value` for an optional tolerance.
+pub(crate) fn opt_tol_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    tol_value(d).map(Some)
+}
+
 fn default_softmax_tol() -> f64 {
     1e-5
 }
@@ -129,7 +155,7 @@ fn default_rope_tol() -> f64 {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SoftmaxParams {
-    #[serde(default = "default_softmax_tol")]
+    #[serde(default = "default_softmax_tol", deserialize_with = "tol_value")]
     tol: f64,
 }
 
@@ -139,7 +165,7 @@ struct RopeParams {
     input: Option<TemplateText>,
     #[serde(default = "default_style")]
     style: StyleName,
-    #[serde(default = "default_rope_tol")]
+    #[serde(default = "default_rope_tol", deserialize_with = "tol_value")]
     tol: f64,
 }
 
@@ -184,14 +210,18 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for StrOrMap<T> {
 #[serde(deny_unknown_fields)]
 struct GoldenFull {
     source: Option<String>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     atol: Option<f64>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     rtol: Option<f64>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToleranceParams {
+    #[serde(default, deserialize_with = "opt_tol_value")]
     atol: Option<f64>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
     rtol: Option<f64>,
 }
 
@@ -344,6 +374,7 @@ impl<'de> Deserialize<'de> for RunCheck {
                     "determinism" => Ok(RunCheck::Determinism(serde_yaml::from_str("{}").expect("defaults"))),
                     "kv_cache" => Ok(RunCheck::KvCache(serde_yaml::from_str("{}").expect("defaults"))),
                     "greedy_tokens" => Ok(RunCheck::GreedyTokens { source: None }),
+                    "weights" => Ok(RunCheck::Weights),
                     other => Err(unknown("run check", other, &RUN_CHECKS)),
                 }
             }
@@ -380,6 +411,18 @@ impl<'de> Deserialize<'de> for RunCheck {
                             Some(StrOrMap::Map(p)) => p.source,
                         },
                     },
+                    "weights" => {
+                        // `{weights: null}` or `{weights: {}}`: no parameters.
+                        match map.next_value::<Option<BTreeMap<String, serde_yaml::Value>>>()? {
+                            Some(m) if !m.is_empty() => {
+                                return Err(de::Error::custom(format!(
+                                    "weights takes no parameters, got: {}",
+                                    m.keys().cloned().collect::<Vec<_>>().join(", ")
+                                )))
+                            }
+                            _ => RunCheck::Weights,
+                        }
+                    }
                     other => return Err(unknown("run check", other, &RUN_CHECKS)),
                 };
                 if let Some(extra) = map.next_key::<String>()? {

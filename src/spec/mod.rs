@@ -4,6 +4,7 @@
 //! Paths inside a spec are relative to the spec file.
 
 pub mod checks;
+pub mod limits;
 pub mod pattern;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,9 @@ pub struct Spec {
     /// Display name (default: the file stem), used in trial ids.
     pub name: String,
     pub model: PathBuf,
+    /// The name after `cache:` when the spec's model lives in touchstone's
+    /// cache (`crate::cache`), for the "how to fetch it" hint.
+    pub cached_model: Option<String>,
     /// Golden source name (`hf`, `llama.cpp`, ...) → golden file.
     pub goldens: BTreeMap<String, PathBuf>,
     pub prompt: PromptSpec,
@@ -99,7 +103,9 @@ pub struct PromptSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TolSpec {
+    #[serde(deserialize_with = "checks::tol_value")]
     pub atol: f64,
+    #[serde(deserialize_with = "checks::tol_value")]
     pub rtol: f64,
 }
 
@@ -252,6 +258,16 @@ impl Spec {
 
     /// Parses spec text; `path` names the file in errors and anchors relative paths.
     pub fn parse(path: &Path, text: &str) -> Result<Spec> {
+        limits::check_text(text).map_err(|(line, col, msg)| Error::SpecSyntax {
+            path: path.to_path_buf(),
+            line,
+            col,
+            msg,
+        })?;
+        // A duplicate key anywhere is an error (serde's maps are last-wins, so
+        // `goldens: {hf: a, hf: b}` would silently check against b): the
+        // generic YAML value refuses duplicates at every depth, with location.
+        serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| duplicate_error(path, text, &e))?;
         let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = raw
@@ -284,7 +300,19 @@ impl Spec {
         let spec = Spec {
             path: path.to_path_buf(),
             name,
-            model: dir.join(&raw.model),
+            model: match raw
+                .model
+                .to_str()
+                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+            {
+                Some(name) => crate::cache::model_path(name),
+                None => dir.join(&raw.model),
+            },
+            cached_model: raw
+                .model
+                .to_str()
+                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+                .map(str::to_string),
             goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
             prompt: raw.prompt,
             sampling: raw.sampling,
@@ -314,6 +342,7 @@ impl Spec {
         };
         spec.validate_references(text)?;
         spec.validate_record(text)?;
+        spec.validate_counts(text)?;
         Ok(spec)
     }
 
@@ -397,9 +426,7 @@ impl Spec {
                 "prompt",
                 "prompt: give `text: \"...\"`, `tokens: [ids...]` or `golden: SOURCE`".into(),
             )),
-            (Some(t), None, None) if t.is_empty() => {
-                Err(self.located(text, "tokens", "prompt.tokens is empty".into()))
-            }
+            (Some(t), None, None) if t.is_empty() => Err(self.located(text, "tokens", "prompt.tokens is empty".into())),
             (None, Some(t), _) if t.is_empty() => Err(self.located(text, "text", "prompt.text is empty".into())),
             (_, _, None) if p.decode_steps.is_none() => Err(self.located(
                 text,
@@ -410,11 +437,64 @@ impl Spec {
         }
     }
 
+    /// Every count within the fixed limits (`limits`); the model's context
+    /// length bounds steps further when the plan is built.
+    fn validate_counts(&self, text: &str) -> Result<()> {
+        let mut checks: Vec<(&str, &str, usize, usize)> = Vec::new();
+        if let Some(n) = self.prompt.decode_steps {
+            checks.push(("decode_steps", "prompt.decode_steps", n, limits::MAX_DECODE_STEPS));
+        }
+        if let Some(t) = &self.prompt.tokens {
+            checks.push(("tokens", "prompt.tokens (length)", t.len(), limits::MAX_PROMPT_TOKENS));
+        }
+        for rc in &self.run_checks {
+            match rc {
+                RunCheck::Determinism(d) => {
+                    checks.push(("runs", "determinism.runs", d.runs, limits::MAX_RUNS));
+                    checks.push((
+                        "decode_steps",
+                        "determinism.decode_steps",
+                        d.decode_steps,
+                        limits::MAX_DECODE_STEPS,
+                    ));
+                }
+                RunCheck::KvCache(k) => {
+                    if let Some(n) = k.decode_steps {
+                        checks.push(("decode_steps", "kv_cache.decode_steps", n, limits::MAX_DECODE_STEPS));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (needle, what, n, max) in checks {
+            if let Err(msg) = limits::count(what, n, max) {
+                let loc = locate_value(text, &format!("{needle}:"), &n.to_string()).or_else(|| locate(text, needle));
+                return Err(match loc {
+                    Some((line, col)) => Error::SpecSyntax {
+                        path: self.path.clone(),
+                        line,
+                        col,
+                        msg,
+                    },
+                    None => Error::SpecInvalid {
+                        path: self.path.clone(),
+                        msg,
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `record:` names real steps and stage patterns.
     fn validate_record(&self, text: &str) -> Result<()> {
         if let Some(steps) = &self.record.steps {
             if steps.is_empty() {
-                return Err(self.located(text, "steps", "record.steps is empty (leave it out to record every step)".into()));
+                return Err(self.located(
+                    text,
+                    "steps",
+                    "record.steps is empty (leave it out to record every step)".into(),
+                ));
             }
             for s in steps {
                 if crate::stage::Step::parse(s).is_none() {
@@ -428,7 +508,11 @@ impl Spec {
         }
         if let Some(stages) = &self.record.stages {
             if stages.is_empty() {
-                return Err(self.located(text, "stages", "record.stages is empty (leave it out to record every stage)".into()));
+                return Err(self.located(
+                    text,
+                    "stages",
+                    "record.stages is empty (leave it out to record every stage)".into(),
+                ));
             }
             for s in stages {
                 StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages: {msg}")))?;
@@ -470,6 +554,43 @@ fn locate_value(text: &str, key: &str, value: &str) -> Option<(usize, usize)> {
 
 /// serde_yaml's message ends in " at line L column C"; we move that to the
 /// front as `file:L:C:` like a compiler does.
+/// A YAML error from the duplicate-key pass. serde_yaml locates a duplicate
+/// key one entry early (at the entry before it), so the duplicate itself is
+/// found by searching on from there for the key's second definition.
+fn duplicate_error(path: &Path, text: &str, e: &serde_yaml::Error) -> Error {
+    let msg = e.to_string();
+    let key = msg
+        .split("duplicate entry with key \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .map(str::to_string);
+    match (key, e.location()) {
+        (Some(key), Some(loc)) => {
+            let defines = |l: &str| {
+                let t = l.trim_start().trim_start_matches("- ");
+                t.starts_with(&format!("{key}:")) || t.starts_with(&format!("\"{key}\":"))
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let from = loc.line().saturating_sub(1);
+            let hits: Vec<usize> = (from..lines.len()).filter(|&i| defines(lines[i])).take(2).collect();
+            let at = if hits.len() == 2 && defines(lines[from]) {
+                hits[1]
+            } else {
+                hits.first().copied().unwrap_or(from)
+            };
+            let col = lines.get(at).map_or(1, |l| l.len() - l.trim_start().len() + 1);
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            Error::SpecSyntax {
+                path: path.to_path_buf(),
+                line: at + 1,
+                col,
+                msg: format!("{} (keys must be unique)", msg.strip_suffix(&suffix).unwrap_or(&msg)),
+            }
+        }
+        _ => yaml_error(path, e),
+    }
+}
+
 fn yaml_error(path: &Path, e: &serde_yaml::Error) -> Error {
     let msg = e.to_string();
     match e.location() {

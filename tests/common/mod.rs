@@ -69,12 +69,22 @@ pub fn json(path: &Path) -> serde_json::Value {
 
 /// Runs the touchstone binary with extra environment variables.
 pub fn touchstone_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    run_in(&root(), args, envs)
+}
+
+/// `touchstone ARGS` with `dir` as the working directory.
+#[allow(dead_code)]
+pub fn touchstone_in(dir: &Path, args: &[&str]) -> Output {
+    run_in(dir, args, &[])
+}
+
+fn run_in(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_touchstone"))
         .args(args)
         // CI (if the test suite itself runs on CI) is cleared unless a test sets it.
         .env_remove("CI")
         .envs(envs.iter().copied())
-        .current_dir(root())
+        .current_dir(dir)
         .output()
         .expect("the touchstone binary runs");
     let o = Output {

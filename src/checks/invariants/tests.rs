@@ -222,6 +222,7 @@ fn rope_passes_a_correct_rotation_in_both_styles() {
             &[0, 1, 2, 3],
             style,
             1e-5,
+            10000.0,
         );
         assert!(v.passed(), "{}", v.message);
         assert_eq!((v.metrics["pos0_rows"], v.metrics["rotated_checked"]), (1.0, 6.0));
@@ -239,6 +240,7 @@ fn rope_passes_a_correct_rotation_in_both_styles() {
         &[7],
         RopeStyle::Neox,
         1e-5,
+        10000.0,
     );
     assert!(v.passed(), "{}", v.message);
     assert!(
@@ -251,7 +253,7 @@ fn rope_passes_a_correct_rotation_in_both_styles() {
 #[test]
 fn rope_fails_when_output_is_not_rotated() {
     let x = qk(4);
-    let v = rope(&x, &x, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &x, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(v.failed());
     assert_eq!(v.metrics["unrotated"], 6.0);
     assert!(v.message.contains("(2) not rotated: 6 of 6 vectors"), "{}", v.message);
@@ -262,7 +264,7 @@ fn rope_fails_when_output_is_not_rotated() {
     );
     // The same decode step with a stale (unrotated) output.
     let x = qk(1);
-    let v = rope(&x, &x, &[5], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &x, &[5], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(
         v.failed() && v.message.contains("(1) identity at position 0: not applicable"),
         "{}",
@@ -275,7 +277,7 @@ fn rope_fails_when_norm_changes() {
     let x = qk(4);
     let mut y = reference_rope(&x, &[0, 1, 2, 3], RopeStyle::Neox);
     y.data_mut()[16..].iter_mut().for_each(|v| *v *= 1.01); // rows at positions > 0
-    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(v.failed());
     assert!(v.message.contains("(3) pair norm not preserved"), "{}", v.message);
     assert!(v.message.contains("first [t, head, pair] = [1, 0, 0]"), "{}", v.message);
@@ -287,7 +289,7 @@ fn rope_fails_when_norm_changes() {
 fn rope_detects_wrong_pairing() {
     let x = qk(4);
     let y = reference_rope(&x, &[0, 1, 2, 3], RopeStyle::Interleaved);
-    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(v.failed(), "{}", v.message);
     assert!(v.metrics["norm_violations"] > 0.0);
     assert_eq!((v.metrics["identity_violations"], v.metrics["unrotated"]), (0.0, 0.0));
@@ -299,7 +301,7 @@ fn rope_fails_when_position_0_is_changed() {
     let x = qk(4);
     let mut y = reference_rope(&x, &[0, 1, 2, 3], RopeStyle::Neox);
     y.data_mut()[8 + 5] += 0.01; // row 0, head 1, dim 5 = neox pair 1 (dims 1, 5)
-    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(v.failed());
     assert_eq!(v.metrics["identity_violations"], 1.0);
     assert!(
@@ -325,24 +327,25 @@ fn rope_skips_zero_vectors_and_rejects_bad_arguments() {
         &[0, 1],
         RopeStyle::Neox,
         1e-5,
+        10000.0,
     );
     assert!(v.passed(), "{}", v.message);
     assert_eq!((v.metrics["skipped_zero"], v.metrics["rotated_checked"]), (1.0, 1.0));
 
     let x = qk(2);
-    assert!(rope(&x, &qk(1), &[0, 1], RopeStyle::Neox, 1e-5)
+    assert!(rope(&x, &qk(1), &[0, 1], RopeStyle::Neox, 1e-5, 10000.0)
         .message
         .contains("input shape [2, 2, 8] vs output shape [1, 2, 8]"));
     let odd = t(&[1, 1, 3], vec![0.0; 3]);
-    assert!(rope(&odd, &odd, &[0], RopeStyle::Neox, 1e-5)
+    assert!(rope(&odd, &odd, &[0], RopeStyle::Neox, 1e-5, 10000.0)
         .message
         .contains("D = 3 is odd"));
-    assert!(rope(&x, &x, &[0], RopeStyle::Neox, 1e-5)
+    assert!(rope(&x, &x, &[0], RopeStyle::Neox, 1e-5, 10000.0)
         .message
         .contains("1 positions given for T = 2"));
     let mut y = x.clone();
     y.data_mut()[3] = f32::NAN;
-    let v = rope(&x, &y, &[0, 1], RopeStyle::Neox, 1e-5);
+    let v = rope(&x, &y, &[0, 1], RopeStyle::Neox, 1e-5, 10000.0);
     assert!(
         v.failed() && v.message.contains("output has non-finite value NaN at index [0, 0, 3]"),
         "{}",
@@ -366,7 +369,7 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
         // An engine with this storage: q stored, rotated in f32, output stored.
         let x = stored(&qk(5), dtype);
         let y = stored(&reference_rope(&x, &positions, RopeStyle::Neox), dtype);
-        let v = rope(&x, &y, &positions, RopeStyle::Neox, 1e-5);
+        let v = rope(&x, &y, &positions, RopeStyle::Neox, 1e-5, 10000.0);
         assert!(v.passed(), "{dtype}: {}", v.message);
         assert_eq!(v.metrics["unit_roundoff"], u);
         assert!(v.message.contains(&format!("{dtype} rounding u = 2^")), "{}", v.message);
@@ -379,7 +382,14 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
         if dtype != DType::F32 {
             assert!(v.metrics["max_norm_err"] > 1e-5, "{dtype}: rounding should show");
             // The same values claimed to be f32 get no rounding allowance and fail.
-            let v = rope(&x, &y.clone().with_dtype(DType::F32), &positions, RopeStyle::Neox, 1e-5);
+            let v = rope(
+                &x,
+                &y.clone().with_dtype(DType::F32),
+                &positions,
+                RopeStyle::Neox,
+                1e-5,
+                10000.0,
+            );
             assert!(v.failed(), "{dtype} values as f32: {}", v.message);
             assert!(v.metrics["norm_violations"] > 0.0);
         }
@@ -391,7 +401,7 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
         scaled.data_mut()[16..]
             .iter_mut()
             .for_each(|v| *v *= 1.0 + 4.0 * u as f32); // positions > 0
-        let v = rope(&x, &scaled, &positions, RopeStyle::Neox, 1e-5);
+        let v = rope(&x, &scaled, &positions, RopeStyle::Neox, 1e-5, 10000.0);
         assert!(v.failed(), "{dtype}: {}", v.message);
         assert!(
             v.message.contains("(3) pair norm not preserved") && v.message.contains(&format!("{dtype} storage")),
@@ -403,7 +413,7 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
         let i = moved.data().iter().position(|v| v.abs() > 0.5).unwrap(); // in row 0 (position 0)
         assert!(i < 16);
         moved.data_mut()[i] *= 1.0 + 4.0 * u as f32;
-        let v = rope(&x, &moved, &positions, RopeStyle::Neox, 1e-5);
+        let v = rope(&x, &moved, &positions, RopeStyle::Neox, 1e-5, 10000.0);
         assert!(v.failed(), "{dtype}: {}", v.message);
         assert_eq!(v.metrics["identity_violations"], 1.0, "{}", v.message);
         assert!(
@@ -414,4 +424,28 @@ fn rope_bound_grants_one_rounding_to_the_captured_dtype() {
             v.message
         );
     }
+}
+
+#[test]
+fn rope_checks_the_angle_against_theta_and_position() {
+    let x = qk(4);
+    let y = reference_rope(&x, &[0, 1, 2, 3], RopeStyle::Neox);
+    // A rotation by the right angle for another base (the model says 500000).
+    let v = rope(&x, &y, &[0, 1, 2, 3], RopeStyle::Neox, 1e-5, 500000.0);
+    assert!(v.failed(), "{}", v.message);
+    assert!(v.message.contains("(4) wrong rotation angle"), "{}", v.message);
+    assert!(v.message.contains("theta 500000"), "{}", v.message);
+    assert_eq!((v.metrics["norm_violations"], v.metrics["unrotated"]), (0.0, 0.0));
+    // Tables that wrap: rows at positions 30..33 rotated as at 0..3 (the
+    // identity row aside, norms and "rotated" all hold; only the angle tells).
+    let x = qk(4);
+    let y = reference_rope(&x, &[6, 7, 8, 9], RopeStyle::Neox);
+    let v = rope(&x, &y, &[30, 31, 32, 33], RopeStyle::Neox, 1e-5, 10000.0);
+    assert!(v.failed() && v.metrics["angle_violations"] > 0.0, "{}", v.message);
+    assert!(v.message.contains("position 30"), "{}", v.message);
+    // The correct rotation at large positions passes (the f32-angle allowance).
+    let x = qk(2);
+    let y = reference_rope(&x, &[300, 301], RopeStyle::Interleaved);
+    let v = rope(&x, &y, &[300, 301], RopeStyle::Interleaved, 1e-5, 10000.0);
+    assert!(v.passed(), "{}", v.message);
 }

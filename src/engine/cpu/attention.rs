@@ -7,18 +7,25 @@
 use matrixmultiply::sgemm;
 use rayon::prelude::*;
 
+use super::mutants::{Mutant, Mutants};
+
 /// Head counts and widths of one attention call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Planted bugs (test builds only).
+    pub mutants: Mutants,
 }
 
 impl AttnShape {
     /// The KV head query head `h` reads (HF's `repeat_kv`: consecutive groups
     /// of H/KV query heads share one KV head).
     pub fn kv_head(&self, h: usize) -> usize {
+        if self.mutants.is(Mutant::GqaModulo) {
+            return h % self.kv_heads;
+        }
         h / (self.heads / self.kv_heads)
     }
 }
@@ -40,6 +47,7 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
         heads,
         kv_heads,
         head_dim: d,
+        mutants,
     } = shape;
     let kv_row = kv_heads * d;
     let s = keys.len() / kv_row;
@@ -48,7 +56,10 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
     assert!(pos0 + t <= s, "attend: queries past the cache");
     // HF's `scaling = head_dim ** -0.5`, a Python float rounded to f32 when it
     // multiplies the f32 scores.
-    let scale = (d as f64).powf(-0.5) as f32;
+    let mut scale = (d as f64).powf(-0.5) as f32;
+    if mutants.is(Mutant::AttnScaleOverD) {
+        scale = 1.0 / d as f32;
+    }
 
     let mut probs = vec![0.0f32; heads * t * s];
     let mut ctx_heads = vec![0.0f32; heads * t * d];
@@ -81,7 +92,14 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
                 );
             }
             for (row_i, row) in p.chunks_exact_mut(s).enumerate() {
-                softmax_causal(row, pos0 + row_i + 1, scale);
+                let mut visible = pos0 + row_i + 1;
+                if mutants.is(Mutant::CausalOffByOne) {
+                    visible += 1;
+                }
+                if mutants.is(Mutant::KvReadShort) {
+                    visible = visible.min(32);
+                }
+                softmax_causal(row, visible, scale, mutants.is(Mutant::SoftmaxUnnormalised));
             }
             unsafe {
                 // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
@@ -118,7 +136,7 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
 /// softmax over the visible prefix in place, in torch's order: max, exp(x−max),
 /// sum, multiply by 1/sum. Masked entries become exactly 0, as exp(−inf) does
 /// in HF (its mask adds f32::MIN).
-fn softmax_causal(row: &mut [f32], visible: usize, scale: f32) {
+fn softmax_causal(row: &mut [f32], visible: usize, scale: f32, unnormalised: bool) {
     let (live, masked) = row.split_at_mut(visible.min(row.len()));
     masked.fill(0.0);
     let mut max = f32::NEG_INFINITY;
@@ -131,7 +149,7 @@ fn softmax_causal(row: &mut [f32], visible: usize, scale: f32) {
         *x = (*x - max).exp();
         sum += *x;
     }
-    let inv = 1.0 / sum;
+    let inv = if unnormalised { 1.0 } else { 1.0 / sum };
     for x in live.iter_mut() {
         *x *= inv;
     }
@@ -153,6 +171,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            mutants: Mutants::default(),
         };
         let (t, s) = (5, 5);
         let q = data(t * 4 * 8, 1);
@@ -179,6 +198,7 @@ mod tests {
             heads: 6,
             kv_heads: 2,
             head_dim: 4,
+            mutants: Mutants::default(),
         };
         assert_eq!((0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(), [0, 0, 0, 1, 1, 1]);
         // One query row at position 0 sees only key 0, so query head h's
@@ -197,6 +217,7 @@ mod tests {
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
+            mutants: Mutants::default(),
         };
         let (t, s) = (3, 3);
         let q = data(t * 8, 6);

@@ -19,7 +19,8 @@ use crate::tensor::{DType, Tensor};
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::ModelWeights;
-use super::ops::{add, matmul_wt, rmsnorm, silu_mul, Rope};
+use super::mutants::{Mutant, Mutants};
+use super::ops::{add, matmul_wt, rmsnorm_over, silu_mul, Rope};
 use crate::model::ModelConfig;
 
 /// Where a step's tapped tensors go.
@@ -29,6 +30,8 @@ pub struct Tap<'a> {
     pub caps: &'a mut Captures,
     /// The run's storage dtype: every capture is tagged with it (see `tag`).
     pub dtype: DType,
+    /// Planted bugs (test builds only).
+    pub mutants: Mutants,
 }
 
 impl Tap<'_> {
@@ -73,13 +76,46 @@ pub fn forward(
 ) -> Vec<f32> {
     let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
     let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
+    let mx = tap.mutants;
     let shape = AttnShape {
         heads: h,
         kv_heads: kv,
         head_dim: d,
+        mutants: mx,
+    };
+    // RMSNorm of `width`-wide rows (with the planted norm bugs of tests).
+    let rmsnorm = |x: &[f32], width: usize, w: &[f32], eps: f64| {
+        let eps = if mx.is(Mutant::RmsEpsWrong) { 1e-5 } else { eps };
+        let div = if mx.is(Mutant::RmsLengthWrong) {
+            width - 1
+        } else {
+            width
+        };
+        let ones;
+        let w = if mx.is(Mutant::RmsWeightMissing) {
+            ones = vec![1.0f32; width];
+            &ones[..]
+        } else {
+            w
+        };
+        rmsnorm_over(x, width, w, eps, div)
     };
     debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
     let positions: Vec<usize> = (pos0..pos0 + t).collect();
+    // The positions RoPE rotates at (the planted RoPE position bugs of tests).
+    let rope_positions: Vec<usize> = positions
+        .iter()
+        .map(|&p| {
+            if mx.is(Mutant::RopeTableWrapping) {
+                p % 24
+            } else if mx.is(Mutant::RopePositionFrozenInDecode) {
+                // The step-relative index: right for the prefill, 0 in decode.
+                p - pos0
+            } else {
+                p
+            }
+        })
+        .collect();
     // The storage dtype and its rounding (the identity for f32).
     let sd = tap.dtype;
     let stored = |mut y: Vec<f32>| {
@@ -99,14 +135,24 @@ pub fn forward(
         let hn = stored(rmsnorm(&x, e, &b.attn_norm, cfg.rms_eps));
         tap.copy(st(B::AttnNorm), &[t, e], &hn);
 
-        let mut q = b.q.forward(&hn, t, sd);
-        let mut k = b.k.forward(&hn, t, sd);
-        let vv = b.v.forward(&hn, t, sd);
+        let no_bias = mx.is(Mutant::QkvBiasDropped);
+        let mut q = b.q.forward_bias(&hn, t, sd, !no_bias);
+        let mut k = b.k.forward_bias(&hn, t, sd, !no_bias);
+        let vv = b.v.forward_bias(&hn, t, sd, !no_bias);
         tap.copy(st(B::Q), &[t, h, d], &q);
         tap.copy(st(B::K), &[t, kv, d], &k);
         tap.copy(st(B::V), &[t, kv, d], &vv);
-        rope.apply(&mut q, h, &positions);
-        rope.apply(&mut k, kv, &positions);
+        // Qwen3: RMSNorm over each head's D values (rows of D), before RoPE.
+        if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+            if !tap.mutants.is(Mutant::SkipQkNorm) {
+                q = stored(rmsnorm(&q, d, qn, cfg.rms_eps));
+                k = stored(rmsnorm(&k, d, kn, cfg.rms_eps));
+            }
+            tap.copy(st(B::QNorm), &[t, h, d], &q);
+            tap.copy(st(B::KNorm), &[t, kv, d], &k);
+        }
+        rope.apply(&mut q, h, &rope_positions);
+        rope.apply(&mut k, kv, &rope_positions);
         sd.round_slice(&mut q);
         sd.round_slice(&mut k);
         tap.copy(st(B::QRope), &[t, h, d], &q);
@@ -114,16 +160,32 @@ pub fn forward(
 
         let lc = &mut cache.layers[l];
         lc.append(&k, &vv);
+        if mx.is(Mutant::KvWrittenOneSlotOff) && t == 1 {
+            lc.swap_last_two();
+        }
         let s = lc.len();
         let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape);
         // Probabilities stay f32 (not rounded); the context is stored.
         tap.keep(st(B::AttnProbs), &[h, t, s], att.probs);
         let ctx = stored(att.ctx);
         tap.copy(st(B::AttnCtx), &[t, h * d], &ctx);
-        let attn_out = b.o.forward(&ctx, t, sd);
+        let attn_out = if mx.is(Mutant::OProjHeadShareOff) {
+            // The last head's ctx (hence its share of o_proj) 1e-3 too large.
+            let mut c = ctx.clone();
+            for row in c.chunks_exact_mut(h * d) {
+                row[(h - 1) * d..].iter_mut().for_each(|v| *v *= 1.001);
+            }
+            b.o.forward(&c, t, sd)
+        } else {
+            b.o.forward(&ctx, t, sd)
+        };
         tap.copy(st(B::AttnOut), &[t, e], &attn_out);
 
-        let ffn_inp = stored(add(&x, &attn_out));
+        let ffn_inp = if mx.is(Mutant::ResidualMissing) {
+            attn_out.clone()
+        } else {
+            stored(add(&x, &attn_out))
+        };
         tap.copy(st(B::FfnInp), &[t, e], &ffn_inp);
         let hn = stored(rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps));
         tap.copy(st(B::FfnNorm), &[t, e], &hn);
@@ -131,7 +193,11 @@ pub fn forward(
         tap.copy(st(B::FfnGate), &[t, f], &gate);
         let up = b.up.forward(&hn, t, sd);
         tap.copy(st(B::FfnUp), &[t, f], &up);
-        let act = stored(silu_mul(&gate, &up));
+        let act = if mx.is(Mutant::SiluOnUp) {
+            stored(silu_mul(&up, &gate))
+        } else {
+            stored(silu_mul(&gate, &up))
+        };
         tap.copy(st(B::FfnAct), &[t, f], &act);
         let ffn_out = b.down.forward(&act, t, sd);
         tap.copy(st(B::FfnOut), &[t, e], &ffn_out);
@@ -148,8 +214,8 @@ pub fn forward(
     let head_rows = if tap.wants(Stage::Logits) { t } else { 1 };
     let head_in = &xn[xn.len() - head_rows * e..];
     let logits = match &w.lm_head {
-        Some(lin) => lin.forward(head_in, head_rows, sd),
-        None => stored(matmul_wt(head_in, head_rows, e, &w.embed, v)),
+        Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
+        _ => stored(matmul_wt(head_in, head_rows, e, &w.embed, v)),
     };
     // Sampling reads the stored (rounded) logits.
     let last = logits[(head_rows - 1) * v..].to_vec();

@@ -20,6 +20,18 @@ impl LayerCache {
         self.k.extend_from_slice(k);
         self.v.extend_from_slice(v);
     }
+    /// Swaps the last two positions' keys and values: the planted "written one
+    /// slot off" bug of tests (the newest entry lands in the slot before).
+    pub fn swap_last_two(&mut self) {
+        let (n, r) = (self.len(), self.row);
+        if n >= 2 {
+            for buf in [&mut self.k, &mut self.v] {
+                let (a, b) = buf[(n - 2) * r..].split_at_mut(r);
+                a.swap_with_slice(b);
+            }
+        }
+    }
+
     /// Keys `[S, KV, D]`.
     pub fn keys(&self) -> &[f32] {
         &self.k

@@ -34,9 +34,15 @@ impl Linear {
     /// output and adds the bias in a second kernel. With f32 storage nothing is
     /// rounded.
     pub fn forward(&self, x: &[f32], rows: usize, storage: DType) -> Vec<f32> {
+        self.forward_bias(x, rows, storage, true)
+    }
+
+    /// `forward`, adding the bias only if `with_bias` (false only for a
+    /// planted bug in tests).
+    pub fn forward_bias(&self, x: &[f32], rows: usize, storage: DType, with_bias: bool) -> Vec<f32> {
         let mut y = matmul_wt(x, rows, self.in_f, &self.w, self.out_f);
         storage.round_slice(&mut y);
-        if let Some(b) = &self.bias {
+        if let Some(b) = self.bias.as_ref().filter(|_| with_bias) {
             for row in y.chunks_exact_mut(self.out_f) {
                 for (v, &bb) in row.iter_mut().zip(b) {
                     *v = storage.round(*v + bb);
@@ -61,6 +67,9 @@ pub struct Block {
     pub q: Linear,
     pub k: Linear,
     pub v: Linear,
+    /// Qwen3's per-head RMSNorm weights of q and k (`[D]` each).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub o: Linear,
     pub ffn_norm: Vec<f32>,
     pub gate: Linear,
@@ -92,6 +101,8 @@ impl ModelWeights {
                 q: Linear::load(ws, &format!("{p}.self_attn.q_proj"), qd, e)?,
                 k: Linear::load(ws, &format!("{p}.self_attn.k_proj"), kvd, e)?,
                 v: Linear::load(ws, &format!("{p}.self_attn.v_proj"), kvd, e)?,
+                q_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.q_norm.weight"))?,
+                k_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.k_norm.weight"))?,
                 o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, qd)?,
                 ffn_norm: ws
                     .take(&format!("{p}.post_attention_layernorm.weight"), &[e])?
@@ -137,6 +148,41 @@ impl ModelWeights {
         })
     }
 
+    /// Every tensor held, by HF name (see `Engine::visit_weights`). A tied head
+    /// is the embedding itself and is not visited twice.
+    pub fn visit(&self, cfg: &ModelConfig, f: &mut crate::engine::WeightVisitor) {
+        let (e, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
+        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear| {
+            f(&format!("{name}.weight"), &[l.out_f, l.in_f], &l.w);
+            if let Some(b) = &l.bias {
+                f(&format!("{name}.bias"), &[l.out_f], b);
+            }
+        };
+        f("model.embed_tokens.weight", &[v, e], &self.embed);
+        for (i, b) in self.blocks.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            f(&format!("{p}.input_layernorm.weight"), &[e], &b.attn_norm);
+            lin(f, &format!("{p}.self_attn.q_proj"), &b.q);
+            lin(f, &format!("{p}.self_attn.k_proj"), &b.k);
+            lin(f, &format!("{p}.self_attn.v_proj"), &b.v);
+            if let Some(qn) = &b.q_norm {
+                f(&format!("{p}.self_attn.q_norm.weight"), &[d], qn);
+            }
+            if let Some(kn) = &b.k_norm {
+                f(&format!("{p}.self_attn.k_norm.weight"), &[d], kn);
+            }
+            lin(f, &format!("{p}.self_attn.o_proj"), &b.o);
+            f(&format!("{p}.post_attention_layernorm.weight"), &[e], &b.ffn_norm);
+            lin(f, &format!("{p}.mlp.gate_proj"), &b.gate);
+            lin(f, &format!("{p}.mlp.up_proj"), &b.up);
+            lin(f, &format!("{p}.mlp.down_proj"), &b.down);
+        }
+        f("model.norm.weight", &[e], &self.norm);
+        if let Some(h) = &self.lm_head {
+            lin(f, "lm_head", h);
+        }
+    }
+
     /// Rounds every weight to the storage dtype (the identity for f32): an
     /// engine with f16/bf16 storage holds its weights in that type, and the CPU
     /// engine emulates it by holding the rounded values widened to f32.
@@ -148,6 +194,9 @@ impl ModelWeights {
         for b in &mut self.blocks {
             storage.round_slice(&mut b.attn_norm);
             storage.round_slice(&mut b.ffn_norm);
+            for n in [&mut b.q_norm, &mut b.k_norm].into_iter().flatten() {
+                storage.round_slice(n);
+            }
             for lin in [
                 &mut b.q,
                 &mut b.k,
@@ -165,6 +214,15 @@ impl ModelWeights {
             h.round_to(storage);
         }
     }
+}
+
+/// A q/k norm weight: required when the architecture has them (Qwen3), and
+/// otherwise left in `ws`, where it is reported as unused.
+fn qk_norm(ws: &mut Weights, cfg: &ModelConfig, name: &str) -> Result<Option<Vec<f32>>> {
+    if !cfg.qk_norm {
+        return Ok(None);
+    }
+    Ok(Some(ws.take(name, &[cfg.head_dim])?.into_data()))
 }
 
 /// Non-parameter buffers some checkpoints carry (RoPE tables HF recomputes).

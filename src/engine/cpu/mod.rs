@@ -12,6 +12,7 @@ mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
+pub(crate) mod mutants;
 pub(crate) mod ops;
 #[cfg(test)]
 pub(crate) mod test_model;
@@ -23,7 +24,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::model::{self, LoadOptions, ModelConfig, Weights};
 use crate::sampling::Sampler;
-use crate::stage::Step;
+use crate::stage::{Stage, Step};
 use crate::tensor::DType;
 
 use super::{Captures, Engine, RunOutput, RunRequest, TapSet};
@@ -38,6 +39,8 @@ pub struct CpuEngine {
     rope: Rope,
     /// Weights and stage outputs are rounded to this (f32: nothing is rounded).
     storage: DType,
+    /// Planted bugs (test builds only; see `mutants`).
+    mutants: mutants::Mutants,
 }
 
 impl CpuEngine {
@@ -70,7 +73,18 @@ impl CpuEngine {
             weights,
             rope,
             storage,
+            mutants: mutants::Mutants::default(),
         })
+    }
+
+    /// This engine with a bug planted (tests only).
+    #[cfg(test)]
+    pub(crate) fn mutated(mut self, m: mutants::Mutant) -> CpuEngine {
+        self.mutants = mutants::Mutants::with(m);
+        if m == mutants::Mutant::RopeThetaWrong {
+            self.rope = Rope::new(self.cfg.head_dim, 10000.0);
+        }
+        self
     }
 
     /// The storage dtype this engine emulates.
@@ -88,13 +102,30 @@ impl Engine for CpuEngine {
         &self.cfg
     }
 
+    fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
+        self.weights.visit(&self.cfg, f);
+        Ok(())
+    }
+
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
         req.validate("cpu", self.cfg.vocab)?;
 
         let cfg = &self.cfg;
         let total = req.prompt.len() + req.decode_steps;
         let mut cache = KvCache::new(cfg.layers, cfg.kv_heads, cfg.head_dim, total);
-        let mut sampler = Sampler::new(req.sampling.clone(), req.seed);
+        let mx = self.mutants;
+        let mut sampling = req.sampling.clone();
+        if let (true, crate::sampling::Sampling::Random { temperature, .. }) =
+            (mx.is(mutants::Mutant::TemperatureMisapplied), &mut sampling)
+        {
+            *temperature = *temperature * *temperature / 2.0;
+        }
+        let seed = if mx.is(mutants::Mutant::SeedIgnored) {
+            0
+        } else {
+            req.seed
+        };
+        let mut sampler = Sampler::new(sampling.clone(), seed);
         let mut captures = Captures::default();
         let mut sampled = Vec::with_capacity(req.decode_steps + 1);
         let mut positions = Vec::with_capacity(req.decode_steps + 1);
@@ -110,9 +141,22 @@ impl Engine for CpuEngine {
                 step,
                 caps: &mut captures,
                 dtype: self.storage,
+                mutants: self.mutants,
             };
             let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
-            sampled.push(sampler.sample(&logits));
+            if taps.contains(Stage::SampleProbs) {
+                // What the sampler draws this step's token from (random only).
+                if let Some(p) = crate::sampling::distribution(&sampling, &logits) {
+                    let t = crate::tensor::Tensor::new(vec![1, p.len()], p).with_dtype(self.storage);
+                    captures.insert(step, Stage::SampleProbs, t);
+                }
+            }
+            let token = if mx.is(mutants::Mutant::ArgmaxTieLast) && req.sampling == crate::sampling::Sampling::Greedy {
+                mutants::argmax_last(&logits)
+            } else {
+                sampler.sample(&logits)
+            };
+            sampled.push(token);
             positions.push((pos0..pos0 + tokens.len()).collect());
         }
         Ok(RunOutput {

@@ -85,7 +85,14 @@ unsafe impl Send for SendPtr {}
 /// Each square is rounded to f32 (as `x.pow(2)` materialises it), summed in
 /// ATen's order (`torch_sum`), and divided by the width (torch's CPU `mean` is
 /// `sum().div_(n)`); rsqrt is 1/sqrt, two roundings, as ATen computes it.
+#[cfg(test)]
 pub fn rmsnorm(x: &[f32], width: usize, w: &[f32], eps: f64) -> Vec<f32> {
+    rmsnorm_over(x, width, w, eps, width)
+}
+
+/// `rmsnorm` with the sum of squares divided by `divisor` (the width, except
+/// for a planted length bug in tests).
+pub(crate) fn rmsnorm_over(x: &[f32], width: usize, w: &[f32], eps: f64, divisor: usize) -> Vec<f32> {
     assert_eq!(w.len(), width);
     let eps = eps as f32;
     let mut out = vec![0.0f32; x.len()];
@@ -94,7 +101,7 @@ pub fn rmsnorm(x: &[f32], width: usize, w: &[f32], eps: f64) -> Vec<f32> {
         for (s, &v) in sq.iter_mut().zip(row) {
             *s = v * v;
         }
-        let var = torch_sum(&sq) / width as f32;
+        let var = torch_sum(&sq) / divisor as f32;
         let r = 1.0f32 / (var + eps).sqrt();
         for ((o, &v), &g) in o.iter_mut().zip(row).zip(w) {
             *o = g * (v * r);

@@ -34,7 +34,7 @@ fn runs_with_all_taps_in_canonical_shapes() {
     let out = eng.run(&req(vec![3, 7, 1, 9], 2, None), &TapSet::all(L)).unwrap();
     assert_eq!(out.sampled.len(), 3);
     assert_eq!(out.positions, vec![vec![0, 1, 2, 3], vec![4], vec![5]]);
-    assert_eq!(out.captures.len(), 3 * Stage::all(L).len());
+    assert_eq!(out.captures.len(), 3 * Stage::of_model(eng.config(), false).len());
     let shape = |step, st| out.captures.get(step, st).unwrap().shape().to_vec();
     assert_eq!(shape(Step::Prefill, Stage::Embed), [4, E]);
     assert_eq!(shape(Step::Prefill, Stage::Block(1, BlockStage::Q)), [4, H, D]);
@@ -293,7 +293,7 @@ fn half_storage_rounds_every_stage_but_the_probabilities() {
             );
         }
         let out = eng.run(&r, &TapSet::all(L)).unwrap();
-        assert_eq!(out.captures.len(), 4 * Stage::all(L).len());
+        assert_eq!(out.captures.len(), 4 * Stage::of_model(eng.config(), false).len());
         let mut unrounded_probs = 0;
         for ((step, stage), t) in out.captures.iter() {
             // Every capture carries the run's storage dtype, attn_probs too.

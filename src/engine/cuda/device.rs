@@ -64,6 +64,8 @@ struct DevBlock<T> {
     q: DevLinear<T>,
     k: DevLinear<T>,
     v: DevLinear<T>,
+    /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
+    qk_norm: Option<(CudaSlice<T>, CudaSlice<T>)>,
     o: DevLinear<T>,
     ffn_norm: CudaSlice<T>,
     gate: DevLinear<T>,
@@ -162,6 +164,10 @@ where
                 q: lin(&b.q)?,
                 k: lin(&b.k)?,
                 v: lin(&b.v)?,
+                qk_norm: match (&b.q_norm, &b.k_norm) {
+                    (Some(qn), Some(kn)) => Some((up(qn)?, up(kn)?)),
+                    _ => None,
+                },
                 o: lin(&b.o)?,
                 ffn_norm: up(&b.ffn_norm)?,
                 gate: lin(&b.gate)?,
@@ -265,13 +271,26 @@ where
         Ok(())
     }
 
+    /// RMSNorm of `rows` rows of the hidden width (the block and final norms).
     fn rmsnorm(&self, x: &CudaView<T>, w: &CudaSlice<T>, out: &mut CudaViewMut<T>, rows: usize) -> Result<()> {
-        let width = self.cfg.hidden as i32;
-        let eps = self.cfg.rms_eps as f32;
+        self.rmsnorm_rows(x, w, out, rows, self.cfg.hidden)
+    }
+
+    /// RMSNorm of `rows` rows of `width` values each: the hidden width, or a
+    /// head (`[T·heads]` rows of D) for Qwen3's q/k norms.
+    fn rmsnorm_rows(
+        &self,
+        x: &CudaView<T>,
+        w: &CudaSlice<T>,
+        out: &mut CudaViewMut<T>,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        let (wi, eps) = (width as i32, self.cfg.rms_eps as f32);
         let mut b = self.stream.launch_builder(&self.f.rmsnorm);
-        b.arg(x).arg(w).arg(out).arg(&width).arg(&eps);
+        b.arg(x).arg(w).arg(out).arg(&wi).arg(&eps);
         // SAFETY: rmsnorm_T(x [rows, width], w [width], out [rows, width], width, eps).
-        unsafe { b.launch(lcfg(launch::per_row(rows, self.cfg.hidden))) }.map_err(err)?;
+        unsafe { b.launch(lcfg(launch::per_row(rows, width))) }.map_err(err)?;
         Ok(())
     }
 
@@ -413,6 +432,55 @@ where
         &self.cfg
     }
 
+    /// The device copies, read back one tensor at a time: a bad upload or a
+    /// wrong offset shows in the `weights` check named by tensor.
+    fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
+        let (e, v, d) = (self.cfg.hidden, self.cfg.vocab, self.cfg.head_dim);
+        let back = |buf: &CudaSlice<T>| -> Result<Vec<f32>> {
+            Ok(self
+                .stream
+                .clone_dtoh(buf)
+                .map_err(err)?
+                .into_iter()
+                .map(T::to_f32)
+                .collect())
+        };
+        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &DevLinear<T>| -> Result<()> {
+            f(&format!("{name}.weight"), &[l.out_f, l.in_f], &back(&l.w)?);
+            if let Some(b) = &l.bias {
+                f(&format!("{name}.bias"), &[l.out_f], &back(b)?);
+            }
+            Ok(())
+        };
+        let w = &self.w;
+        f("model.embed_tokens.weight", &[v, e], &back(&w.embed)?);
+        for (i, b) in w.blocks.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            f(&format!("{p}.input_layernorm.weight"), &[e], &back(&b.attn_norm)?);
+            lin(f, &format!("{p}.self_attn.q_proj"), &b.q)?;
+            lin(f, &format!("{p}.self_attn.k_proj"), &b.k)?;
+            lin(f, &format!("{p}.self_attn.v_proj"), &b.v)?;
+            if let Some((qn, kn)) = &b.qk_norm {
+                f(&format!("{p}.self_attn.q_norm.weight"), &[d], &back(qn)?);
+                f(&format!("{p}.self_attn.k_norm.weight"), &[d], &back(kn)?);
+            }
+            lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
+            f(
+                &format!("{p}.post_attention_layernorm.weight"),
+                &[e],
+                &back(&b.ffn_norm)?,
+            );
+            lin(f, &format!("{p}.mlp.gate_proj"), &b.gate)?;
+            lin(f, &format!("{p}.mlp.up_proj"), &b.up)?;
+            lin(f, &format!("{p}.mlp.down_proj"), &b.down)?;
+        }
+        f("model.norm.weight", &[e], &back(&w.norm)?);
+        if let Some(h) = &w.lm_head {
+            lin(f, "lm_head", h)?;
+        }
+        Ok(())
+    }
+
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
         req.validate("cuda", self.cfg.vocab)?;
         let _one_run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -550,10 +618,23 @@ where
             self.tap(tc, stg(B::Q), &[t, h, d], &q)?;
             self.tap(tc, stg(B::K), &[t, kv, d], &k)?;
             self.tap(tc, stg(B::V), &[t, kv, d], &vv)?;
-            self.rope(&q, &mut q_rope, &st.tabs, t, h, pos0)?;
-            self.rope(&k, &mut k_rope, &st.tabs, t, kv, pos0)?;
-            self.tap(tc, stg(B::QRope), &[t, h, d], &q_rope)?;
-            self.tap(tc, stg(B::KRope), &[t, kv, d], &k_rope)?;
+            // Qwen3: per-head RMSNorm before RoPE, into the RoPE output
+            // buffers (free until RoPE), then RoPE from there back into q/k.
+            let (q_in, k_in, q_out, k_out) = match &b.qk_norm {
+                Some((qn, kn)) => {
+                    self.rmsnorm_rows(&q.view(), qn, &mut q_rope.view_mut(), t * h, d)?;
+                    self.rmsnorm_rows(&k.view(), kn, &mut k_rope.view_mut(), t * kv, d)?;
+                    self.tap(tc, stg(B::QNorm), &[t, h, d], &q_rope)?;
+                    self.tap(tc, stg(B::KNorm), &[t, kv, d], &k_rope)?;
+                    (&q_rope, &k_rope, &mut q, &mut k)
+                }
+                None => (&q, &k, &mut q_rope, &mut k_rope),
+            };
+            self.rope(q_in, q_out, &st.tabs, t, h, pos0)?;
+            self.rope(k_in, k_out, &st.tabs, t, kv, pos0)?;
+            let (q_rope, k_rope) = (&*q_out, &*k_out);
+            self.tap(tc, stg(B::QRope), &[t, h, d], q_rope)?;
+            self.tap(tc, stg(B::KRope), &[t, kv, d], k_rope)?;
 
             // Append this step's keys (after RoPE) and values to the cache.
             let span = pos0 * kvd..s * kvd;

@@ -1,0 +1,305 @@
+//! The `weights` run check: the "meta tensor" hunt of every new engine, made a
+//! check. Every tensor the engine holds must be finite, not all zeros (unless
+//! the file's is), and equal — by sha256 of its f32 values after rounding to
+//! the storage dtype — to what the model file says; and every tensor of the
+//! file must be held by the engine (used by some layer).
+//!
+//! The file is read here independently of `model::load` (the engine's loader):
+//! safetensors tensors as stored, GGUF tensors dequantised and renamed one at a
+//! time (Llama's Q/K rows un-permuted as llama.cpp's converter permuted them),
+//! fused Phi-3 projections mapped onto their pieces. A bug in the engine's
+//! loading — a tensor left zeroed, two layers swapped, a tensor never mapped —
+//! therefore shows as a difference named by tensor.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::checks::Verdict;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gguf::{self, GgufFile};
+use crate::model::{fused, ModelConfig};
+use crate::tensor::{DType, Tensor};
+
+/// What is known of one tensor: shape, hash, whether it is all zeros.
+#[derive(Clone, Debug, PartialEq)]
+struct Digested {
+    shape: Vec<usize>,
+    sha256: [u8; 32],
+    all_zero: bool,
+}
+
+fn digest(shape: &[usize], values: &[f32], storage: DType) -> Digested {
+    let mut h = Sha256::new();
+    let mut buf = Vec::with_capacity(values.len().min(1 << 16) * 4);
+    let mut all_zero = true;
+    for chunk in values.chunks(1 << 16) {
+        buf.clear();
+        for &v in chunk {
+            let v = storage.round(v);
+            all_zero &= v == 0.0;
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        h.update(&buf);
+    }
+    Digested {
+        shape: shape.to_vec(),
+        sha256: h.finalize().into(),
+        all_zero,
+    }
+}
+
+/// Buffers HF checkpoints carry that are not parameters (HF recomputes them).
+fn is_buffer(name: &str) -> bool {
+    name.ends_with("rotary_emb.inv_freq") || name.ends_with("_cached")
+}
+
+/// The file's tensors under the names an engine holds them by: HF names,
+/// fused projections as their pieces. Read one tensor at a time.
+fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTreeMap<String, Digested>> {
+    let mut out = BTreeMap::new();
+    let mut add = |name: String, t: &Tensor| match fused::pieces(cfg, &name) {
+        Some(parts) => {
+            for (piece, first, rows) in parts {
+                let p = fused::rows(t, first, rows);
+                out.insert(piece, digest(p.shape(), p.data(), storage));
+            }
+        }
+        None => {
+            out.insert(name, digest(t.shape(), t.data(), storage));
+        }
+    };
+    if model.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(model)
+            .map_err(|e| Error::io(model, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        files.sort();
+        for f in files {
+            let tf = crate::tensor_io::read_safetensors(&f)?;
+            for (name, t) in &tf.floats {
+                if !is_buffer(name) {
+                    add(name.clone(), t);
+                }
+            }
+        }
+    } else {
+        let f = GgufFile::open(model)?;
+        for info in &f.tensors {
+            let mut t = f.read_tensor(info)?;
+            let heads = match (cfg.arch.as_str(), info.name.as_str()) {
+                ("llama", n) if n.contains(".attn_q.") => Some(cfg.heads),
+                ("llama", n) if n.contains(".attn_k.") => Some(cfg.kv_heads),
+                _ => None,
+            };
+            if let Some(h) = heads {
+                t = gguf::model::unpermute_rows(t, h);
+            }
+            let mut name = gguf::model::hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+            if cfg.arch == "phi3" && name.ends_with(".mlp.up_proj.weight") {
+                name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
+            }
+            add(name, &t);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs the check for `engine`, which loaded `model` with `storage`.
+pub fn check(model: &Path, storage: DType, engine: &dyn Engine) -> Verdict {
+    let cfg = engine.config().clone();
+    let mut held: BTreeMap<String, Digested> = BTreeMap::new();
+    let mut non_finite: Vec<String> = Vec::new();
+    let visited = engine.visit_weights(&mut |name, shape, values| {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            non_finite.push(format!("`{name}` holds {} at flat index {i}", values[i]));
+        }
+        held.insert(name.to_string(), digest(shape, values, storage));
+    });
+    if let Err(e) = visited {
+        return Verdict::skip(e.to_string());
+    }
+    let file = match file_digests(model, &cfg, storage) {
+        Ok(f) => f,
+        Err(e) => return Verdict::fail(format!("cannot read the model file to compare with: {e}")),
+    };
+
+    let mut problems: Vec<String> = non_finite;
+    for (name, h) in &held {
+        match file.get(name) {
+            None => problems.push(format!(
+                "`{name}` is held by the engine but the model file has no such tensor"
+            )),
+            Some(f) if f.shape != h.shape => problems.push(format!(
+                "`{name}` has shape {:?} in the engine, {:?} in the file",
+                h.shape, f.shape
+            )),
+            Some(f) if h.all_zero && !f.all_zero => problems.push(format!(
+                "`{name}` is all zeros in the engine but not in the file (left unfilled?)"
+            )),
+            Some(f) if f.sha256 != h.sha256 => {
+                let twin = file
+                    .iter()
+                    .find(|(n, d)| *n != name && d.sha256 == h.sha256)
+                    .map(|(n, _)| format!(": it holds the values of `{n}` (swapped or mis-mapped?)"))
+                    .unwrap_or_default();
+                problems.push(format!("`{name}` differs from the file (sha256 of its values){twin}"))
+            }
+            Some(_) => {}
+        }
+    }
+    let tied_head = |n: &str| n == "lm_head.weight" && cfg.tie_embeddings;
+    for (name, f) in &file {
+        if held.contains_key(name) {
+            continue;
+        }
+        if tied_head(name) {
+            // HF ties the head to the embeddings and ignores a stored copy; it
+            // is "used" only if it is that copy.
+            match held.get("model.embed_tokens.weight") {
+                Some(e) if e.sha256 == f.sha256 => continue,
+                _ => {
+                    problems.push(
+                        "`lm_head.weight` is in the file but the config ties the head to the embeddings and the \
+                         two differ: the engine ignores a head the file provides"
+                            .into(),
+                    );
+                    continue;
+                }
+            }
+        }
+        problems.push(format!(
+            "`{name}` (shape {:?}) is in the model file but the engine holds no such tensor: no layer uses it \
+             (never mapped?)",
+            f.shape
+        ));
+    }
+    let n = held.len();
+    if problems.is_empty() {
+        Verdict::pass(format!(
+            "{n} tensors held by the engine are finite, non-zero and equal to the model file (sha256 of their \
+             values at {storage} storage); all {} tensors of the file are used",
+            file.len()
+        ))
+        .metric("tensors", n as f64)
+    } else {
+        let shown = problems.iter().take(12).cloned().collect::<Vec<_>>().join("\n    ");
+        let more = if problems.len() > 12 {
+            format!("\n    ... and {} more", problems.len() - 12)
+        } else {
+            String::new()
+        };
+        Verdict::fail(format!(
+            "{} problem(s) with the weights the engine holds ({} tensors) against {}:\n    {shown}{more}",
+            problems.len(),
+            n,
+            model.display()
+        ))
+        .metric("problems", problems.len() as f64)
+        .metric("tensors", n as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::CpuEngine;
+    use crate::model::{LoadOptions, LoaderBug};
+    use std::path::PathBuf;
+
+    fn model(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    }
+
+    fn run(rel: &str, opts: LoadOptions) -> Verdict {
+        let m = model(rel);
+        let eng = CpuEngine::load_with(&m, &opts).unwrap();
+        check(&m, opts.storage, &eng)
+    }
+
+    #[test]
+    fn passes_on_every_shipped_model_and_format() {
+        for rel in [
+            "goldens/qwen2-tiny/model",
+            "goldens/qwen2-tiny/model.gguf",
+            "goldens/llama-tiny/model",
+            "goldens/llama-tiny/model.gguf",
+        ] {
+            for storage in [DType::F32, DType::BF16] {
+                let v = run(
+                    rel,
+                    LoadOptions {
+                        storage,
+                        ..Default::default()
+                    },
+                );
+                assert!(v.passed(), "{rel} at {storage}: {}", v.message);
+            }
+        }
+    }
+
+    #[test]
+    fn each_planted_loader_bug_fails_naming_the_tensor() {
+        let q0 = "model.layers.0.self_attn.q_proj.weight";
+        let q1 = "model.layers.1.self_attn.q_proj.weight";
+        for rel in ["goldens/qwen2-tiny/model", "goldens/qwen2-tiny/model.gguf"] {
+            for (bug, names, why) in [
+                (
+                    LoaderBug::Zero("model.layers.1.mlp.down_proj.weight".into()),
+                    vec!["model.layers.1.mlp.down_proj.weight"],
+                    "all zeros",
+                ),
+                (
+                    LoaderBug::Swap(q0.into(), q1.into()),
+                    vec![q0, q1],
+                    "holds the values of",
+                ),
+                (
+                    LoaderBug::Unmapped("model.layers.0.self_attn.k_proj.bias".into()),
+                    vec!["model.layers.0.self_attn.k_proj.bias"],
+                    "never mapped",
+                ),
+            ] {
+                let v = run(
+                    rel,
+                    LoadOptions {
+                        plant: Some(bug.clone()),
+                        ..Default::default()
+                    },
+                );
+                assert!(v.failed(), "{rel} {bug:?} passed: {}", v.message);
+                for n in names {
+                    assert!(v.message.contains(&format!("`{n}`")), "{rel} {bug:?}: {}", v.message);
+                }
+                assert!(v.message.contains(why), "{rel} {bug:?}: {}", v.message);
+            }
+        }
+    }
+
+    #[test]
+    fn an_engine_that_hides_its_weights_is_skipped_with_the_reason() {
+        struct Opaque(CpuEngine);
+        impl Engine for Opaque {
+            fn name(&self) -> &'static str {
+                "opaque"
+            }
+            fn config(&self) -> &ModelConfig {
+                self.0.config()
+            }
+            fn run(
+                &self,
+                r: &crate::engine::RunRequest,
+                t: &crate::engine::TapSet,
+            ) -> Result<crate::engine::RunOutput> {
+                self.0.run(r, t)
+            }
+        }
+        let m = model("goldens/qwen2-tiny/model");
+        let v = check(&m, DType::F32, &Opaque(CpuEngine::load(&m).unwrap()));
+        assert_eq!(v.status, crate::checks::Status::Skip);
+        assert!(v.message.contains("does not expose"), "{}", v.message);
+    }
+}

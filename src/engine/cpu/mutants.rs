@@ -1,0 +1,228 @@
+//! Planted bugs in the CPU engine, for tests that prove the checks catch
+//! them and localise them to the right stage. A mutant can only be switched on
+//! in test builds (`cfg(test)`): in any other build `Mutants::is` is a
+//! constant `false` and the planted branches compile away.
+
+/// One planted bug: the bugs hand-written engines actually ship.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub enum Mutant {
+    /// Softmax without the division by the sum.
+    SoftmaxUnnormalised,
+    /// Each query also sees the key after it.
+    CausalOffByOne,
+    /// RoPE with theta 10000 whatever the config says.
+    RopeThetaWrong,
+    /// Decode steps rotated at the first decode position, every step.
+    RopePositionFrozenInDecode,
+    /// RoPE tables that wrap after 24 positions (`pos % 24`).
+    RopeTableWrapping,
+    /// A decode step's key and value written into the slot before their own.
+    KvWrittenOneSlotOff,
+    /// Attention reads only the first 32 keys of the cache.
+    KvReadShort,
+    /// GQA maps query head h to KV head h % KV instead of h / (H / KV).
+    GqaModulo,
+    /// Scores scaled by 1/D instead of 1/sqrt(D).
+    AttnScaleOverD,
+    /// RMSNorm with eps 1e-5 whatever the config says (a common default).
+    RmsEpsWrong,
+    /// RMSNorm dividing the sum of squares by width - 1.
+    RmsLengthWrong,
+    /// RMSNorm without its weight.
+    RmsWeightMissing,
+    /// The q/k/v projection biases are not added.
+    QkvBiasDropped,
+    /// SiLU applied to up instead of gate.
+    SiluOnUp,
+    /// The attention residual is not added (ffn_inp = attn_out).
+    ResidualMissing,
+    /// The LM head taken from the embeddings although the model has its own.
+    LmHeadTiedWhenUntied,
+    /// The run's seed never reaches the sampler.
+    SeedIgnored,
+    /// Temperature T applied as T²/2.
+    TemperatureMisapplied,
+    /// Greedy takes the last of tied maxima (torch and HF take the first).
+    ArgmaxTieLast,
+    /// The last head's share of the output projection is 1e-3 too large.
+    OProjHeadShareOff,
+    /// Qwen3's per-head q/k RMSNorm is not applied (q_norm = q, k_norm = k),
+    /// as an engine that treats Qwen3 as Qwen2 would.
+    SkipQkNorm,
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+impl Mutant {
+    /// Every mutant, for the self-test.
+    pub const ALL: [Mutant; 21] = [
+        Mutant::SoftmaxUnnormalised,
+        Mutant::CausalOffByOne,
+        Mutant::RopeThetaWrong,
+        Mutant::RopePositionFrozenInDecode,
+        Mutant::RopeTableWrapping,
+        Mutant::KvWrittenOneSlotOff,
+        Mutant::KvReadShort,
+        Mutant::GqaModulo,
+        Mutant::AttnScaleOverD,
+        Mutant::RmsEpsWrong,
+        Mutant::RmsLengthWrong,
+        Mutant::RmsWeightMissing,
+        Mutant::QkvBiasDropped,
+        Mutant::SiluOnUp,
+        Mutant::ResidualMissing,
+        Mutant::LmHeadTiedWhenUntied,
+        Mutant::SeedIgnored,
+        Mutant::TemperatureMisapplied,
+        Mutant::ArgmaxTieLast,
+        Mutant::OProjHeadShareOff,
+        Mutant::SkipQkNorm,
+    ];
+}
+
+/// The mutants switched on for an engine (none outside tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutants {
+    #[cfg(test)]
+    on: Option<Mutant>,
+}
+
+impl Mutants {
+    /// An engine with `m` planted (tests only).
+    #[cfg(test)]
+    pub fn with(m: Mutant) -> Mutants {
+        Mutants { on: Some(m) }
+    }
+
+    /// Whether `m` is planted: always false outside test builds.
+    #[inline(always)]
+    pub fn is(self, m: Mutant) -> bool {
+        #[cfg(test)]
+        {
+            self.on == Some(m)
+        }
+        #[cfg(not(test))]
+        {
+            let _ = m;
+            false
+        }
+    }
+}
+
+/// Argmax taking the last of tied maxima (the `ArgmaxTieLast` mutant).
+pub fn argmax_last(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x >= logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The planted-bug self-test: each mutant runs against the shipped specs and
+/// must be caught, and localised to its stage (or its run check): the run's
+/// earliest failure in execution order — stage failures by (step, stage),
+/// then run checks — must be where the bug is.
+#[cfg(test)]
+mod self_test {
+    use super::*;
+    use crate::checks::Status;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::plan::Plan;
+    use crate::report::SuiteRun;
+    use crate::runner::{run_plan_on, Filter};
+    use crate::spec::Spec;
+    use std::path::Path;
+
+    fn run(spec: &str, m: Option<Mutant>) -> SuiteRun {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let spec = Spec::load(&root.join("specs").join(spec)).unwrap();
+        let plan = Plan::build(spec, None).unwrap();
+        let eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        let eng = match m {
+            Some(m) => eng.mutated(m),
+            None => eng,
+        };
+        run_plan_on(&plan, &eng as &dyn Engine, &Filter::default(), &|id| id.to_string())
+    }
+
+    /// `<step>/<stage>` (or `run::<check>`) of the run's earliest failure,
+    /// with the check that failed there.
+    fn earliest_failure(r: &SuiteRun) -> Option<(String, String)> {
+        let failed = || r.outcomes.iter().filter(|o| o.status == Status::Fail);
+        if let Some(o) = failed().filter(|o| o.at.is_some()).min_by_key(|o| o.at) {
+            let (step, stage) = o.at.unwrap();
+            return Some((format!("{step}/{stage}"), o.check.clone()));
+        }
+        failed().next().map(|o| (format!("run::{}", o.check), o.check.clone()))
+    }
+
+    /// Where each mutant must be caught: (spec, expected earliest failure).
+    /// A bug that is no bug for a model (theta 10000 on a theta-10000 model)
+    /// is checked on the spec whose model it changes.
+    fn expectations(m: Mutant) -> (&'static str, &'static str) {
+        use Mutant::*;
+        match m {
+            SoftmaxUnnormalised => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            CausalOffByOne => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            RopeThetaWrong => ("llama-tiny.yaml", "prefill/blk.0.q_rope"),
+            RopePositionFrozenInDecode => ("qwen2-tiny.yaml", "decode1/blk.0.q_rope"),
+            RopeTableWrapping => ("qwen2-tiny-long.yaml", "prefill/blk.0.q_rope"),
+            KvWrittenOneSlotOff => ("qwen2-tiny.yaml", "decode1/blk.0.attn_probs"),
+            KvReadShort => ("qwen2-tiny-long.yaml", "prefill/blk.0.attn_probs"),
+            GqaModulo => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            AttnScaleOverD => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            RmsEpsWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsLengthWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsWeightMissing => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            QkvBiasDropped => ("qwen2-tiny.yaml", "prefill/blk.0.q"),
+            SiluOnUp => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_act"),
+            ResidualMissing => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_inp"),
+            LmHeadTiedWhenUntied => ("qwen2-tiny.yaml", "prefill/logits"),
+            SeedIgnored => ("qwen2-tiny.yaml", "run::determinism"),
+            TemperatureMisapplied => ("qwen2-tiny.yaml", "run::sampling"),
+            ArgmaxTieLast => ("qwen2-tiny.yaml", "run::greedy_ties"),
+            OProjHeadShareOff => ("qwen2-tiny.yaml", "prefill/blk.0.attn_out"),
+            SkipQkNorm => ("qwen3-tiny.yaml", "prefill/blk.0.q_norm"),
+        }
+    }
+
+    #[test]
+    fn every_mutant_is_caught_and_localised() {
+        let mut rows = Vec::new();
+        let mut missed = Vec::new();
+        for m in Mutant::ALL {
+            let (spec, want) = expectations(m);
+            if !Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
+                missed.push(format!("{m:?}: spec {spec} does not exist"));
+                continue;
+            }
+            let got = earliest_failure(&run(spec, Some(m)));
+            let ok = got.as_ref().is_some_and(|(at, _)| at == want);
+            let shown = got
+                .map(|(at, check)| format!("{at} ({check})"))
+                .unwrap_or_else(|| "NOT CAUGHT".into());
+            rows.push(format!("{:<28} {:<22} {:<28} {shown}", format!("{m:?}"), spec, want));
+            if !ok {
+                missed.push(format!("{m:?} on {spec}: expected {want}, got {shown}"));
+            }
+        }
+        let caught = Mutant::ALL.len() - missed.len();
+        println!("{:<28} {:<22} {:<28} earliest failure", "mutant", "spec", "expected");
+        for r in &rows {
+            println!("{r}");
+        }
+        println!("score: {caught}/{} mutants caught and localised", Mutant::ALL.len());
+        assert!(missed.is_empty(), "not caught or not localised:\n{}", missed.join("\n"));
+    }
+
+    #[test]
+    fn the_unmutated_engine_passes_the_specs_the_self_test_uses() {
+        for spec in ["qwen2-tiny.yaml", "llama-tiny.yaml"] {
+            let r = run(spec, None);
+            assert!(earliest_failure(&r).is_none(), "{spec}: {:?}", earliest_failure(&r));
+        }
+    }
+}
