@@ -69,9 +69,11 @@ TEXTS = {
     "only_newlines": "\n\n\n",
     "spec_prompt": "def fib(n):",
     "golden_prompt": "Golden tensors check every stage.",
+    # specs/qwen2.5-0.5b.yaml's prompt.
+    "real_spec_prompt": "# Return the n-th Fibonacci number.\ndef fib(n):\n    if n < 2:\n",
 }
 # Texts also rendered through the chat template (models that have one).
-CHAT_TEXTS = ["ascii_prose", "python_code", "spec_prompt", "emoji_cjk", "special_chatml"]
+CHAT_TEXTS = ["ascii_prose", "python_code", "spec_prompt", "real_spec_prompt", "emoji_cjk", "special_chatml"]
 
 
 def sha256(path):
