@@ -353,6 +353,10 @@ fn main() {
         // Fixture data only: runs whether or not the real model is here.
         trials.push(Trial::test(tname, f));
     }
+    trials.push(Trial::test(
+        "tokenizer::report::prompt_and_continuation_as_text",
+        move || report_text(root),
+    ));
     if let Some(r) = real_missing {
         trials.push(Trial::test(
             format!("tokenizer::{REAL}::fixture"),
@@ -360,4 +364,44 @@ fn main() {
         ));
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// A text-prompt spec on the tiny Qwen2: the plan's prompt is the text's ids,
+/// and the report shows the prompt and the engine's continuation as text
+/// (terminal lines and JSON fields), the continuation being the decoding of
+/// the engine's sampled tokens.
+fn report_text(root: &Path) -> Result<(), Failed> {
+    use touchstone::engine::EngineKind;
+    use touchstone::plan::Plan;
+    use touchstone::report::{json, terminal, Report};
+    use touchstone::spec::Spec;
+
+    let spec_path = root.join("specs").join("text-prompt-test.yaml");
+    let yaml = "model: ../goldens/qwen2-tiny/model\nprompt: {text: \"def fib(n):\\n\", decode_steps: 3}\nsampling: greedy\nseed: 1\nstages:\n  \"logits\": [finite]\n";
+    let spec = Spec::parse(&spec_path, yaml).map_err(|e| e.to_string())?;
+    let plan = Plan::build(spec, None).map_err(|e| e.to_string())?;
+    let tok = Tokenizer::load(&root.join("goldens/qwen2-tiny/model")).map_err(|e| e.to_string())?;
+    let ids = tok.encode("def fib(n):\n").map_err(|e| e.to_string())?;
+    check(plan.prompt == ids, || {
+        format!("plan prompt {:?}, tokenizer {ids:?}", plan.prompt)
+    })?;
+    let run = touchstone::runner::run_all(&plan, EngineKind::Cpu).map_err(|e| e.to_string())?;
+    check(run.prompt_text.as_deref() == Some("def fib(n):\n"), || {
+        format!("prompt_text {:?}", run.prompt_text)
+    })?;
+    let cont = run.continuation_text.clone().ok_or("no continuation_text")?;
+    check(!cont.is_empty() && !cont.contains('\u{FFFD}'), || {
+        format!("continuation {cont:?}")
+    })?;
+    let report = Report { runs: vec![run] };
+    let text = terminal::render(&report);
+    check(text.contains("\nprompt: \"def fib(n):\\n\"\n"), || text.clone())?;
+    check(text.contains(&format!("\ncontinuation: {cont:?}\n")), || text.clone())?;
+    let doc: Value = serde_json::from_str(&json::to_string(&report)).map_err(|e| e.to_string())?;
+    check(doc["runs"][0]["prompt_text"] == "def fib(n):\n", || {
+        doc["runs"][0].to_string()
+    })?;
+    check(doc["runs"][0]["continuation_text"] == cont.as_str(), || {
+        doc["runs"][0].to_string()
+    })
 }
