@@ -103,7 +103,8 @@ pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: 
             .collect();
         return Ok(
             SuiteRun::new(spec_name, &spec_path, kind.name(), outcomes, Some(reason))
-                .with_storage(plan.load_options.storage),
+                .with_storage(plan.load_options.storage)
+                .with_text(texts(plan, None).0, None),
         );
     }
     let engine = kind.load(&plan.model, &plan.load_options)?;
@@ -188,7 +189,27 @@ pub fn run_plan_on(
             rerun(&c.id),
         ));
     }
-    SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None).with_storage(plan.load_options.storage)
+    let sampled = main_run
+        .as_ref()
+        .and_then(|r| r.as_ref().ok())
+        .map(|o| o.sampled.as_slice());
+    let (prompt_text, continuation_text) = texts(plan, sampled);
+    SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None)
+        .with_storage(plan.load_options.storage)
+        .with_text(prompt_text, continuation_text)
+}
+
+/// The prompt and the engine's continuation (its sampled token at every step)
+/// as text, for the report. A model without a tokenizer shows no text: the
+/// ids are still what every check compares.
+fn texts(plan: &Plan, sampled: Option<&[u32]>) -> (Option<String>, Option<String>) {
+    let Ok(tok) = crate::tokenizer::Tokenizer::load(&plan.model) else {
+        return (None, None);
+    };
+    (
+        Some(tok.decode_display(&plan.prompt)),
+        sampled.map(|s| tok.decode_display(s)),
+    )
 }
 
 /// The error budget of a stage is how far the references are from each other

@@ -470,6 +470,16 @@ impl GgufFile {
         })
     }
 
+    /// Only the metadata of `path` (header and key/values; the tensor table is
+    /// not read, so any tensor type is fine): the tokenizer needs no more.
+    pub fn read_metadata(path: &Path) -> Result<Vec<(String, Value)>> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: read-only map, as in `open`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let (_, metadata) = reader::parse_metadata(&map).map_err(|msg| Error::tensor_file(path, msg))?;
+        Ok(metadata)
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }

@@ -111,8 +111,25 @@ impl<'a> Cursor<'a> {
     }
 }
 
-pub(crate) fn parse(buf: &[u8]) -> R<Parsed> {
-    let mut c = Cursor { buf, pos: 0 };
+// A metadata entry is at least 8 (key length) + 4 (type) + 1 bytes; a tensor
+// entry at least 8 (name length) + 4 (n_dims) + 8 (ne[0]) + 4 (type) + 8 (offset).
+fn bound(n: u64, min: u64, what: &str, c: &Cursor) -> R<()> {
+    if n.checked_mul(min).is_none_or(|b| b > c.remaining()) {
+        return Err(format!(
+            "truncated or corrupt: the header claims {n} {what}, which cannot fit in the {} byte(s) left \
+             after offset {}",
+            c.remaining(),
+            c.pos
+        ));
+    }
+    Ok(())
+}
+
+/// Metadata entries in file order.
+type Metadata = Vec<(String, Value)>;
+
+/// Magic, version, counts and the metadata entries; returns (version, tensor count, metadata).
+fn header_and_metadata(c: &mut Cursor) -> R<(u32, u64, Metadata)> {
     let magic = c.array::<4>(&|| "the magic number".into())?;
     if &magic != MAGIC {
         return Err(format!(
@@ -134,20 +151,7 @@ pub(crate) fn parse(buf: &[u8]) -> R<Parsed> {
     }
     let n_tensors = c.u64(&|| "the tensor count".into())?;
     let n_kv = c.u64(&|| "the metadata count".into())?;
-    // A metadata entry is at least 8 (key length) + 4 (type) + 1 bytes; a tensor
-    // entry at least 8 (name length) + 4 (n_dims) + 8 (ne[0]) + 4 (type) + 8 (offset).
-    let bound = |n: u64, min: u64, what: &str, c: &Cursor| -> R<()> {
-        if n.checked_mul(min).is_none_or(|b| b > c.remaining()) {
-            return Err(format!(
-                "truncated or corrupt: the header claims {n} {what}, which cannot fit in the {} byte(s) left \
-                 after offset {}",
-                c.remaining(),
-                c.pos
-            ));
-        }
-        Ok(())
-    };
-    bound(n_kv, 13, "metadata entries", &c)?;
+    bound(n_kv, 13, "metadata entries", c)?;
 
     let mut metadata = Vec::with_capacity((n_kv as usize).min(1 << 12));
     let mut seen = HashSet::new();
@@ -162,7 +166,20 @@ pub(crate) fn parse(buf: &[u8]) -> R<Parsed> {
         }
         metadata.push((key, v));
     }
+    Ok((version, n_tensors, metadata))
+}
 
+/// Only the header and the metadata: what a reader of the tokenizer needs,
+/// whatever tensor types the file holds. Returns (version, metadata).
+pub(crate) fn parse_metadata(buf: &[u8]) -> R<(u32, Metadata)> {
+    let mut c = Cursor { buf, pos: 0 };
+    let (version, _, metadata) = header_and_metadata(&mut c)?;
+    Ok((version, metadata))
+}
+
+pub(crate) fn parse(buf: &[u8]) -> R<Parsed> {
+    let mut c = Cursor { buf, pos: 0 };
+    let (version, n_tensors, metadata) = header_and_metadata(&mut c)?;
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, v)) => {

@@ -33,6 +33,8 @@ struct JsonRun<'a> {
     passed: bool,
     first_divergence: Option<&'a Divergence>,
     skipped: Option<&'a str>,
+    prompt_text: Option<&'a str>,
+    continuation_text: Option<&'a str>,
 }
 
 pub fn to_string(report: &Report) -> String {
@@ -58,6 +60,8 @@ pub fn to_string(report: &Report) -> String {
                 passed: r.passed,
                 first_divergence: r.first_divergence.as_ref(),
                 skipped: r.skipped.as_deref(),
+                prompt_text: r.prompt_text.as_deref(),
+                continuation_text: r.continuation_text.as_deref(),
             })
             .collect(),
         checks: report.runs.iter().flat_map(|r| &r.outcomes).collect(),

@@ -95,6 +95,11 @@ pub struct SuiteRun {
     pub first_divergence: Option<Divergence>,
     /// Set when the whole run was skipped (engine unavailable).
     pub skipped: Option<String>,
+    /// The prompt as text (the model's tokenizer decoding the prompt ids);
+    /// `None` when the model has no tokenizer.
+    pub prompt_text: Option<String>,
+    /// What the engine generated after the prompt (one token per step), as text.
+    pub continuation_text: Option<String>,
     pub outcomes: Vec<Outcome>,
 }
 
@@ -140,8 +145,17 @@ impl SuiteRun {
             passed,
             first_divergence,
             skipped,
+            prompt_text: None,
+            continuation_text: None,
             outcomes,
         }
+    }
+
+    /// Records the prompt and the generated continuation as text.
+    pub fn with_text(mut self, prompt: Option<String>, continuation: Option<String>) -> SuiteRun {
+        self.prompt_text = prompt;
+        self.continuation_text = continuation;
+        self
     }
 
     /// Records the storage dtype the run used (`SuiteRun::new` assumes f32).

@@ -81,6 +81,13 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         "== {} on engine {}, storage {} ({}) ==",
         run.spec, run.engine, run.storage, run.spec_path
     );
+    // Quoted with Rust's escapes, so newlines and trailing spaces stay visible.
+    if let Some(p) = &run.prompt_text {
+        let _ = writeln!(out, "prompt: {p:?}");
+    }
+    if let Some(c) = &run.continuation_text {
+        let _ = writeln!(out, "continuation: {c:?}");
+    }
     if let Some(reason) = &run.skipped {
         let _ = writeln!(out, "skipped: {reason}\n");
         return;

@@ -1,0 +1,407 @@
+//! Our token ids against the references' on committed fixtures
+//! (`tests/fixtures/tokenizer.json`, made by
+//! `goldens/recorders/make_tokenizer_fixtures.py`: HF transformers from the
+//! model folder and from the GGUF, and llama.cpp's `llama_tokenize`).
+//!
+//! One trial per (model, loader, text), named
+//! `tokenizer::<model>::<loader>::<plain|chat|decode>::<text>`:
+//! - loader `dir` (the folder's tokenizer.json) must give `hf_dir`'s ids;
+//! - loader `gguf` (the GGUF's own vocabulary) must give `llamacpp`'s ids (the
+//!   GGUF's runtime) and `hf_gguf`'s, except where the two references differ
+//!   from each other, listed in `KNOWN` with the reason and the exact shape of
+//!   the difference (checked, so a changed reference is caught);
+//! - `chat`: our rendering of the chat template is HF's, byte for byte, and
+//!   its ids are HF's and llama.cpp's;
+//! - `decode`: our text for HF's ids is HF's decoded text.
+//!
+//! `qwen2-tiny-chat` is the tiny Qwen2 tokenizer.json with the real model's
+//! chat template in its tokenizer_config.json (rebuilt from the fixture): the
+//! folder's template path, checked against HF's `apply_chat_template`.
+//!
+//! `tokenizer::<model>::references` checks which texts the references
+//! disagree on, so the fixture's disagreements are stated here, not hidden.
+//!
+//! The real model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, fetched by
+//! ci/fetch_real_model.py into `$TOUCHSTONE_CACHE/models`) is not committed:
+//! without it, its trials are reported ignored with the reason.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use touchstone::tokenizer::Tokenizer;
+
+const FIXTURE: &str = "tests/fixtures/tokenizer.json";
+const REAL: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
+
+/// Where the references themselves disagree, and why. `(model, source)`: the
+/// exact relation between our ids (= llama.cpp's) and that source's.
+#[derive(Clone, Copy)]
+enum Known {
+    /// Ours = `[id] ++ theirs`: llama.cpp prepends a BOS the other does not.
+    LeadingBos(u32),
+}
+const KNOWN: [(&str, &str, Known, &str); 1] = [(
+    "llama-tiny",
+    "hf_gguf",
+    Known::LeadingBos(11),
+    "the GGUF says pre `llama-bpe` with no `add_bos_token` and no `bos_token_id`: llama.cpp then adds a BOS \
+     (its llama-bpe default) with id 11 (its gpt2 default), transformers' GGUF conversion adds none",
+)];
+
+/// Texts on which the HF folder (`hf_dir`) and the GGUF references disagree,
+/// per model, with the reason: checked by the `references` trial.
+const NFC_TEXTS: [&str; 1] = ["combining_accents"];
+const NFC_REASON: &str = "HF's tokenizer.json normalises to NFC (e + U+0301 -> é); llama.cpp and transformers' \
+                          GGUF conversion do not normalise";
+
+fn ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|x| x.as_u64().map(|n| n as u32)).collect()
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn real_model_path() -> PathBuf {
+    let base = std::env::var_os("TOUCHSTONE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache")
+                .join("touchstone")
+        });
+    base.join("models").join(format!("{REAL}.gguf"))
+}
+
+/// A tokenizer loaded once for all trials that use it; the files are first
+/// checked against the sha256 the fixture was recorded with.
+struct Loaded {
+    path: PathBuf,
+    files: Vec<(PathBuf, String)>,
+    cell: OnceLock<Result<Tokenizer, String>>,
+}
+
+impl Loaded {
+    fn get(&self) -> Result<&Tokenizer, Failed> {
+        self.cell
+            .get_or_init(|| {
+                for (file, want) in &self.files {
+                    let have = sha256_file(file).map_err(|e| format!("{}: {e}", file.display()))?;
+                    if &have != want {
+                        return Err(format!(
+                            "{} has sha256 {have}, the fixture was recorded from {want}: regenerate {FIXTURE} \
+                             (goldens/recorders/make_tokenizer_fixtures.py)",
+                            file.display()
+                        ));
+                    }
+                }
+                Tokenizer::load(&self.path).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| Failed::from(e.as_str()))
+    }
+}
+
+fn check(ok: bool, msg: impl FnOnce() -> String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(msg().into())
+    }
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join(FIXTURE)).expect("the committed fixture");
+    let doc: Value = serde_json::from_str(&text).expect("fixture is JSON");
+    let texts: BTreeMap<String, String> = serde_json::from_value(doc["texts"].clone()).expect("texts");
+    let texts = Arc::new(texts);
+    let mut trials = Vec::new();
+
+    let models = doc["models"].as_object().expect("models");
+    let real_missing = (!models.contains_key(REAL)).then(|| format!("{FIXTURE} has no `{REAL}` section"));
+    for (name, m) in models {
+        let m = Arc::new(m.clone());
+        let files = |keys: &[&str], base: &Path| -> Vec<(PathBuf, String)> {
+            keys.iter()
+                .filter_map(|k| {
+                    let sha = m["files"][*k].as_str()?;
+                    let p = if *k == "gguf" { base.to_path_buf() } else { base.join(k) };
+                    Some((p, sha.to_string()))
+                })
+                .collect()
+        };
+        // (loader name, loader, reason to ignore)
+        let mut loaders: Vec<(&str, Arc<Loaded>, Option<String>)> = Vec::new();
+        if name == REAL {
+            let gguf = real_model_path();
+            let ignore = (!gguf.exists()).then(|| {
+                format!(
+                    "the real model is not at {} (fetch it: python3 ci/fetch_real_model.py)",
+                    gguf.display()
+                )
+            });
+            let f = files(&["gguf"], &gguf);
+            loaders.push((
+                "gguf",
+                Arc::new(Loaded {
+                    path: gguf,
+                    files: f,
+                    cell: OnceLock::new(),
+                }),
+                ignore,
+            ));
+        } else if let Some(config) = m.get("tokenizer_config") {
+            // qwen2-tiny-chat: the tiny Qwen2 tokenizer.json with the real
+            // model's chat template in tokenizer_config.json, checks the
+            // folder's template path against HF (the fixture holds the config).
+            let dir = root.join("goldens").join("qwen2-tiny");
+            // (Under cargo's per-target scratch folder, rewritten each run:
+            // libtest-mimic exits the process, so a TempDir would never be removed.)
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tokenizer-{name}"));
+            std::fs::create_dir_all(&tmp).expect("a scratch folder");
+            std::fs::copy(dir.join("model/tokenizer.json"), tmp.join("tokenizer.json")).expect("copy");
+            std::fs::write(tmp.join("tokenizer_config.json"), config.to_string()).expect("write");
+            let f = files(&["model/tokenizer.json"], &dir);
+            loaders.push((
+                "dir",
+                Arc::new(Loaded {
+                    path: tmp,
+                    files: f,
+                    cell: OnceLock::new(),
+                }),
+                None,
+            ));
+        } else {
+            let dir = root.join("goldens").join(name);
+            let folder = dir.join("model");
+            let f = files(&["model/tokenizer.json", "model/tokenizer_config.json"], &dir);
+            loaders.push((
+                "dir",
+                Arc::new(Loaded {
+                    path: folder,
+                    files: f,
+                    cell: OnceLock::new(),
+                }),
+                None,
+            ));
+            let gguf = dir.join("model.gguf");
+            let f = files(&["gguf"], &gguf);
+            loaders.push((
+                "gguf",
+                Arc::new(Loaded {
+                    path: gguf,
+                    files: f,
+                    cell: OnceLock::new(),
+                }),
+                None,
+            ));
+        }
+
+        for (loader, tok, ignore) in &loaders {
+            let mut add = |kind: &str, key: &str, f: Box<dyn FnOnce() -> Result<(), Failed> + Send>| {
+                let tname = format!("tokenizer::{name}::{loader}::{kind}::{key}");
+                match ignore {
+                    Some(r) => {
+                        let r = r.clone();
+                        trials.push(Trial::ignorable_test(tname, move || Ok(Completion::ignored_with(r))))
+                    }
+                    None => trials.push(Trial::test(tname, f)),
+                }
+            };
+            let plain = m["plain"].as_object().cloned().unwrap_or_default();
+            for (key, row) in plain {
+                let (tok, texts, loader, model) = (tok.clone(), texts.clone(), loader.to_string(), name.clone());
+                let label = key.clone();
+                add(
+                    "plain",
+                    &label,
+                    Box::new(move || {
+                        let text = texts.get(&key).ok_or("text missing from the fixture")?;
+                        let ours = tok.get()?.encode(text).map_err(|e| e.to_string())?;
+                        let wanted: &[&str] = if loader == "dir" {
+                            &["hf_dir"]
+                        } else {
+                            &["llamacpp", "hf_gguf"]
+                        };
+                        for src in wanted {
+                            let theirs = ids(&row[*src]).ok_or_else(|| {
+                                format!("fixture lacks source `{src}` for {model}/{key}: regenerate {FIXTURE}")
+                            })?;
+                            let known = KNOWN.iter().find(|(km, ks, _, _)| *km == model && ks == src);
+                            match known {
+                                None => check(ours == theirs, || format!("{text:?}: ours {ours:?}\n{src} {theirs:?}"))?,
+                                Some((_, _, Known::LeadingBos(bos), why)) => {
+                                    let expect: Vec<u32> =
+                                        std::iter::once(*bos).chain(theirs.iter().copied()).collect();
+                                    check(ours == expect, || {
+                                        format!(
+                                            "{text:?}: ours {ours:?}\n{src} {theirs:?}\nexpected ours = [{bos}] + {src} ({why})"
+                                        )
+                                    })?
+                                }
+                            }
+                        }
+                        Ok(())
+                    }),
+                );
+            }
+            let chat = m["chat"].as_object().cloned().unwrap_or_default();
+            for (key, row) in chat {
+                let (tok, texts, m) = (tok.clone(), texts.clone(), m.clone());
+                let label = key.clone();
+                add(
+                    "chat",
+                    &label,
+                    Box::new(move || {
+                        let text = texts.get(&key).ok_or("text missing from the fixture")?;
+                        let t = tok.get()?;
+                        let rendered = t.render_chat(text).map_err(|e| e.to_string())?;
+                        let want = m["rendered"][&key].as_str().ok_or("rendered text missing")?;
+                        check(rendered == want, || {
+                            format!("rendered:\n{rendered:?}\nHF rendered:\n{want:?}")
+                        })?;
+                        let ours = t.encode_chat(text).map_err(|e| e.to_string())?;
+                        for (src, v) in row.as_object().ok_or("chat row")? {
+                            let theirs = ids(v).ok_or("ids")?;
+                            check(ours == theirs, || {
+                                format!("chat {text:?}: ours {ours:?}\n{src} {theirs:?}")
+                            })?;
+                        }
+                        Ok(())
+                    }),
+                );
+            }
+            // HF decoded its own first source's ids: decode those with the loader that matches it.
+            let decoded = m["decoded"].as_object().cloned().unwrap_or_default();
+            for (key, row) in decoded {
+                let Some((src, want)) = row.as_object().and_then(|o| o.iter().next()) else {
+                    continue;
+                };
+                let matches = (src == "hf_dir" && *loader == "dir") || (src == "hf_gguf" && *loader == "gguf");
+                if !matches {
+                    continue;
+                }
+                let (tok, m, src, want) = (
+                    tok.clone(),
+                    m.clone(),
+                    src.clone(),
+                    want.as_str().unwrap_or("").to_string(),
+                );
+                let label = key.clone();
+                add(
+                    "decode",
+                    &label,
+                    Box::new(move || {
+                        let theirs = ids(&m["plain"][&key][&src]).ok_or("ids")?;
+                        let ours = tok.get()?.decode(&theirs);
+                        check(ours == want, || {
+                            format!("decode {theirs:?}:\nours {ours:?}\nHF   {want:?}")
+                        })
+                    }),
+                );
+            }
+        }
+
+        // Which texts the references disagree on, stated.
+        let (model, m2) = (name.clone(), m.clone());
+        let tname = format!("tokenizer::{name}::references");
+        let f = move || -> Result<(), Failed> {
+            let mut problems = Vec::new();
+            for (key, row) in m2["plain"].as_object().ok_or("plain")? {
+                let get = |s: &str| ids(&row[s]);
+                if let (Some(a), Some(b)) = (get("llamacpp"), get("hf_gguf")) {
+                    let bos = KNOWN.iter().find(|(km, ks, _, _)| *km == model && *ks == "hf_gguf");
+                    let expect_a = match bos {
+                        Some((_, _, Known::LeadingBos(id), _)) => {
+                            std::iter::once(*id).chain(b.iter().copied()).collect()
+                        }
+                        None => b.clone(),
+                    };
+                    if a != expect_a {
+                        problems.push(format!("{key}: llamacpp {a:?} vs hf_gguf {b:?}"));
+                    }
+                }
+                if let (Some(d), Some(g)) = (get("hf_dir"), get("hf_gguf")) {
+                    let nfc = NFC_TEXTS.contains(&key.as_str());
+                    if (d == g) == nfc {
+                        problems.push(format!(
+                            "{key}: hf_dir {d:?} vs hf_gguf {g:?}: expected them to {} ({NFC_REASON})",
+                            if nfc { "differ" } else { "agree" }
+                        ));
+                    }
+                }
+            }
+            check(problems.is_empty(), || problems.join("\n"))
+        };
+        // Fixture data only: runs whether or not the real model is here.
+        trials.push(Trial::test(tname, f));
+    }
+    trials.push(Trial::test(
+        "tokenizer::report::prompt_and_continuation_as_text",
+        move || report_text(root),
+    ));
+    if let Some(r) = real_missing {
+        trials.push(Trial::test(
+            format!("tokenizer::{REAL}::fixture"),
+            move || Err(r.into()),
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// A text-prompt spec on the tiny Qwen2: the plan's prompt is the text's ids,
+/// and the report shows the prompt and the engine's continuation as text
+/// (terminal lines and JSON fields), the continuation being the decoding of
+/// the engine's sampled tokens.
+fn report_text(root: &Path) -> Result<(), Failed> {
+    use touchstone::engine::EngineKind;
+    use touchstone::plan::Plan;
+    use touchstone::report::{json, terminal, Report};
+    use touchstone::spec::Spec;
+
+    let spec_path = root.join("specs").join("text-prompt-test.yaml");
+    let yaml = "model: ../goldens/qwen2-tiny/model\nprompt: {text: \"def fib(n):\\n\", decode_steps: 3}\nsampling: greedy\nseed: 1\nstages:\n  \"logits\": [finite]\n";
+    let spec = Spec::parse(&spec_path, yaml).map_err(|e| e.to_string())?;
+    let plan = Plan::build(spec, None).map_err(|e| e.to_string())?;
+    let tok = Tokenizer::load(&root.join("goldens/qwen2-tiny/model")).map_err(|e| e.to_string())?;
+    let ids = tok.encode("def fib(n):\n").map_err(|e| e.to_string())?;
+    check(plan.prompt == ids, || {
+        format!("plan prompt {:?}, tokenizer {ids:?}", plan.prompt)
+    })?;
+    let run = touchstone::runner::run_all(&plan, EngineKind::Cpu).map_err(|e| e.to_string())?;
+    check(run.prompt_text.as_deref() == Some("def fib(n):\n"), || {
+        format!("prompt_text {:?}", run.prompt_text)
+    })?;
+    let cont = run.continuation_text.clone().ok_or("no continuation_text")?;
+    check(!cont.is_empty() && !cont.contains('\u{FFFD}'), || {
+        format!("continuation {cont:?}")
+    })?;
+    let report = Report { runs: vec![run] };
+    let text = terminal::render(&report);
+    check(text.contains("\nprompt: \"def fib(n):\\n\"\n"), || text.clone())?;
+    check(text.contains(&format!("\ncontinuation: {cont:?}\n")), || text.clone())?;
+    let doc: Value = serde_json::from_str(&json::to_string(&report)).map_err(|e| e.to_string())?;
+    check(doc["runs"][0]["prompt_text"] == "def fib(n):\n", || {
+        doc["runs"][0].to_string()
+    })?;
+    check(doc["runs"][0]["continuation_text"] == cont.as_str(), || {
+        doc["runs"][0].to_string()
+    })
+}
