@@ -178,8 +178,15 @@ pub enum GoldensAction {
         #[arg(long)]
         python: Option<PathBuf>,
     },
-    /// List pending goldens.
-    Status { specs: Vec<PathBuf> },
+    /// List pending goldens (and, with --check, stale ones).
+    Status {
+        /// Spec files or folders of specs (default: as for `run`).
+        specs: Vec<PathBuf>,
+        /// Exit 1 when anything is pending, left over from an interrupted write,
+        /// or stale (recorded for another model, config or prompt): for CI.
+        #[arg(long)]
+        check: bool,
+    },
     /// Replace goldens with their pending files (atomic rename).
     Accept {
         specs: Vec<PathBuf>,
@@ -541,11 +548,25 @@ fn goldens(action: GoldensAction) -> Result<Outcome> {
             print!("{}", r.text);
             Ok(if r.changed { Outcome::Failed } else { Outcome::Passed })
         }
-        GoldensAction::Status { specs } => {
-            print!(
-                "{}",
-                pending::status(&refs(&jobs(&specs_or_default(specs)?, SourceFilter::All)?))
-            );
+        GoldensAction::Status { specs, check } => {
+            let specs = specs_or_default(specs)?;
+            let (text, mut attention) = pending::status_count(&refs(&jobs(&specs, SourceFilter::All)?));
+            print!("{text}");
+            if check {
+                // Stale goldens: the plan's freshness check (model hash, config
+                // dimensions, prompt) is what `run` would stop on.
+                for p in &specs {
+                    if let Err(e) = Spec::load(p).and_then(|s| Plan::build(s, None)) {
+                        attention += 1;
+                        println!("STALE or unusable: {e}");
+                    }
+                }
+                if attention > 0 {
+                    println!("goldens status --check: {attention} item(s) need attention");
+                    return Ok(Outcome::Failed);
+                }
+                println!("goldens status --check: nothing pending, nothing stale");
+            }
             Ok(Outcome::Passed)
         }
         GoldensAction::Accept { specs, source } => {

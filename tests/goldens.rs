@@ -87,6 +87,10 @@ fn status_accept_reject_with_pending_files() {
     let o = touchstone_env(&["goldens", "status", &spec], &[]);
     assert!(o.stdout.contains("DIFFERS from the current golden"), "{}", o.stdout);
     assert!(o.stdout.contains("leftover"), "{}", o.stdout);
+    // --check: pending and leftover goldens are not a clean state (exit 1).
+    let o = touchstone_env(&["goldens", "status", "--check", &spec], &[]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(o.stdout.contains("2 item(s) need attention"), "{}", o.stdout);
     let o = touchstone_env(&["goldens", "reject", &spec], &[]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(!pending(&sc.golden).exists() && !leftover.exists());
@@ -102,6 +106,26 @@ fn status_accept_reject_with_pending_files() {
     assert!(!pending(&sc.golden).exists());
     let o = touchstone_env(&["goldens", "status", &spec], &[]);
     assert!(o.stdout.contains("no pending goldens"), "{}", o.stdout);
+    let o = touchstone_env(&["goldens", "status", "--check", &spec], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("nothing pending, nothing stale"), "{}", o.stdout);
+}
+
+#[test]
+fn status_check_fails_on_a_stale_golden() {
+    let sc = scratch("stale");
+    // A golden recorded for another prompt: the spec's explicit tokens differ.
+    let text = std::fs::read_to_string(&sc.spec).unwrap();
+    let stale = text.replace("prompt: {golden: hf}", "prompt: {tokens: [1, 2, 3], decode_steps: 2}");
+    assert_ne!(stale, text, "the scratch spec takes its prompt from the golden");
+    std::fs::write(&sc.spec, stale).unwrap();
+    let o = touchstone_env(&["goldens", "status", "--check", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(
+        o.stdout.contains("STALE or unusable") && o.stdout.contains("stale golden"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]

@@ -110,8 +110,15 @@ impl GoldenRef {
 
 /// `touchstone goldens status`: one line per golden with a pending file.
 pub fn status(goldens: &[GoldenRef]) -> String {
+    status_count(goldens).0
+}
+
+/// `status` and the number of things that need attention (pending files and
+/// leftovers of interrupted writes), for `goldens status --check`.
+pub fn status_count(goldens: &[GoldenRef]) -> (String, usize) {
     let mut out = String::new();
     let mut n = 0;
+    let mut left = 0;
     for g in goldens {
         let p = g.pending();
         if p.exists() {
@@ -125,6 +132,7 @@ pub fn status(goldens: &[GoldenRef]) -> String {
             out += &format!("pending {} ({} `{}`): {same}\n", p.display(), g.spec, g.source);
         }
         for l in leftovers(&p) {
+            left += 1;
             out += &format!(
                 "leftover {} (an interrupted write; `touchstone goldens reject` removes it)\n",
                 l.display()
@@ -139,7 +147,7 @@ pub fn status(goldens: &[GoldenRef]) -> String {
              then `touchstone goldens accept` or `touchstone goldens reject`\n"
         );
     }
-    out
+    (out, n + left)
 }
 
 /// `touchstone goldens accept`: validates each pending file as a golden, then
