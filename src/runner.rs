@@ -71,16 +71,21 @@ fn glob_within(pat: &[u8], text: &[u8]) -> bool {
     }
 }
 
+/// The checks of `plan` the filter keeps, matched as `<engine>::<spec>::<id>`.
+fn select<'a>(plan: &'a Plan, engine: &str, filter: &Filter) -> Vec<&'a CheckInstance> {
+    let spec = plan.spec.name.as_str();
+    plan.checks
+        .iter()
+        .filter(|c| filter.accepts(&format!("{engine}::{spec}::{}", c.id)))
+        .collect()
+}
+
 /// Runs `plan` on `kind`. `Err` only for bad input (the model cannot be loaded);
 /// an engine failing mid-run fails the affected checks instead.
 pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: Option<&Path>) -> Result<SuiteRun> {
     let spec_name = plan.spec.name.as_str();
     let spec_path = plan.spec.path.display().to_string();
-    let selected: Vec<&CheckInstance> = plan
-        .checks
-        .iter()
-        .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", kind.name(), c.id)))
-        .collect();
+    let selected = select(plan, kind.name(), filter);
     let rerun = |id: &str| rerun_command(plan, kind, id, model_override);
     let at = |c: &CheckInstance| match c.target {
         Target::Stage { step, stage } => Some((step, stage)),
@@ -122,11 +127,7 @@ pub fn run_plan_on(
 ) -> SuiteRun {
     let spec_name = plan.spec.name.as_str();
     let spec_path = plan.spec.path.display().to_string();
-    let selected: Vec<&CheckInstance> = plan
-        .checks
-        .iter()
-        .filter(|c| filter.accepts(&format!("{}::{spec_name}::{}", engine.name(), c.id)))
-        .collect();
+    let selected = select(plan, engine.name(), filter);
 
     let mut taps = TapSet::none();
     for c in &selected {

@@ -469,18 +469,7 @@ impl Spec {
         for (needle, what, n, max) in checks {
             if let Err(msg) = limits::count(what, n, max) {
                 let loc = locate_value(text, &format!("{needle}:"), &n.to_string()).or_else(|| locate(text, needle));
-                return Err(match loc {
-                    Some((line, col)) => Error::SpecSyntax {
-                        path: self.path.clone(),
-                        line,
-                        col,
-                        msg,
-                    },
-                    None => Error::SpecInvalid {
-                        path: self.path.clone(),
-                        msg,
-                    },
-                });
+                return Err(self.error_at(loc, msg));
             }
         }
         Ok(())
@@ -522,7 +511,12 @@ impl Spec {
     }
 
     fn located(&self, text: &str, needle: &str, msg: String) -> Error {
-        match locate(text, needle) {
+        self.error_at(locate(text, needle), msg)
+    }
+
+    /// A spec error at `loc` (line, col), or for the whole file when unknown.
+    fn error_at(&self, loc: Option<(usize, usize)>, msg: String) -> Error {
+        match loc {
             Some((line, col)) => Error::SpecSyntax {
                 path: self.path.clone(),
                 line,
