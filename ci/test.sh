@@ -4,7 +4,8 @@
 #    pieces into touchstone's cache outside the checkout). If it cannot be
 #    fetched, the real-model trials are reported ignored with the reason,
 #    never passed, and the rest of the suite runs.
-# 2. cargo test: goldens are committed and Python never runs the tests.
+# 2. cargo test: goldens are committed and Python never runs the tests; the
+#    fuzz smoke run does 20000 executions per target (BOLERO_RANDOM_ITERATIONS).
 # 3. The kernel check (ci/kernels.sh): pip fetches the pinned NVRTC/ptxas
 #    wheels into .cache/cuda-wheels, then every CUDA kernel must compile with
 #    0 spills.
@@ -13,5 +14,7 @@ cd "$(dirname "$0")/.."
 if ! python3 ci/fetch_real_model.py >/dev/null; then
     echo "test.sh: the real model could not be fetched; its trials will be reported ignored" >&2
 fi
-cargo test --locked "$@"
+# The fuzz targets (tests/fuzz.rs) run a fixed number of executions each.
+BOLERO_RANDOM_ITERATIONS="${BOLERO_RANDOM_ITERATIONS:-20000}" BOLERO_RANDOM_TEST_TIME_MS=600000 \
+    cargo test --locked "$@"
 bash ci/kernels.sh

@@ -50,6 +50,11 @@ fn map_file(path: &Path) -> Result<memmap2::Mmap> {
 
 pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
     let map = map_file(path)?;
+    parse_safetensors(&map[..], path)
+}
+
+/// A safetensors file already in memory; `path` names it in errors.
+pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
     let bad = |msg: String| Error::tensor_file(path, msg);
     let (_, meta) =
         SafeTensors::read_metadata(&map[..]).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
@@ -172,9 +177,13 @@ fn check_npy_header(bytes: &[u8]) -> std::result::Result<(), String> {
 /// Reads one `.npy` array; the tensor is named after the file stem.
 pub fn read_npy(path: &Path) -> Result<TensorFile> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    check_npy_header(&bytes).map_err(|m| Error::tensor_file(path, format!("not a valid .npy file: {m}")))?;
-    let npy =
-        npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
+    parse_npy(&bytes, path)
+}
+
+/// A `.npy` file already in memory; `path` names it (and the tensor) in errors.
+pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<TensorFile> {
+    check_npy_header(bytes).map_err(|m| Error::tensor_file(path, format!("not a valid .npy file: {m}")))?;
+    let npy = npyz::NpyFile::new(bytes).map_err(|e| Error::tensor_file(path, format!("not a valid .npy file: {e}")))?;
     let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("array").to_string();
     let mut out = TensorFile {
         path: path.to_path_buf(),

@@ -340,3 +340,36 @@ fn deeply_nested_yaml_is_refused_in_linear_time() {
     expect_exit2(&["run", &s], &["nested deeper than 64 levels"]);
     assert!(t.elapsed().as_secs_f64() < 2.0, "took {:?}", t.elapsed());
 }
+
+/// Found by fuzzing (tests/fuzz.rs, gguf_reader): a GGUF whose block_count is
+/// huge made the loader loop over (and allocate for) every declared layer.
+#[test]
+fn a_gguf_declaring_absurd_dimensions_is_refused_at_once() {
+    let seed = std::fs::read(root().join("tests/fuzz/corpus/gguf_reader/tiny.gguf")).unwrap();
+    let key = b"qwen2.block_count";
+    let at = seed.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // After the key: its value type (u32 = 4) and the value.
+    assert_eq!(&seed[at..at + 4], &4u32.to_le_bytes());
+    for (value, needle) in [(u32::MAX, "at most 4096"), (4000, "has only 12 tensors")] {
+        let mut bytes = seed.clone();
+        bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+        let d = tempfile::tempdir().unwrap();
+        let p = write_bytes(d.path(), "big.gguf", &bytes);
+        let t = std::time::Instant::now();
+        let o = touchstone(&["run", "--model", &p.display().to_string()]);
+        assert_eq!(o.code, 2, "{}", o.all());
+        assert!(
+            o.stderr.contains("block_count") || o.stderr.contains("num_hidden_layers"),
+            "{}",
+            o.stderr
+        );
+        assert!(o.stderr.contains(needle), "{}", o.stderr);
+        assert!(t.elapsed().as_secs() < 5);
+    }
+}
+
+fn write_bytes(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}

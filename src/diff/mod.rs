@@ -64,7 +64,13 @@ impl JsonCheck {
 /// Reads a `--json` report; a missing or malformed file is bad input naming it.
 pub fn load(path: &Path) -> Result<Vec<JsonCheck>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let r: JsonReport = serde_json::from_str(&text).map_err(|e| {
+    parse_report(&text, path)
+}
+
+/// A `--json` report's text; `path` names it in errors. serde_json bounds
+/// nesting (128 levels) and parses in linear time.
+pub fn parse_report(text: &str, path: &Path) -> Result<Vec<JsonCheck>> {
+    let r: JsonReport = serde_json::from_str(text).map_err(|e| {
         Error::Usage(format!(
             "{}: not a touchstone JSON report (`touchstone run --json FILE` writes one): {e}",
             path.display()

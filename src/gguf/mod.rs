@@ -458,6 +458,22 @@ impl GgufFile {
         // SAFETY: read-only map; a concurrent writer truncating the file is
         // outside our contract (as for safetensors in tensor_io).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::from_map(path, map)
+    }
+
+    /// A GGUF file's bytes already in memory (fuzzing, tests); `path` names it
+    /// in errors. The bytes are copied into an anonymous map.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<GgufFile> {
+        if bytes.is_empty() {
+            return Err(Error::tensor_file(path, "empty file (not a GGUF file)"));
+        }
+        let mut m = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| Error::io(path, e))?;
+        m.copy_from_slice(bytes);
+        let map = m.make_read_only().map_err(|e| Error::io(path, e))?;
+        Self::from_map(path, map)
+    }
+
+    fn from_map(path: &Path, map: memmap2::Mmap) -> Result<GgufFile> {
         let parsed = reader::parse(&map).map_err(|msg| Error::tensor_file(path, msg))?;
         Ok(GgufFile {
             path: path.to_path_buf(),

@@ -154,6 +154,15 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
     };
     cfg.validate()
         .map_err(|m| bad(format!("{m} (from the GGUF metadata)")))?;
+    // Every block has several tensors: more blocks than tensors is corrupt.
+    if cfg.layers > f.tensors.len() {
+        return Err(bad(format!(
+            "{}.block_count is {} but the file has only {} tensors",
+            cfg.arch,
+            cfg.layers,
+            f.tensors.len()
+        )));
+    }
     Ok(cfg)
 }
 

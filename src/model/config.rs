@@ -120,6 +120,22 @@ impl ModelConfig {
     }
 
     pub(crate) fn validate(&self) -> std::result::Result<(), String> {
+        // Upper bounds far beyond any real decoder (the largest have ~130
+        // layers, 128 heads, hidden 16-32K, vocab ~260K): a corrupt or hostile
+        // config must be an error, not a loop or an allocation per layer.
+        for (name, n, max) in [
+            ("vocab_size", self.vocab, 1usize << 24),
+            ("hidden_size", self.hidden, 1 << 20),
+            ("intermediate_size", self.ffn, 1 << 22),
+            ("num_hidden_layers", self.layers, 4096),
+            ("num_attention_heads", self.heads, 4096),
+            ("num_key_value_heads", self.kv_heads, 4096),
+            ("head_dim", self.head_dim, 1 << 16),
+        ] {
+            if n > max {
+                return Err(format!("`{name}` is {n}; at most {max} is accepted"));
+            }
+        }
         for (name, n) in [
             ("vocab_size", self.vocab),
             ("hidden_size", self.hidden),
