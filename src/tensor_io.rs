@@ -57,8 +57,8 @@ pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
 pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
     let bad = |msg: String| Error::tensor_file(path, msg);
     let (_, meta) =
-        SafeTensors::read_metadata(&map[..]).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-    let st = SafeTensors::deserialize(&map[..]).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+        SafeTensors::read_metadata(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let mut out = TensorFile {
         path: path.to_path_buf(),
         metadata: meta
