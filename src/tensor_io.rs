@@ -56,8 +56,7 @@ pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
 /// A safetensors file already in memory; `path` names it in errors.
 pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
     let bad = |msg: String| Error::tensor_file(path, msg);
-    let (_, meta) =
-        SafeTensors::read_metadata(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let (_, meta) = SafeTensors::read_metadata(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let st = SafeTensors::deserialize(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let mut out = TensorFile {
         path: path.to_path_buf(),

@@ -78,6 +78,11 @@ fn diff_names_the_first_regressed_stage_and_exits_1() {
     );
     let html = std::fs::read_to_string(&html).unwrap();
     assert!(html.contains("<svg") && html.contains("first regression"), "html plot");
+    // Each golden source is its own line on each side (not one zigzag line).
+    for legend in ["BASE hf", "NEW hf", "BASE llama.cpp", "NEW llama.cpp"] {
+        assert!(html.contains(legend), "no {legend} line in the diff plot");
+    }
+    assert!(html.contains(".plot svg{width:100%"), "plots do not scale to the page");
 
     // Unchanged: exit 0; a larger factor forgives the growth but not the failure.
     let o = touchstone(&["diff", &s(&base), &s(&base)]);

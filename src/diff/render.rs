@@ -230,36 +230,49 @@ pub fn html(d: &DiffReport) -> String {
                     }
                 }
             };
-            let mut base = Vec::new();
-            let mut new = Vec::new();
+            // One line per (golden source, side): mixing two sources in one
+            // line would zigzag between them at every stage.
+            let mut lines: BTreeMap<(String, bool), Vec<(usize, f64, bool)>> = BTreeMap::new();
             let mut highlight = None;
             for r in rows {
                 let i = idx(r);
+                let source = r.check.trim_start_matches("golden:").to_string();
                 if let Some(e) = r.before_error() {
-                    base.push((i, e, Row::status(&r.before) == "fail"));
+                    let failed = Row::status(&r.before) == "fail";
+                    lines.entry((source.clone(), false)).or_default().push((i, e, failed));
                 }
                 if let Some(e) = r.after_error() {
-                    new.push((i, e, r.change == Change::Regressed));
+                    lines
+                        .entry((source, true))
+                        .or_default()
+                        .push((i, e, r.change == Change::Regressed));
                 }
                 if first.as_deref() == Some(r.key.as_str()) {
                     highlight = Some((i, format!("first regression ({})", r.check)));
                 }
             }
+            const BASE_COLORS: [plotters::style::RGBColor; 2] = [html::BLUE, html::PURPLE];
+            const NEW_COLORS: [plotters::style::RGBColor; 2] = [html::ORANGE, html::GREEN];
+            let sources: Vec<String> = {
+                let mut v: Vec<String> = lines.keys().map(|k| k.0.clone()).collect();
+                v.dedup();
+                v
+            };
+            let series = lines
+                .into_iter()
+                .map(|((source, is_new), points)| {
+                    let k = sources.iter().position(|s| *s == source).unwrap_or(0) % 2;
+                    Series {
+                        name: format!("{} {source}", if is_new { "NEW" } else { "BASE" }),
+                        color: if is_new { NEW_COLORS[k] } else { BASE_COLORS[k] },
+                        points,
+                    }
+                })
+                .collect();
             plots.push(Plot {
-                title: format!("{step}: max |Δ| vs golden, BASE and NEW"),
+                title: format!("{step}: max |Δ| vs each golden, BASE and NEW"),
                 x_labels: labels,
-                series: vec![
-                    Series {
-                        name: "BASE".into(),
-                        color: html::BLUE,
-                        points: base,
-                    },
-                    Series {
-                        name: "NEW".into(),
-                        color: html::ORANGE,
-                        points: new,
-                    },
-                ],
+                series,
                 tolerance: rows
                     .iter()
                     .find_map(|r| r.after.as_ref().and_then(|a| a.metrics.get("atol")))

@@ -52,9 +52,18 @@ pub const GREEN: RGBColor = RGBColor(44, 160, 44);
 pub const PURPLE: RGBColor = RGBColor(148, 103, 189);
 const FAIL_RED: RGBColor = RGBColor(214, 39, 40);
 
-/// Draws one plot as an SVG string.
+/// Pixels per stage on the x axis: enough for a 10 px rotated label.
+const PX_PER_STAGE: usize = 14;
+/// Above this many stages only block boundaries (and the stages outside any
+/// block) are labelled, so that labels never overlap.
+const LABEL_EVERY_STAGE_UP_TO: usize = 80;
+
+/// Draws one plot as an SVG string. The SVG is as wide as its labels need
+/// (at least 1100 px) and scales to the page width in the browser.
 pub fn svg(plot: &Plot) -> String {
     let n = plot.x_labels.len().max(1);
+    let width = (n * PX_PER_STAGE + 160).max(1100) as u32;
+    let sparse = n > LABEL_EVERY_STAGE_UP_TO;
     let ys: Vec<f64> = plot
         .series
         .iter()
@@ -68,13 +77,13 @@ pub fn svg(plot: &Plot) -> String {
     let hi = ys.iter().cloned().fold(0.0, f64::max).max(lo * 100.0) * 300.0;
     let mut out = String::new();
     {
-        let root = SVGBackend::with_string(&mut out, (1100, 420)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut out, (width, 460)).into_drawing_area();
         let _ = root.fill(&WHITE);
         let labels = plot.x_labels.clone();
         let chart = ChartBuilder::on(&root)
             .caption(&plot.title, ("sans-serif", 18))
             .margin(12)
-            .x_label_area_size(90)
+            .x_label_area_size(130)
             .y_label_area_size(70)
             .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (lo..hi).log_scale());
         let Ok(mut chart) = chart else {
@@ -83,18 +92,29 @@ pub fn svg(plot: &Plot) -> String {
         let _ = chart
             .configure_mesh()
             .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() > 1e-6 || i < 0.0 {
-                    return String::new();
-                }
-                labels.get(i as usize).cloned().unwrap_or_default()
-            })
-            .x_label_style(("sans-serif", 10).into_font().transform(FontTransform::Rotate90))
+            // Labels are drawn below (see the loop after): the mesh's own
+            // rotated labels are centred on the tick and run into the plot.
+            .x_label_formatter(&|_| String::new())
             .y_desc("max |Δ| (log)")
             .y_label_formatter(&|y| format!("{y:.0e}"))
             .light_line_style(WHITE.mix(0.0))
             .draw();
+        // Stage labels, rotated, starting just below the axis at each stage.
+        // Many stages: label each block where it starts (`blk.5.attn_norm`
+        // reads as "block 5") and the stages outside blocks, so none overlap.
+        let label_style = TextStyle::from(("sans-serif", 11).into_font().transform(FontTransform::Rotate90)).pos(
+            plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Left,
+                plotters::style::text_anchor::VPos::Center,
+            ),
+        );
+        for (i, l) in labels.iter().enumerate() {
+            if sparse && l.starts_with("blk.") && !l.ends_with(".attn_norm") {
+                continue;
+            }
+            let (px, py) = chart.backend_coord(&(i as f64, lo));
+            let _ = root.draw(&Text::new(l.clone(), (px, py + 6), label_style.clone()));
+        }
         if let Some((i, label)) = &plot.highlight {
             let x = *i as f64;
             let _ = chart.draw_series(std::iter::once(Rectangle::new(
@@ -146,7 +166,8 @@ pub fn svg(plot: &Plot) -> String {
     out
 }
 
-const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1180px}\
+const CSS: &str = "body{font-family:sans-serif;margin:24px;color:#222}\
+.plot svg{width:100%;height:auto}\
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}\
 .pass{color:#2a7a2a;font-weight:bold}.fail{color:#c62828;font-weight:bold}\
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}\
@@ -252,7 +273,16 @@ pub fn render(report: &Report) -> String {
                         .collect(),
                 })
                 .collect();
-            let atol = stages.values().flatten().find_map(|o| o.metrics.get("atol")).copied();
+            // One dashed line only when every golden check of the step has the
+            // same atol; per-stage allowances (a real model's spec) differ,
+            // and a single line would misstate them.
+            let atols: Vec<f64> = stages
+                .values()
+                .flatten()
+                .filter(|o| o.is_golden())
+                .filter_map(|o| o.metrics.get("atol").copied())
+                .collect();
+            let atol = atols.first().copied().filter(|a| atols.iter().all(|b| b == a));
             let highlight = stages.iter().enumerate().find_map(|(i, (_, outs))| {
                 outs.iter()
                     .find(|o| o.first_divergence)
