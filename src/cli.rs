@@ -170,7 +170,7 @@ pub enum GoldensAction {
     /// Record goldens into pending `<golden>.new` files and show the change
     /// (exit 0 unchanged, 1 changed; refused with exit 2 when CI is set).
     Regen {
-        /// Spec files (default: specs/qwen2-tiny.yaml).
+        /// Spec files or folders of specs whose goldens to record (default: as for `run`).
         specs: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = SourceArg::All)]
         source: SourceArg,
@@ -189,12 +189,14 @@ pub enum GoldensAction {
     },
     /// Replace goldens with their pending files (atomic rename).
     Accept {
+        /// Spec files or folders of specs whose pending goldens to accept (default: as for `run`).
         specs: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = SourceArg::All)]
         source: SourceArg,
     },
     /// Delete pending goldens.
     Reject {
+        /// Spec files or folders of specs whose pending goldens to delete (default: as for `run`).
         specs: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = SourceArg::All)]
         source: SourceArg,

@@ -291,3 +291,34 @@ fn checks_that_vanish_fail_the_diff_and_are_counted() {
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.stdout.contains("0 vanished"), "{}", o.stdout);
 }
+
+#[test]
+fn inspect_shows_int32_and_compare_pairs_two_single_tensor_files() {
+    let d = tempfile::tempdir().unwrap();
+    let npy = |name: &str, descr: &str, payload: &[u8]| {
+        let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (3,), }}");
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let pad = 64 - (10 + header.len() + 1) % 64;
+        let h = format!("{header}{}\n", " ".repeat(pad % 64));
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        b.extend_from_slice(h.as_bytes());
+        b.extend_from_slice(payload);
+        let p = d.path().join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    };
+    let ints: Vec<u8> = [1i32, 2, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let o = touchstone(&["inspect", &s(&npy("ids.npy", "<i4", &ints))]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(
+        o.stdout.lines().any(|l| l.starts_with("ids") && l.contains(" i32 ")),
+        "{}",
+        o.stdout
+    );
+    let f = |v: [f32; 3]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let a = npy("engine_q.npy", "<f4", &f([1.0, 2.0, 3.0]));
+    let b = npy("golden_q.npy", "<f4", &f([1.0, 2.0, 3.5]));
+    let o = touchstone(&["compare", &s(&a), &s(&b)]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(o.stdout.contains("engine_q ~ golden_q"), "{}", o.stdout);
+}

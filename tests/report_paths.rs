@@ -173,3 +173,15 @@ fn sigint_during_the_commit_waits_for_it_no_mix_no_temp_file() {
         "a mix of old and new: {c:?}"
     );
 }
+
+#[test]
+fn a_character_device_that_fails_the_write_is_left_a_device() {
+    // As root, `--json /dev/full` used to replace the device with a plain file.
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    let o = run_to("--json", "/dev/full");
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("--json /dev/full"), "{}", o.stderr);
+    assert!(std::fs::metadata("/dev/full").unwrap().file_type().is_char_device());
+}
