@@ -232,7 +232,9 @@ pub fn html(d: &DiffReport) -> String {
             };
             // One line per (golden source, side): mixing two sources in one
             // line would zigzag between them at every stage.
-            let mut lines: BTreeMap<(String, bool), Vec<(usize, f64, bool)>> = BTreeMap::new();
+            // (source, is NEW) -> points (x index, error, failed).
+            type Points = Vec<(usize, f64, bool)>;
+            let mut lines: BTreeMap<(String, bool), Points> = BTreeMap::new();
             let mut highlight = None;
             for r in rows {
                 let i = idx(r);
