@@ -15,6 +15,9 @@ if ! python3 ci/fetch_real_model.py >/dev/null; then
     echo "test.sh: the real model could not be fetched; its trials will be reported ignored" >&2
 fi
 # The fuzz targets (tests/fuzz.rs) run a fixed number of executions each.
-BOLERO_RANDOM_ITERATIONS="${BOLERO_RANDOM_ITERATIONS:-20000}" BOLERO_RANDOM_TEST_TIME_MS=600000 \
-    cargo test --locked "$@"
+export BOLERO_RANDOM_ITERATIONS="${BOLERO_RANDOM_ITERATIONS:-20000}" BOLERO_RANDOM_TEST_TIME_MS=600000
+cargo test --locked "$@"
+# The fuzz smoke run once more, uncaptured, so the log shows each target's
+# executions (a few seconds).
+cargo test --locked --quiet --test fuzz -- --nocapture 2>&1 | grep -E '^(fuzz |test result)' 
 bash ci/kernels.sh
