@@ -170,6 +170,26 @@ fn check_npy_header(bytes: &[u8]) -> std::result::Result<(), String> {
             _ => {}
         }
     }
+    // The shape's product must fit (npyz multiplies the dims unchecked: a
+    // header declaring (2^40, 2^40) overflows inside it) and cannot exceed the
+    // bytes that follow (every element takes at least one byte).
+    let text = String::from_utf8_lossy(header);
+    if let Some(rest) = text.split("'shape'").nth(1) {
+        let dims = rest.split('(').nth(1).and_then(|r| r.split(')').next()).unwrap_or("");
+        let mut n: u64 = 1;
+        for d in dims.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let d: u64 = d.parse().map_err(|_| format!("the shape has a dimension `{d}` that is not a count"))?;
+            n = n
+                .checked_mul(d)
+                .ok_or_else(|| format!("the shape ({dims}) has more elements than a 64-bit count holds"))?;
+        }
+        let data = (bytes.len() - start - len) as u64;
+        if n > data {
+            return Err(format!(
+                "the shape ({dims}) declares {n} elements but only {data} bytes of data follow the header"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -369,11 +389,22 @@ mod npy_header_tests {
     }
 
     #[test]
+    fn a_shape_whose_product_overflows_or_outgrows_the_file_is_refused() {
+        // Found by fuzzing: npyz multiplied these dims unchecked (a panic).
+        let big = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }");
+        assert!(check_npy_header(&big).unwrap_err().contains("64-bit"));
+        let short = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 1000), }");
+        assert!(check_npy_header(&short).unwrap_err().contains("only 0 bytes of data"));
+    }
+
+    #[test]
     fn header_framing_is_checked() {
         assert!(check_npy_header(b"nope").unwrap_err().contains("magic"));
         let mut b = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }");
         b.truncate(20);
         assert!(check_npy_header(&b).unwrap_err().contains("file ends"));
-        assert!(check_npy_header(&npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }")).is_ok());
+        let mut ok = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }");
+        ok.extend_from_slice(&[0u8; 24]);
+        assert!(check_npy_header(&ok).is_ok());
     }
 }
