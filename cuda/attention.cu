@@ -4,17 +4,21 @@
 //   p = softmax(scores)  in f32: max, exp(x - max), sum, multiply by 1/sum
 //   ctx[t, h, :] = sum_j p[j] * v_j
 // Layouts: q [T, H, D] (after RoPE); k_cache, v_cache [S_cap, KV, D] holding at
-// least S = pos0 + T positions (keys after RoPE); ctx [T, H*D]; probs [H, T, S].
+// least S = pos0 + T positions (keys after RoPE); ctx [T, H*D]; probs and
+// scores [H, T, S].
 // GQA: query head h reads KV head h / (H / KV) (HF's repeat_kv).
 // probs may be NULL: the softmax is then only kept in shared memory (written
 // to global memory only when the `attn_probs` stage is tapped). When written,
-// masked entries (j >= visible) are written as exact zeros.
+// masked entries (j >= visible) are written as exact zeros. scores (the
+// `attn_scores` stage: the scaled scores, the softmax input) likewise: NULL
+// unless tapped, masked entries exact zeros.
 // Launch: grid (T, H) for prefill, (H) for decode; blockDim a multiple of 32;
 // dynamic shared memory (D + S) floats (q row, then the S scores).
 
 template <typename T>
 __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T* v_cache,
-                                           float* probs, T* ctx, int rows, int heads,
+                                           float* scores, float* probs, T* ctx, int rows,
+                                           int heads,
                                            int kv_heads, int head_dim, int pos0, int s, float scale,
                                            int t, int h) {
     extern __shared__ float smem[];
@@ -36,6 +40,11 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
         const float x = dot * scale;
         sc[j] = x;
         mx = fmaxf(mx, x);
+    }
+    if (scores != 0) {
+        // Each thread writes the entries it computed above (no barrier needed).
+        float* srow = scores + ((long long)h * rows + t) * s;
+        for (int j = threadIdx.x; j < s; j += blockDim.x) srow[j] = j < visible ? sc[j] : 0.0f;
     }
     mx = block_max(mx, scratch);
     float sum = 0.0f;
@@ -64,16 +73,16 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
 
 #define ATTENTION_OPS(SUFFIX, T)                                                              \
     extern "C" __global__ void attention_prefill_##SUFFIX(                                    \
-        const T* q, const T* k_cache, const T* v_cache, float* probs, T* ctx, int rows,         \
-        int heads, int kv_heads, int head_dim, int pos0, int s, float scale) {                 \
-        attend_row<T>(q, k_cache, v_cache, probs, ctx, rows, heads, kv_heads, head_dim, pos0,  \
-                      s, scale, blockIdx.x, blockIdx.y);                                       \
+        const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
+        int rows, int heads, int kv_heads, int head_dim, int pos0, int s, float scale) {       \
+        attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, rows, heads, kv_heads, head_dim, \
+                      pos0, s, scale, blockIdx.x, blockIdx.y);                                 \
     }                                                                                         \
     extern "C" __global__ void attention_decode_##SUFFIX(                                     \
-        const T* q, const T* k_cache, const T* v_cache, float* probs, T* ctx, int heads,        \
-        int kv_heads, int head_dim, int pos0, int s, float scale) {                            \
-        attend_row<T>(q, k_cache, v_cache, probs, ctx, 1, heads, kv_heads, head_dim, pos0, s,  \
-                      scale, 0, blockIdx.x);                                                   \
+        const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
+        int heads, int kv_heads, int head_dim, int pos0, int s, float scale) {                 \
+        attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, 1, heads, kv_heads, head_dim,   \
+                      pos0, s, scale, 0, blockIdx.x);                                          \
     }
 ATTENTION_OPS(f32, float)
 ATTENTION_OPS(f16, f16_t)

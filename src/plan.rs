@@ -14,6 +14,9 @@ use crate::model::{self, LoadOptions, ModelConfig};
 use crate::spec::{RunCheck, Spec, StageCheck};
 use crate::stage::{BlockStage, Stage, Step};
 
+/// The source name of the spec's `oracle:` in check ids and messages.
+pub const ORACLE: &str = "oracle";
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Target {
     Stage { step: Step, stage: Stage },
@@ -77,6 +80,8 @@ pub struct Plan {
     /// How engines load the model (default: faithfully; see `LoadOptions`).
     pub load_options: LoadOptions,
     pub goldens: BTreeMap<String, Arc<GoldenSet>>,
+    /// The spec's `oracle:` (float64 recording), checked to be one.
+    pub oracle: Option<Arc<GoldenSet>>,
     pub prompt: Vec<u32>,
     pub decode_steps: usize,
     /// Tokens fed at decode steps (teacher forcing) when the prompt comes from a golden.
@@ -104,6 +109,21 @@ impl Plan {
         let invalid = |msg: String| Error::SpecInvalid {
             path: spec.path.clone(),
             msg,
+        };
+        let oracle = match &spec.oracle {
+            None => None,
+            Some(path) => {
+                let g = GoldenSet::load(ORACLE, path)?;
+                let dtype = g.provenance.get("dtype").and_then(|v| v.as_str()).unwrap_or("unknown");
+                if dtype != "float64" {
+                    return Err(invalid(format!(
+                        "oracle {} was recorded in {dtype}, not float64 (provenance `dtype`): an oracle must be \
+                         the float64 forward pass (`record_hf.py --dtype float64`) to measure f32 errors against",
+                        path.display()
+                    )));
+                }
+                Some(Arc::new(g))
+            }
         };
 
         // Text is tokenised with the model's own tokenizer; with a golden too,
@@ -224,7 +244,10 @@ impl Plan {
                     }
                     // A compact golden (`record:`) plans checks only where it
                     // recorded; a tensor it claims but lacks still fails.
-                    let recorded = |src: &str| goldens[src].records(step, *stage);
+                    let recorded = |src: &str| match src {
+                        ORACLE => oracle.as_ref().is_some_and(|o| o.records(step, *stage)),
+                        _ => goldens[src].records(step, *stage),
+                    };
                     let unrecorded = match kind {
                         StageCheckKind::Golden { source, .. } => !recorded(source),
                         StageCheckKind::ReferencesAgree { base, other, .. } => !recorded(base) || !recorded(other),
@@ -269,11 +292,20 @@ impl Plan {
             config,
             load_options,
             goldens,
+            oracle,
             prompt,
             decode_steps,
             forced,
             checks,
         })
+    }
+
+    /// A golden source by name, the oracle included.
+    pub fn source(&self, name: &str) -> Option<&GoldenSet> {
+        match name {
+            ORACLE => self.oracle.as_deref(),
+            _ => self.goldens.get(name).map(|g| g.as_ref()),
+        }
     }
 
     /// Tokens in a step and KV positions after it: (T, S).
@@ -298,7 +330,7 @@ impl Plan {
                 BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
                     vec![t, c.kv_heads, c.head_dim]
                 }
-                BlockStage::AttnProbs => vec![c.heads, t, s],
+                BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
                 BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
                 BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
                 BlockStage::AttnNorm
@@ -365,6 +397,21 @@ fn resolve(check: &StageCheck, stage: Stage, spec: &Spec) -> std::result::Result
                 style: *style,
                 tol: *tol,
             }]
+        }
+        StageCheck::ReferencesAgree { atol, rtol } if spec.oracle.is_some() => {
+            // With an oracle, each reference is measured against the exact answer.
+            if spec.goldens.is_empty() {
+                return Err("`references_agree` needs a golden source besides the oracle".into());
+            }
+            spec.goldens
+                .keys()
+                .map(|other| StageCheckKind::ReferencesAgree {
+                    base: ORACLE.to_string(),
+                    other: other.clone(),
+                    atol: *atol,
+                    rtol: *rtol,
+                })
+                .collect()
         }
         StageCheck::ReferencesAgree { atol, rtol } => {
             // Every other source against the first (sources sort by name).

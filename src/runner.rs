@@ -7,11 +7,12 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::checks::{invariants, run as run_checks, Verdict};
+use crate::checks::{invariants, run as run_checks, scaled, Verdict};
 use crate::compare::{compare, Tolerance};
 use crate::engine::{Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
 use crate::error::Result;
-use crate::plan::{CheckInstance, CheckKind, Plan, StageCheckKind, Target};
+use crate::golden::GoldenSet;
+use crate::plan::{CheckInstance, CheckKind, Plan, StageCheckKind, Target, ORACLE};
 use crate::report::{Outcome, SuiteRun};
 use crate::stage::{Stage, Step};
 use crate::tensor::Tensor;
@@ -311,7 +312,9 @@ fn references_verdict(
     atol: Option<f64>,
     rtol: Option<f64>,
 ) -> Verdict {
-    let (b, o) = (&plan.goldens[base], &plan.goldens[other]);
+    let (Some(b), Some(o)) = (plan.source(base), plan.source(other)) else {
+        return Verdict::fail(format!("golden source `{base}` or `{other}` is not loaded"));
+    };
     let (Some(expected), Some(actual)) = (b.get(step, stage), o.get(step, stage)) else {
         let missing = if b.get(step, stage).is_none() { b } else { o };
         return Verdict::fail(format!(
@@ -331,6 +334,9 @@ fn references_verdict(
         &last_row_if(actual, expected, stage, b.logits_last_row()),
         &last_row_if(expected, actual, stage, o.logits_last_row()),
     );
+    if base == ORACLE && atol.is_none() && rtol.is_none() {
+        return scaled_reference_verdict(plan, step, stage, other, actual, expected);
+    }
     let tol = tolerance(plan, actual, expected, atol, rtol);
     match compare(actual, expected, tol) {
         Err(m) => Verdict::fail(format!("`{other}` vs `{base}`: {m}")).metric("shape_mismatch", 1.0),
@@ -378,6 +384,11 @@ fn golden_verdict(
         }
     }
     let actual = &last_row_if(actual, expected, stage, golden.logits_last_row());
+    if atol.is_none() && rtol.is_none() {
+        if let Some(o) = plan.oracle.as_ref().filter(|o| o.records(step, stage)) {
+            return scaled_golden_verdict(plan, step, stage, actual, source, expected, o, &fed);
+        }
+    }
     let tol = tolerance(plan, actual, expected, atol, rtol);
     match compare(actual, expected, tol) {
         Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})")).metric("shape_mismatch", 1.0),
@@ -391,6 +402,175 @@ fn golden_verdict(
             v.metrics = c.metrics();
             v
         }
+    }
+}
+
+/// The scaled policy's inputs at (step, stage): the oracle tensor (last row
+/// when `like` is a last-row logits tensor), K and M.
+fn oracle_at<'a>(
+    plan: &Plan,
+    oracle: &'a GoldenSet,
+    step: Step,
+    stage: Stage,
+    like: &Tensor,
+) -> Result<(std::borrow::Cow<'a, Tensor>, usize, f64), String> {
+    let o = oracle
+        .get(step, stage)
+        .ok_or_else(|| format!("the oracle ({}) has no tensor `{step}/{stage}`", oracle.path.display()))?;
+    let like_last = like.shape().first() == Some(&1) && stage == Stage::Logits;
+    let o = last_row_if(o, like, stage, like_last);
+    let k = scaled::reduction_len(&plan.config, stage, plan.step_dims(step).1);
+    let m = scaled::max_abs_value(&o);
+    Ok((o, k, m))
+}
+
+fn policy(plan: &Plan) -> scaled::Policy {
+    scaled::Policy {
+        factor: plan.spec.scaled.factor,
+        floor: plan.spec.scaled.floor,
+    }
+}
+
+/// The engine against reference `source` under the scaled policy: its error
+/// against the oracle within `factor` times the reference's own (or the floor).
+#[allow(clippy::too_many_arguments)]
+fn scaled_golden_verdict(
+    plan: &Plan,
+    step: Step,
+    stage: Stage,
+    actual: &Tensor,
+    source: &str,
+    reference: &Tensor,
+    oracle: &GoldenSet,
+    fed: &[u32],
+) -> Verdict {
+    if let Some(recorded) = oracle.tokens.get(&step) {
+        if recorded != fed {
+            return Verdict::fail(format!(
+                "inputs differ at {step}: the engine was fed tokens {fed:?}, the oracle ({}) was recorded with {recorded:?}",
+                oracle.path.display()
+            ));
+        }
+    }
+    let (o, k, m) = match oracle_at(plan, oracle, step, stage, actual) {
+        Ok(x) => x,
+        Err(e) => return Verdict::fail(e),
+    };
+    let actual = &*last_row_if(actual, &o, stage, oracle.logits_last_row());
+    let reference = last_row_if(reference, &o, stage, o.shape().first() == Some(&1));
+    let r = match scaled::max_error(&reference, &o) {
+        Ok((r, _)) => r,
+        Err(e) => return Verdict::fail(format!("golden `{source}` vs the oracle: {e}")).metric("shape_mismatch", 1.0),
+    };
+    let u_store = scaled::storage_unit(plan.load_options.storage);
+    let e = match scaled::max_error(actual, &o) {
+        Ok((e, _)) => e,
+        Err(e) => return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0),
+    };
+    let j = scaled::judge_engine(policy(plan), e, r, k, m, u_store);
+    // The comparator at the allowance gives the failure its count, worst
+    // element with both values, NMSE and cosine (engine vs oracle).
+    let c = compare(actual, &o, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    let head = format!(
+        "engine error {} (max|engine − oracle|), `{source}`'s error {}, floor {} (c·M·(u·√K + u_store), K {k}, M {}): \
+         ratio {} {} factor {}",
+        sci(j.error),
+        sci(r),
+        sci(j.floor),
+        sci(m),
+        ratio_text(j.ratio()),
+        if j.passed() { "<=" } else { ">" },
+        j.factor
+    );
+    let message = if j.passed() {
+        head
+    } else {
+        format!(
+            "further from the exact answer than `{source}` allows (oracle {}):\n{head}\n{}",
+            oracle.path.display(),
+            c.explain()
+        )
+    };
+    let mut v = Verdict::check(j.passed() && c.passed(), message);
+    v.metrics = c.metrics();
+    for (name, value) in j.metrics() {
+        v.metrics.insert(name.to_string(), value);
+    }
+    v
+}
+
+/// Reference `other` against the oracle under the scaled policy: within
+/// `factor` times its own floor (its arithmetic's unit roundoff), else the
+/// golden is suspect here.
+fn scaled_reference_verdict(
+    plan: &Plan,
+    step: Step,
+    stage: Stage,
+    other: &str,
+    reference: &Tensor,
+    oracle: &Tensor,
+) -> Verdict {
+    let m = scaled::max_abs_value(oracle);
+    let k = scaled::reduction_len(&plan.config, stage, plan.step_dims(step).1);
+    let u = plan
+        .spec
+        .scaled
+        .unit_roundoff
+        .get(other)
+        .copied()
+        .unwrap_or(scaled::U_F32);
+    let c = match compare(reference, oracle, Tolerance::new(0.0, 0.0)) {
+        Ok(c) => c,
+        Err(e) => return Verdict::fail(format!("`{other}` vs the oracle: {e}")).metric("shape_mismatch", 1.0),
+    };
+    let r = if c.non_finite() > 0 {
+        f64::INFINITY
+    } else {
+        c.max_abs.as_ref().map_or(0.0, |(v, _)| *v)
+    };
+    let j = scaled::judge_reference(policy(plan), r, k, m, u);
+    let c = compare(reference, oracle, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    let head = format!(
+        "`{other}`'s error {} (max|{other} − oracle|), its floor {} (c·u·M·(√K + 1), u {}, K {k}, M {}): ratio {} {} factor {}",
+        sci(r),
+        sci(j.floor),
+        sci(u),
+        sci(m),
+        ratio_text(j.ratio()),
+        if j.passed() { "<=" } else { ">" },
+        j.factor
+    );
+    let message = if j.passed() {
+        head
+    } else {
+        format!(
+            "golden `{other}` is suspect here: further from the exact answer than its arithmetic allows:\n{head}\n{}",
+            c.explain()
+        )
+    };
+    let mut v = Verdict::check(j.passed(), message);
+    v.metrics = c.metrics();
+    for (name, value) in j.metrics() {
+        v.metrics.insert(name.to_string(), value);
+    }
+    v
+}
+
+fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.is_finite() {
+        format!("{x:.2e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+fn ratio_text(r: f64) -> String {
+    if r.is_finite() {
+        format!("{r:.3}")
+    } else {
+        "inf".into()
     }
 }
 

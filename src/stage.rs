@@ -6,7 +6,7 @@
 use std::fmt;
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 18] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 19] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
@@ -15,6 +15,7 @@ pub const BLOCK_STAGES: [(&str, BlockStage); 18] = [
     ("k_norm", BlockStage::KNorm),
     ("q_rope", BlockStage::QRope),
     ("k_rope", BlockStage::KRope),
+    ("attn_scores", BlockStage::AttnScores),
     ("attn_probs", BlockStage::AttnProbs),
     ("attn_ctx", BlockStage::AttnCtx),
     ("attn_out", BlockStage::AttnOut),
@@ -39,6 +40,9 @@ pub enum BlockStage {
     KNorm,
     QRope,
     KRope,
+    /// `[H, T, S]`: q·kᵀ times the attention scale, the softmax input;
+    /// entries the causal mask removes are exactly 0 (goldens stay finite).
+    AttnScores,
     AttnProbs,
     AttnCtx,
     AttnOut,

@@ -4,6 +4,7 @@
 
 pub mod invariants;
 pub mod run;
+pub mod scaled;
 pub mod weights;
 
 use std::collections::BTreeMap;

@@ -224,6 +224,14 @@ pub fn render(report: &Report) -> String {
         if let Some(r) = &run.skipped {
             summary += &format!("<p>skipped: {}</p>", escape(r));
         }
+        if let Some(d) = &run.suspect_golden {
+            summary += &format!(
+                "<p class=\"fail\">Golden suspect: {}/{} ({}): the references are outside their own allowance there</p>",
+                escape(&d.step),
+                escape(&d.stage),
+                escape(&d.check)
+            );
+        }
         if let Some(d) = &run.first_divergence {
             summary += &format!(
                 "<p class=\"fail\">First divergence: {}/{} ({})</p>",

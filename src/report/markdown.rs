@@ -51,6 +51,9 @@ pub fn render(report: &Report) -> String {
         if let Some(d) = &run.first_divergence {
             let _ = writeln!(out, "First divergence: **{}/{}** (`{}`)\n", d.step, d.stage, d.check);
         }
+        if let Some(d) = &run.suspect_golden {
+            let _ = writeln!(out, "Golden suspect: **{}/{}** (`{}`)\n", d.step, d.stage, d.check);
+        }
         let mut failures: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.status == Status::Fail).collect();
         failures.sort_by_key(|o| !o.first_divergence);
         if !failures.is_empty() {
@@ -61,6 +64,8 @@ pub fn render(report: &Report) -> String {
             for o in &failures {
                 let tag = if o.first_divergence {
                     "**first divergence** "
+                } else if o.at_suspect_golden {
+                    "**golden suspect** "
                 } else if o.downstream_of.is_some() {
                     "downstream "
                 } else {

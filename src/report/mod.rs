@@ -34,6 +34,10 @@ pub struct Outcome {
     pub first_divergence: bool,
     /// For failures after the first divergence: the `<step>/<stage>` they follow.
     pub downstream_of: Option<String>,
+    /// A failure at a (step, stage) where the references are outside their own
+    /// allowance (a failing `references_agree`): the golden is suspect there,
+    /// so this failure is not taken as the engine's.
+    pub at_suspect_golden: bool,
     /// The command that reruns exactly this check.
     pub rerun: String,
     #[serde(skip)]
@@ -61,6 +65,7 @@ impl Outcome {
             message: verdict.message,
             first_divergence: false,
             downstream_of: None,
+            at_suspect_golden: false,
             rerun,
             at,
         }
@@ -73,6 +78,10 @@ impl Outcome {
 
     pub fn is_golden(&self) -> bool {
         self.check.starts_with("golden")
+    }
+
+    pub fn is_references_agree(&self) -> bool {
+        self.check.starts_with("references_agree")
     }
 }
 
@@ -93,6 +102,10 @@ pub struct SuiteRun {
     pub storage: DType,
     pub passed: bool,
     pub first_divergence: Option<Divergence>,
+    /// The earliest (step, stage) where a golden is suspect: the references
+    /// are outside their own allowance there (its `check` is the failing
+    /// `references_agree`).
+    pub suspect_golden: Option<Divergence>,
     /// Set when the whole run was skipped (engine unavailable).
     pub skipped: Option<String>,
     /// The prompt as text (the model's tokenizer decoding the prompt ids);
@@ -105,8 +118,12 @@ pub struct SuiteRun {
 
 impl SuiteRun {
     /// Marks the first divergence — the earliest (step, stage), in execution
-    /// order, whose golden check failed — and labels every later failure as
-    /// downstream of it.
+    /// order, where a golden check failed while the references there are
+    /// within their own allowance — and labels every later failure as
+    /// downstream of it. Where a `references_agree` fails the golden is
+    /// suspect: failures at that (step, stage) are marked so and never make
+    /// the first divergence (with one reference and no oracle there is no
+    /// such check, and a moved golden is the first divergence).
     pub fn new(
         spec: &str,
         spec_path: &str,
@@ -114,17 +131,36 @@ impl SuiteRun {
         mut outcomes: Vec<Outcome>,
         skipped: Option<String>,
     ) -> SuiteRun {
+        let suspect_at: std::collections::BTreeSet<(Step, Stage)> = outcomes
+            .iter()
+            .filter(|o| o.status == Status::Fail && o.is_references_agree())
+            .filter_map(|o| o.at)
+            .collect();
+        for o in outcomes.iter_mut() {
+            o.at_suspect_golden =
+                o.status == Status::Fail && (o.is_golden() || o.is_references_agree()) && o.at.is_some_and(|a| suspect_at.contains(&a));
+        }
+        let suspect_golden = outcomes
+            .iter()
+            .filter(|o| o.status == Status::Fail && o.is_references_agree())
+            .filter_map(|o| o.at.map(|at| (at, o.check.clone())))
+            .min()
+            .map(|(at, check)| Divergence {
+                step: at.0.to_string(),
+                stage: at.1.to_string(),
+                check,
+            });
         let first = outcomes
             .iter()
             .enumerate()
-            .filter(|(_, o)| o.status == Status::Fail && o.is_golden())
+            .filter(|(_, o)| o.status == Status::Fail && o.is_golden() && !o.at_suspect_golden)
             .filter_map(|(i, o)| o.at.map(|at| (at, i)))
             .min();
         let mut first_divergence = None;
         if let Some((at, i)) = first {
             outcomes[i].first_divergence = true;
             let label = format!("{}/{}", at.0, at.1);
-            for o in outcomes.iter_mut().filter(|o| o.status == Status::Fail) {
+            for o in outcomes.iter_mut().filter(|o| o.status == Status::Fail && !o.at_suspect_golden) {
                 if o.at.is_some_and(|a| a > at) {
                     o.downstream_of = Some(label.clone());
                 }
@@ -144,6 +180,7 @@ impl SuiteRun {
             storage: DType::F32,
             passed,
             first_divergence,
+            suspect_golden,
             skipped,
             prompt_text: None,
             continuation_text: None,

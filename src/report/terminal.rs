@@ -178,6 +178,8 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
             }
             let note = if let Some(o) = outs.iter().find(|o| o.first_divergence) {
                 format!("<< FIRST DIVERGENCE ({})", o.check)
+            } else if let Some(o) = outs.iter().find(|o| o.at_suspect_golden && o.is_references_agree()) {
+                format!("<< GOLDEN SUSPECT ({})", o.check)
             } else if failed {
                 let names: Vec<&str> = outs
                     .iter()
@@ -238,6 +240,8 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
             }
             let tag = if o.first_divergence {
                 " [FIRST DIVERGENCE]".to_string()
+            } else if o.at_suspect_golden {
+                " [GOLDEN SUSPECT: the references are outside their allowance here]".to_string()
             } else if let Some(d) = &o.downstream_of {
                 format!(" [downstream of {d}]")
             } else {

@@ -33,6 +33,12 @@ pub struct Spec {
     pub cached_model: Option<String>,
     /// Golden source name (`hf`, `llama.cpp`, ...) → golden file.
     pub goldens: BTreeMap<String, PathBuf>,
+    /// A float64 recording of the same model, prompt and steps (`oracle:`):
+    /// the exact answer every reference and the engine are measured against.
+    /// With it, golden checks without explicit atol/rtol use `scaled`.
+    pub oracle: Option<PathBuf>,
+    /// The scaled tolerance policy's parameters (`scaled:`).
+    pub scaled: ScaledSpec,
     pub prompt: PromptSpec,
     pub sampling: SamplingSpec,
     pub seed: u64,
@@ -47,6 +53,45 @@ pub struct Spec {
     pub run_checks: Vec<RunCheck>,
     /// What `goldens regen` records (default: every step and stage, all rows).
     pub record: RecordSpec,
+}
+
+/// `scaled:` — how the scaled policy turns errors against the oracle into
+/// verdicts (see `checks::scaled`, which derives the defaults).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaledSpec {
+    /// The engine may be this many times farther from the oracle than the
+    /// closest reference is (or than the floor, where that is larger).
+    #[serde(default = "default_scaled_factor", deserialize_with = "checks::tol_value")]
+    pub factor: f64,
+    /// The floor's constant c in c·u·M·(√K + 1): the least error allowed at a
+    /// stage of reduction length K and magnitude M, in rounding units u.
+    #[serde(default = "default_scaled_floor", deserialize_with = "checks::tol_value")]
+    pub floor: f64,
+    /// Golden source → the unit roundoff of its arithmetic, for a reference that
+    /// computes in a coarser precision by design (llama.cpp quantising
+    /// activations to 8 bits: 2^-8); default f32's 2^-24. It sets that
+    /// reference's own floor and never widens the engine's allowance against
+    /// another reference.
+    #[serde(default)]
+    pub unit_roundoff: BTreeMap<String, f64>,
+}
+
+impl Default for ScaledSpec {
+    fn default() -> ScaledSpec {
+        ScaledSpec {
+            factor: default_scaled_factor(),
+            floor: default_scaled_floor(),
+            unit_roundoff: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_scaled_factor() -> f64 {
+    crate::checks::scaled::DEFAULT_FACTOR
+}
+fn default_scaled_floor() -> f64 {
+    crate::checks::scaled::DEFAULT_FLOOR
 }
 
 /// `record:` — a subset of what the recorders write, so that a real model's
@@ -191,6 +236,8 @@ struct RawSpec {
     model: PathBuf,
     #[serde(default)]
     goldens: BTreeMap<String, PathBuf>,
+    oracle: Option<PathBuf>,
+    scaled: Option<ScaledSpec>,
     prompt: PromptSpec,
     #[serde(default = "greedy")]
     sampling: SamplingSpec,
@@ -314,6 +361,8 @@ impl Spec {
                 .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
                 .map(str::to_string),
             goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
+            oracle: raw.oracle.map(|o| dir.join(o)),
+            scaled: raw.scaled.clone().unwrap_or_default(),
             prompt: raw.prompt,
             sampling: raw.sampling,
             seed: raw.seed,
@@ -341,9 +390,59 @@ impl Spec {
             record: raw.record,
         };
         spec.validate_references(text)?;
+        spec.validate_scaled(text, raw.scaled.is_some())?;
         spec.validate_record(text)?;
         spec.validate_counts(text)?;
         Ok(spec)
+    }
+
+    /// `oracle` is a reserved source name; `scaled:` needs an oracle and
+    /// names only declared sources; a factor below 1 would fail the oracle's
+    /// closest reference itself.
+    fn validate_scaled(&self, text: &str, scaled_given: bool) -> Result<()> {
+        if self.goldens.contains_key("oracle") {
+            return Err(self.located(
+                text,
+                "oracle",
+                "`oracle` is not a golden source name: give the float64 recording as the top-level `oracle:`".into(),
+            ));
+        }
+        if scaled_given && self.oracle.is_none() {
+            return Err(self.located(
+                text,
+                "scaled",
+                "`scaled:` sets the policy that measures errors against the oracle, but the spec has no `oracle:`"
+                    .into(),
+            ));
+        }
+        if self.scaled.factor < 1.0 {
+            return Err(self.located(
+                text,
+                "factor",
+                format!(
+                    "scaled.factor is {}: below 1 the closest reference would fail its own allowance",
+                    self.scaled.factor
+                ),
+            ));
+        }
+        for (src, u) in &self.scaled.unit_roundoff {
+            if !self.goldens.contains_key(src) {
+                let hint = crate::suggest::hint(src, self.goldens.keys().map(String::as_str));
+                return Err(self.located(
+                    text,
+                    src,
+                    format!("scaled.unit_roundoff names `{src}`, which is not declared under `goldens:`{hint}"),
+                ));
+            }
+            if !(u.is_finite() && *u > 0.0 && *u < 1.0) {
+                return Err(self.located(
+                    text,
+                    src,
+                    format!("scaled.unit_roundoff.{src} is {u}: a unit roundoff is in (0, 1), e.g. 2^-8 = 0.0039"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Cross-references serde cannot see: golden sources named by checks must be

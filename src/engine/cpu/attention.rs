@@ -37,12 +37,24 @@ pub struct Attended {
     /// `[H, T, S]`: the softmax (the working buffer itself, so capturing it is
     /// a move, not a copy).
     pub probs: Vec<f32>,
+    /// `[H, T, S]`: the scaled scores the softmax was applied to (masked
+    /// entries 0), when asked for; copying them costs a pass over `probs`.
+    pub scores: Option<Vec<f32>>,
 }
 
 /// Attends `q` (`[T, H, D]`, after RoPE, rows at positions `pos0..pos0+T`) over
 /// `keys`/`values` (`[S, KV, D]`, S ≥ pos0+T, keys after RoPE). Key j is visible
 /// to query row t iff j ≤ pos0 + t; masked probabilities are exactly 0.
-pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], shape: AttnShape) -> Attended {
+/// With `keep_scores`, the scaled scores (masked entries 0) are returned too.
+pub fn attend(
+    q: &[f32],
+    t: usize,
+    pos0: usize,
+    keys: &[f32],
+    values: &[f32],
+    shape: AttnShape,
+    keep_scores: bool,
+) -> Attended {
     let AttnShape {
         heads,
         kv_heads,
@@ -63,11 +75,15 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
 
     let mut probs = vec![0.0f32; heads * t * s];
     let mut ctx_heads = vec![0.0f32; heads * t * d];
+    // Without `keep_scores`, one unused float per head (rayon's chunks cannot be empty).
+    let score_chunk = if keep_scores { t * s } else { 1 };
+    let mut scores = vec![0.0f32; heads * score_chunk];
     probs
         .par_chunks_mut(t * s)
         .zip(ctx_heads.par_chunks_mut(t * d))
+        .zip(scores.par_chunks_mut(score_chunk))
         .enumerate()
-        .for_each(|(h, (p, c))| {
+        .for_each(|(h, ((p, c), sc))| {
             let kvh = shape.kv_head(h);
             // SAFETY (both calls): pointers and strides stay inside q
             // ([T,H,D]), keys/values ([S,KV,D]), p ([T,S]) and c ([T,D]),
@@ -99,7 +115,11 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
                 if mutants.is(Mutant::KvReadShort) {
                     visible = visible.min(32);
                 }
-                softmax_causal(row, visible, scale, mutants.is(Mutant::SoftmaxUnnormalised));
+                scale_and_mask(row, visible, scale);
+                if keep_scores {
+                    sc[row_i * s..][..s].copy_from_slice(row);
+                }
+                softmax_visible(row, visible, mutants.is(Mutant::SoftmaxUnnormalised));
             }
             unsafe {
                 // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
@@ -129,19 +149,28 @@ pub fn attend(q: &[f32], t: usize, pos0: usize, keys: &[f32], values: &[f32], sh
             ctx[(r * heads + h) * d..][..d].copy_from_slice(&ctx_heads[(h * t + r) * d..][..d]);
         }
     }
-    Attended { ctx, probs }
+    let scores = keep_scores.then_some(scores);
+    Attended { ctx, probs, scores }
 }
 
-/// Scales raw scores, masks everything from `visible` on, and applies an f32
-/// softmax over the visible prefix in place, in torch's order: max, exp(x−max),
-/// sum, multiply by 1/sum. Masked entries become exactly 0, as exp(−inf) does
-/// in HF (its mask adds f32::MIN).
-fn softmax_causal(row: &mut [f32], visible: usize, scale: f32, unnormalised: bool) {
+/// Multiplies the raw scores by the attention scale and zeroes everything
+/// from `visible` on: the `attn_scores` stage.
+fn scale_and_mask(row: &mut [f32], visible: usize, scale: f32) {
     let (live, masked) = row.split_at_mut(visible.min(row.len()));
     masked.fill(0.0);
-    let mut max = f32::NEG_INFINITY;
     for x in live.iter_mut() {
         *x *= scale;
+    }
+}
+
+/// An f32 softmax over the visible prefix of scaled scores, in place, in
+/// torch's order: max, exp(x−max), sum, multiply by 1/sum. Masked entries stay
+/// exactly 0, as exp(−inf) makes them in HF (its mask adds f32::MIN).
+fn softmax_visible(row: &mut [f32], visible: usize, unnormalised: bool) {
+    let n = visible.min(row.len());
+    let live = &mut row[..n];
+    let mut max = f32::NEG_INFINITY;
+    for x in live.iter() {
         max = max.max(*x);
     }
     let mut sum = 0.0f32;
@@ -177,7 +206,7 @@ mod tests {
         let q = data(t * 4 * 8, 1);
         let k = data(s * 2 * 8, 2);
         let v = data(s * 2 * 8, 3);
-        let a = attend(&q, t, 0, &k, &v, shape);
+        let a = attend(&q, t, 0, &k, &v, shape, false);
         assert_eq!(a.probs.len(), 4 * t * s);
         for h in 0..4 {
             for r in 0..t {
@@ -204,7 +233,7 @@ mod tests {
         // One query row at position 0 sees only key 0, so query head h's
         // context must equal the value of its KV head.
         let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let a = attend(&data(24, 4), 1, 0, &data(8, 5), &v, shape);
+        let a = attend(&data(24, 4), 1, 0, &data(8, 5), &v, shape, false);
         for h in 0..6 {
             let kvh = shape.kv_head(h);
             assert_eq!(&a.ctx[h * 4..h * 4 + 4], &v[kvh * 4..kvh * 4 + 4], "head {h}");
@@ -222,9 +251,20 @@ mod tests {
         let (t, s) = (3, 3);
         let q = data(t * 8, 6);
         let (k, v) = (data(s * 4, 7), data(s * 4, 8));
-        let full = attend(&q, t, 0, &k, &v, shape);
-        let last = attend(&q[2 * 8..], 1, 2, &k, &v, shape);
+        let full = attend(&q, t, 0, &k, &v, shape, true);
+        let last = attend(&q[2 * 8..], 1, 2, &k, &v, shape, true);
         assert_eq!(&last.ctx[..], &full.ctx[2 * 8..]);
         assert_eq!(&last.probs[..s], &full.probs[2 * s..3 * s]);
+        let (fs, ls) = (full.scores.unwrap(), last.scores.unwrap());
+        assert_eq!(&ls[..s], &fs[2 * s..3 * s]);
+        // Row 0 of head 0 sees key 0 only: the rest of its scores are masked to 0.
+        assert!(fs[1..s].iter().all(|&x| x == 0.0) && fs[0] != 0.0);
+        // Scores are the softmax input: softmax of a row's visible scores is its probs.
+        let row = &fs[2 * s..3 * s];
+        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = row.iter().map(|x| (x - m).exp()).sum();
+        for (x, p) in row.iter().zip(&full.probs[2 * s..3 * s]) {
+            assert!(((x - m).exp() / z - p).abs() < 1e-6);
+        }
     }
 }

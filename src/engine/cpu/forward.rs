@@ -164,8 +164,11 @@ pub fn forward(
             lc.swap_last_two();
         }
         let s = lc.len();
-        let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape);
-        // Probabilities stay f32 (not rounded); the context is stored.
+        let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape, tap.wants(st(B::AttnScores)));
+        // Scores and probabilities stay f32 (not rounded); the context is stored.
+        if let Some(scores) = att.scores {
+            tap.keep(st(B::AttnScores), &[h, t, s], scores);
+        }
         tap.keep(st(B::AttnProbs), &[h, t, s], att.probs);
         let ctx = stored(att.ctx);
         tap.copy(st(B::AttnCtx), &[t, h * d], &ctx);

@@ -586,9 +586,14 @@ where
         let mut vv = self.gbuf(t * kvd)?;
         let mut q_rope = self.gbuf(t * qd)?;
         let mut k_rope = self.gbuf(t * kvd)?;
-        let any_probs = (0..cfg.layers).any(|l| tc.taps.contains(Stage::Block(l, B::AttnProbs)));
-        // Probabilities stay f32 whatever the storage (the kernel writes f32).
-        let mut probs = if any_probs {
+        let any_tap = |x: B| (0..cfg.layers).any(|l| tc.taps.contains(Stage::Block(l, x)));
+        // Scores and probabilities stay f32 whatever the storage (the kernel writes f32).
+        let mut probs = if any_tap(B::AttnProbs) {
+            Some(self.gbuf::<f32>(h * t * s)?)
+        } else {
+            None
+        };
+        let mut scores = if any_tap(B::AttnScores) {
             Some(self.gbuf::<f32>(h * t * s)?)
         } else {
             None
@@ -646,6 +651,7 @@ where
                 .map_err(err)?;
 
             let want_probs = tc.taps.contains(stg(B::AttnProbs));
+            let want_scores = tc.taps.contains(stg(B::AttnScores));
             {
                 let (rows, hh, kvh, dd, p0, ss) = (t as i32, h as i32, kv as i32, d as i32, pos0 as i32, s as i32);
                 // HF's `head_dim ** -0.5` rounded to f32, as the CPU engine.
@@ -654,6 +660,7 @@ where
                 let mut cv = ctx.view_mut();
                 let null: u64 = 0;
                 let mut pv = probs.as_mut().filter(|_| want_probs).map(|p| p.view_mut());
+                let mut sv = scores.as_mut().filter(|_| want_scores).map(|p| p.view_mut());
                 let decode = t == 1;
                 let func = if decode {
                     &self.f.attention_decode
@@ -662,6 +669,10 @@ where
                 };
                 let mut bld = self.stream.launch_builder(func);
                 bld.arg(&qv).arg(&st.k_cache[l]).arg(&st.v_cache[l]);
+                match sv.as_mut() {
+                    Some(p) => bld.arg(p),
+                    None => bld.arg(&null),
+                };
                 match pv.as_mut() {
                     Some(p) => bld.arg(p),
                     None => bld.arg(&null),
@@ -679,9 +690,13 @@ where
                 } else {
                     attn_launch
                 };
-                // SAFETY: q [T, H, D], caches [capacity >= S, KV, D], probs [H, T, S] or NULL,
+                // SAFETY: q [T, H, D], caches [capacity >= S, KV, D], scores and probs [H, T, S] or NULL,
                 // ctx [T, H*D]; smem (D + S) floats as `launch::attention` computed.
                 unsafe { bld.launch(lcfg(lc)) }.map_err(err)?;
+            }
+            if want_scores {
+                let p = scores.as_ref().expect("allocated when any layer taps attn_scores");
+                self.tap(tc, stg(B::AttnScores), &[h, t, s], p)?;
             }
             if want_probs {
                 let p = probs.as_ref().expect("allocated when any layer taps attn_probs");
