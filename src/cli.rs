@@ -208,6 +208,8 @@ pub enum SourceArg {
     Hf,
     #[value(name = "llama.cpp")]
     LlamaCpp,
+    /// The spec's `oracle:` (HF in float64).
+    Oracle,
     All,
 }
 
@@ -216,6 +218,7 @@ impl SourceArg {
         match self {
             SourceArg::Hf => SourceFilter::Hf,
             SourceArg::LlamaCpp => SourceFilter::LlamaCpp,
+            SourceArg::Oracle => SourceFilter::Oracle,
             SourceArg::All => SourceFilter::All,
         }
     }

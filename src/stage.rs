@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 18 + 3);
+        assert_eq!(all.len(), 1 + 2 * 19 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

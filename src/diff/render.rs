@@ -280,6 +280,7 @@ pub fn html(d: &DiffReport) -> String {
                     .find_map(|r| r.after.as_ref().and_then(|a| a.metrics.get("atol")))
                     .map(|a| (*a, format!("atol {a:e}"))),
                 highlight,
+                y_desc: "max |Δ| (log)".into(),
             });
         }
         let details = d

@@ -19,6 +19,7 @@ use regen::{Job, RecordArgs, Recorder};
 pub enum SourceFilter {
     Hf,
     LlamaCpp,
+    Oracle,
     All,
 }
 
@@ -28,6 +29,7 @@ impl SourceFilter {
             SourceFilter::All => true,
             SourceFilter::Hf => Recorder::for_source(source) == Some(Recorder::Hf),
             SourceFilter::LlamaCpp => Recorder::for_source(source) == Some(Recorder::LlamaCpp),
+            SourceFilter::Oracle => Recorder::for_source(source) == Some(Recorder::Oracle),
         }
     }
 }
@@ -47,13 +49,20 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
     let mut jobs = Vec::new();
     for p in specs {
         let spec = Spec::load(p)?;
-        for (source, golden) in &spec.goldens {
+        let oracle = spec.oracle.iter().map(|o| (crate::plan::ORACLE.to_string(), o.clone()));
+        let sources: Vec<(String, PathBuf)> = spec
+            .goldens
+            .iter()
+            .map(|(s, g)| (s.clone(), g.clone()))
+            .chain(oracle)
+            .collect();
+        for (source, golden) in &sources {
             if !filter.accepts(source) {
                 continue;
             }
             let recorder = Recorder::for_source(source).ok_or_else(|| {
                 Error::Usage(format!(
-                    "{}: no recorder for golden source `{source}` (known: hf, llama.cpp)",
+                    "{}: no recorder for golden source `{source}` (known: hf, llama.cpp, and the spec's oracle)",
                     p.display()
                 ))
             })?;
@@ -92,6 +101,18 @@ fn record_args(spec: &Spec) -> RecordArgs {
         steps: spec.record.steps.clone(),
         stages: spec.record.stages.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
+        sample_probs: match spec.sampling {
+            crate::spec::SamplingSpec::Random {
+                temperature,
+                top_k,
+                top_p,
+            } => Some(format!(
+                "{temperature},{},{}",
+                top_k.unwrap_or(0),
+                top_p.unwrap_or(1.0)
+            )),
+            crate::spec::SamplingSpec::Greedy => None,
+        },
         hf_golden: spec
             .goldens
             .iter()

@@ -40,6 +40,8 @@ use crate::golden::GoldenSet;
 pub enum Recorder {
     Hf,
     LlamaCpp,
+    /// HF transformers in float64: the spec's `oracle:`.
+    Oracle,
 }
 
 impl Recorder {
@@ -48,12 +50,13 @@ impl Recorder {
         match source {
             "hf" => Some(Recorder::Hf),
             "llama.cpp" | "llamacpp" | "llama_cpp" => Some(Recorder::LlamaCpp),
+            crate::plan::ORACLE => Some(Recorder::Oracle),
             _ => None,
         }
     }
     fn scripts(self) -> &'static [&'static str] {
         match self {
-            Recorder::Hf => &["record_hf.py"],
+            Recorder::Hf | Recorder::Oracle => &["record_hf.py"],
             Recorder::LlamaCpp => &["convert_gguf.py", "record_llamacpp.py"],
         }
     }
@@ -74,6 +77,9 @@ pub struct RecordArgs {
     pub stages: Option<Vec<String>>,
     /// `record.logits: last`: only the last row of each step's logits.
     pub logits_last: bool,
+    /// `TEMPERATURE,TOP_K,TOP_P` of a spec with random sampling: the HF
+    /// recorders also record `sample_probs` with HF's logits processors.
+    pub sample_probs: Option<String>,
     /// The spec's `hf` golden: the token ids a llama.cpp recording is fed
     /// when no HF golden is recorded in the same run.
     pub hf_golden: Option<PathBuf>,
@@ -479,7 +485,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     j.golden.spec,
                     recorders.join(s).display(),
                     match j.recorder {
-                        Recorder::Hf => "HF",
+                        Recorder::Hf | Recorder::Oracle => "HF",
                         Recorder::LlamaCpp => "llama.cpp",
                     }
                 )));
@@ -522,14 +528,22 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         let out = work.join(format!("{}-{}.safetensors", g.spec, g.source));
         let _ = std::fs::remove_file(&out);
         match j.recorder {
-            Recorder::Hf => {
+            Recorder::Hf | Recorder::Oracle => {
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
                 c.arg(&j.model)
                     .arg(&out)
                     .args(prompt_args(&g.golden, &j.args))
                     .args(subset_args(&j.args));
+                if let Some(sp) = &j.args.sample_probs {
+                    c.arg("--sample-probs").arg(sp);
+                }
+                if j.recorder == Recorder::Oracle {
+                    c.arg("--dtype").arg("float64");
+                }
                 run_recorder(c, "record_hf.py", &progress)?;
-                fresh_hf.insert(g.spec.clone(), g.pending());
+                if j.recorder == Recorder::Hf {
+                    fresh_hf.insert(g.spec.clone(), g.pending());
+                }
             }
             Recorder::LlamaCpp => {
                 // A GGUF is recorded as it is (quantised or not); an HF folder

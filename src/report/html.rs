@@ -35,6 +35,8 @@ pub struct Plot {
     pub tolerance: Option<(f64, String)>,
     /// The x index to highlight: (index, label).
     pub highlight: Option<(usize, String)>,
+    /// The y axis' description.
+    pub y_desc: String,
 }
 
 pub struct Section {
@@ -95,7 +97,7 @@ pub fn svg(plot: &Plot) -> String {
             // Labels are drawn below (see the loop after): the mesh's own
             // rotated labels are centred on the tick and run into the plot.
             .x_label_formatter(&|_| String::new())
-            .y_desc("max |Δ| (log)")
+            .y_desc(plot.y_desc.as_str())
             .y_label_formatter(&|y| format!("{y:.0e}"))
             .light_line_style(WHITE.mix(0.0))
             .draw();
@@ -206,6 +208,62 @@ pub fn page(title: &str, header_html: &str, sections: &[Section]) -> String {
 
 const PALETTE: [RGBColor; 4] = [BLUE, ORANGE, GREEN, PURPLE];
 
+/// The scaled policy's view of a step: per stage, the engine's error against
+/// the oracle divided by each reference's (or the floor), and each
+/// reference's error divided by its own floor; a check fails above the
+/// factor (the dashed line). `None` when no check of the step was scaled.
+fn ratio_plot(
+    step: Step,
+    stages: &BTreeMap<Stage, Vec<&Outcome>>,
+    x_labels: Vec<String>,
+    highlight: Option<(usize, String)>,
+) -> Option<Plot> {
+    let mut checks: Vec<&str> = stages
+        .values()
+        .flatten()
+        .filter(|o| o.metrics.contains_key("ratio"))
+        .map(|o| o.check.as_str())
+        .collect();
+    checks.sort();
+    checks.dedup();
+    if checks.is_empty() {
+        return None;
+    }
+    let series = checks
+        .iter()
+        .enumerate()
+        .map(|(k, check)| Series {
+            name: match check.strip_prefix("references_agree:oracle~") {
+                Some(r) => format!("{r} vs oracle / its floor"),
+                None => format!("engine error / {}'s error ({check})", check.trim_start_matches("golden:")),
+            },
+            color: PALETTE[k % PALETTE.len()],
+            points: stages
+                .values()
+                .enumerate()
+                .filter_map(|(i, outs)| {
+                    let o = outs.iter().find(|o| o.check == *check)?;
+                    Some((i, *o.metrics.get("ratio")?, o.status == Status::Fail))
+                })
+                .collect(),
+        })
+        .collect();
+    let factors: Vec<f64> = stages
+        .values()
+        .flatten()
+        .filter_map(|o| o.metrics.get("factor").copied())
+        .collect();
+    let factor = factors.first().copied().filter(|a| factors.iter().all(|b| b == a));
+    Some(Plot {
+        title: format!("{step}: scaled policy, error ratio per stage"),
+        x_labels,
+        series,
+        tolerance: factor.map(|f| (f, format!("factor {f} (fails above)"))),
+        highlight,
+        y_desc: "error ratio (log)".into(),
+    })
+}
+
 /// A run report as a page: per run, one plot per step of every golden source's
 /// max |Δ| through the stages.
 pub fn render(report: &Report) -> String {
@@ -248,7 +306,7 @@ pub fn render(report: &Report) -> String {
         }
         // step -> stage -> outcomes of golden checks
         let mut steps: BTreeMap<Step, BTreeMap<Stage, Vec<&Outcome>>> = BTreeMap::new();
-        for o in run.outcomes.iter().filter(|o| o.is_golden()) {
+        for o in run.outcomes.iter().filter(|o| o.is_golden() || o.is_references_agree()) {
             if let Some((step, stage)) = o.at {
                 steps.entry(step).or_default().entry(stage).or_default().push(o);
             }
@@ -256,7 +314,7 @@ pub fn render(report: &Report) -> String {
         let mut sources: Vec<&str> = run
             .outcomes
             .iter()
-            .filter(|o| o.is_golden())
+            .filter(|o| o.is_golden() && !o.metrics.contains_key("ratio"))
             .map(|o| o.check.as_str())
             .collect();
         sources.sort();
@@ -296,13 +354,19 @@ pub fn render(report: &Report) -> String {
                     .find(|o| o.first_divergence)
                     .map(|o| (i, format!("first divergence ({})", o.check)))
             });
-            plots.push(Plot {
-                title: format!("{step}: max |Δ| vs golden per stage"),
-                x_labels,
-                series,
-                tolerance: atol.map(|a| (a, format!("atol {a:e} (allowed |Δ| where expected = 0)"))),
-                highlight,
-            });
+            if !sources.is_empty() {
+                plots.push(Plot {
+                    title: format!("{step}: max |Δ| vs golden per stage"),
+                    x_labels: x_labels.clone(),
+                    series,
+                    tolerance: atol.map(|a| (a, format!("atol {a:e} (allowed |Δ| where expected = 0)"))),
+                    highlight: highlight.clone(),
+                    y_desc: "max |Δ| (log)".into(),
+                });
+            }
+            if let Some(p) = ratio_plot(*step, stages, x_labels, highlight) {
+                plots.push(p);
+            }
         }
         let mut failing: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.status == Status::Fail).collect();
         failing.sort_by_key(|o| !o.first_divergence);

@@ -103,10 +103,17 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         s.dedup();
         s
     };
+    // Scaled policy (an oracle): the engine's error against the oracle once,
+    // then per reference the ratio that decides (engine error / reference error).
+    let scaled = run
+        .outcomes
+        .iter()
+        .any(|o| o.is_golden() && o.metrics.contains_key("ratio"));
     // The references' distance from each other, shown as the error budget.
     let budget_label: Option<String> = run
         .outcomes
         .iter()
+        .filter(|_| !scaled)
         .find_map(|o| o.check.strip_prefix("references_agree:"))
         .map(|pair| format!("budget {}", pair.replace('~', "↔")));
     let mut rows: BTreeMap<(Step, Stage), Vec<&Outcome>> = BTreeMap::new();
@@ -130,9 +137,16 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         );
     } else if !rows.is_empty() {
         let mut header = format!("{:<8} {:<18} {:<6} {:>6}", "step", "stage", "result", "checks");
+        if scaled {
+            let _ = write!(header, "  {:>10}", "err/oracle");
+        }
         for s in &sources {
             let src = s.trim_start_matches("golden:");
-            let _ = write!(header, "  {:>10} {:>10}", format!("max|Δ| {src}"), "cosine");
+            if scaled {
+                let _ = write!(header, "  {:>10}", format!("ratio {src}"));
+            } else {
+                let _ = write!(header, "  {:>10} {:>10}", format!("max|Δ| {src}"), "cosine");
+            }
         }
         if let Some(label) = &budget_label {
             let _ = write!(header, "  {label:>12}");
@@ -156,8 +170,19 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
                 view.status(&format!("{result:<6}")),
                 format!("{passed}/{}", outs.len())
             );
+            if scaled {
+                let e = outs.iter().find_map(|o| o.metrics.get("error_vs_oracle").filter(|_| o.is_golden()));
+                let _ = write!(line, "  {:>10}", e.map_or("-".to_string(), |v| format!("{v:.2e}")));
+            }
             for s in &sources {
                 match outs.iter().find(|o| &o.check == s) {
+                    Some(o) if scaled => {
+                        let r = o.metrics.get("ratio").map_or("-".to_string(), |v| format!("{v:.3}"));
+                        let _ = write!(line, "  {r:>10}");
+                    }
+                    None if scaled => {
+                        let _ = write!(line, "  {:>10}", "");
+                    }
                     Some(o) => {
                         let m = |k: &str| o.metrics.get(k).map_or("-".to_string(), |v| format!("{v:.2e}"));
                         let cos = o.metrics.get("cosine").map_or("-".to_string(), |v| format!("{v:.7}"));

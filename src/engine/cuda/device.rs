@@ -766,6 +766,27 @@ where
                 unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
             }
             Some(r) => {
+                if tc.taps.contains(Stage::SampleProbs) {
+                    // The distribution the draw samples from, computed on the host
+                    // from this step's device logits with the host sampler's rules
+                    // (the `sample` kernel is proven to draw as the host sampler:
+                    // `reference::sample`); read back only when tapped.
+                    let row = self.stream.clone_dtoh(&last).map_err(err)?;
+                    self.stream.synchronize().map_err(err)?;
+                    let row: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
+                    let sampling = crate::sampling::Sampling::Random {
+                        temperature: r.temperature,
+                        top_k: (r.top_k > 0).then_some(r.top_k as usize),
+                        top_p: (r.has_top_p != 0).then_some(r.top_p),
+                    };
+                    if let Some(p) = crate::sampling::distribution(&sampling, &row) {
+                        tc.caps.insert(
+                            tc.step,
+                            Stage::SampleProbs,
+                            Tensor::new(vec![1, v], p).with_dtype(T::DTYPE),
+                        );
+                    }
+                }
                 let mut bld = self.stream.launch_builder(&self.f.sample);
                 bld.arg(&last)
                     .arg(&n)
