@@ -158,13 +158,15 @@ def main():
             for i, c in enumerate(cols):
                 if c is not None and (cur[i] is None or c[1] > cur[i][1]):
                     cur[i] = (c[0], c[1], f"{step}/{stage}", M, K)
-        hdr = f"{'stage':<18}" + "".join(f" {n + ' worst ratio':>20} {'(max|d|, at, M, K)':<46}" for n in names)
+        hdr = f"{'stage':<18}"
+        for n in names:
+            hdr += f" | {'ratio ' + n:>16} {'max|d|':>10} {'at':<26} {'M':>9} {'K':>6}"
         print(hdr)
         for f, cur in fam.items():
             line = f"{f:<18}"
             for c in cur:
-                line += f" {'-':>20} {'':<46}" if c is None else \
-                    f" {c[1]:>20.3f} ({c[0]:.2e}, {c[2]}, {c[3]:.3g}, {c[4]})".ljust(68)
+                line += f" | {'-':>16} {'':>10} {'':<26} {'':>9} {'':>6}" if c is None else \
+                    f" | {c[1]:>16.3f} {c[0]:>10.2e} {c[2]:<26} {c[3]:>9.4g} {c[4]:>6}"
             print(line.rstrip())
         return 0
 
