@@ -47,8 +47,8 @@ def save_deterministic(tensors, metadata, path):
 # The canonical block stages in execution order (src/stage.rs). q_norm/k_norm
 # exist only for architectures with a per-head RMSNorm of q and k before RoPE
 # (Qwen3); every other stage exists for every supported architecture.
-BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_probs",
-                "attn_ctx", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act",
+BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_scores",
+                "attn_probs", "attn_ctx", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act",
                 "ffn_out", "out"]
 QK_NORM_TYPES = {"qwen3"}
 
@@ -58,12 +58,19 @@ def block_stages(model_type):
     return [s for s in BLOCK_STAGES if qk_norm or s not in ("q_norm", "k_norm")]
 
 
-def all_stages(model_type, n_layers):
-    """Every canonical stage of one step of this model, in execution order."""
+# Stages after the logits that only some recordings have (record_hf.py
+# --sample-probs): the sampling distribution of the last row.
+OPTIONAL_STAGES = ["sample_probs"]
+
+
+def all_stages(model_type, n_layers, extra=()):
+    """Every canonical stage of one step of this model, in execution order,
+    plus the optional stages in `extra` (a subset of OPTIONAL_STAGES)."""
+    assert set(extra) <= set(OPTIONAL_STAGES), extra
     names = ["embed"]
     for li in range(n_layers):
         names += [f"blk.{li}.{s}" for s in block_stages(model_type)]
-    return names + ["output_norm", "logits"]
+    return names + ["output_norm", "logits"] + [s for s in OPTIONAL_STAGES if s in extra]
 
 
 def pattern_matches(pattern, stage):
@@ -79,21 +86,22 @@ class SelectionError(ValueError):
     pass
 
 
-def parse_stages(text, model_type, n_layers):
+def parse_stages(text, model_type, n_layers, extra=(), what="--stages"):
     """`--stages` (comma-separated patterns) -> (patterns, selected stage set).
     A pattern that matches no stage of this model is an error, as in a spec:
-    a typo must not silently record nothing."""
+    a typo must not silently record nothing. `extra`: the optional stages
+    this recording has (see all_stages)."""
     pats = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in pats):
-        raise SelectionError(f"--stages {text!r}: empty pattern (give comma-separated patterns, e.g. 'embed,blk.0.*,logits')")
-    stages = all_stages(model_type, n_layers)
+        raise SelectionError(f"{what} {text!r}: empty pattern (give comma-separated patterns, e.g. 'embed,blk.0.*,logits')")
+    stages = all_stages(model_type, n_layers, extra)
     generic = sorted({re.sub(r"^blk\.\d+\.", "blk.*.", s) for s in stages})
     chosen = set()
     for p in pats:
         hit = [s for s in stages if pattern_matches(p, s)]
         if not hit:
             raise SelectionError(
-                f"--stages: pattern {p!r} matches no stage of this {model_type} model with {n_layers} layers "
+                f"{what}: pattern {p!r} matches no stage of this {model_type} model with {n_layers} layers "
                 f"(stages: {', '.join(generic)}; `*` matches one dot-separated part, a bare `*` every stage)")
         chosen.update(hit)
     return pats, chosen
@@ -131,18 +139,50 @@ def expected_shape(stage, T, S, dims, logits_last=False):
         "tokens": (T,), "positions": (T,), "logits": (1 if logits_last else T, V),
         "q": (T, H, D), "q_norm": (T, H, D), "q_rope": (T, H, D),
         "k": (T, KV, D), "k_norm": (T, KV, D), "k_rope": (T, KV, D), "v": (T, KV, D),
-        "attn_probs": (H, T, S), "attn_ctx": (T, H * D),
+        "attn_scores": (H, T, S), "attn_probs": (H, T, S), "attn_ctx": (T, H * D),
+        "sample_probs": (1, V),
         "ffn_gate": (T, F), "ffn_up": (T, F), "ffn_act": (T, F),
     }.get(name, (T, E))  # embed, norms, attn_out, ffn_inp, ffn_out, out
 
 
-def record_section(steps_stored, all_steps, patterns, logits):
+def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
+    """`--stages-at STEP=PATTERN[,PATTERN]` (repeatable) -> ({step: patterns},
+    {step: selected stage set}): stages stored at that one step only, on top
+    of --steps x --stages (a long prompt's [H,T,S] prefill scores would not
+    fit in a committed file, its decode steps' do)."""
+    pats, sets = {}, {}
+    for item in items:
+        step, eq, text = item.partition("=")
+        step = step.strip()
+        if not eq:
+            raise SelectionError(f"--stages-at {item!r}: expected STEP=PATTERN[,PATTERN...]")
+        parse_steps(step, decode_steps)  # a known step
+        if step in pats:
+            raise SelectionError(f"--stages-at: step {step} named twice")
+        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"--stages-at {step}")
+    return pats, sets
+
+
+def record_section(steps_stored, all_steps, patterns, logits, stages_at=None):
     """The provenance `record` entry, or None when everything was recorded
     (every step, every stage, every logits row): absent means complete, which
-    keeps full recordings byte-identical to those made before subsets existed."""
-    if steps_stored == all_steps and patterns == ["*"] and logits == "all":
+    keeps full recordings byte-identical to those made before subsets existed.
+
+    `stages_at` ({step: patterns}, from --stages-at) becomes the key
+    `stages_at`: stages stored at those steps only, in addition to `steps` x
+    `stages`. A reader that does not know the key claims nothing for them
+    (they are not in `stages`), so it never expects a tensor that is absent."""
+    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at:
         return None
-    return {"steps": steps_stored, "stages": patterns, "logits": logits}
+    rec = {"steps": steps_stored, "stages": patterns, "logits": logits}
+    if stages_at:
+        rec["stages_at"] = {s: stages_at[s] for s in all_steps if s in stages_at}
+    return rec
+
+
+def stored(step, stage, keep_steps, keep_stages, stages_at_sets):
+    """Whether `step/stage` is stored under --steps/--stages/--stages-at."""
+    return (step in keep_steps and stage in keep_stages) or stage in stages_at_sets.get(step, ())
 
 
 def sha256_file(path):

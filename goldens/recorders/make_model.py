@@ -10,7 +10,8 @@ the same pinned packages (requirements.txt) give byte-identical files.
 
 Architecture: Qwen2, hidden 64, FFN 128, 2 layers, 4 query heads sharing
 2 KV heads (GQA group of 2), head_dim 16, vocab 512, untied LM head, QKV
-biases, RMSNorm eps 1e-6, RoPE theta 10000, float32. Small enough that the
+biases, RMSNorm eps 1e-6, RoPE theta 10000, float32, 1024 positions (every
+family; 256 before the long-prompt specs needed more). Small enough that the
 model and its goldens stay well under 2 MB, yet every code path a real Qwen2
 takes (GQA, biases, untied head, NEOX RoPE) is exercised.
 
@@ -21,7 +22,6 @@ TIED embeddings (no lm_head weight saved), no biases at all, RMSNorm eps
 pre-tokenizer regex (digits in groups of up to 3). It covers what the Qwen2
 model does not: tied head, no biases, a GQA group of 3, another RoPE base,
 and the Q/K row permutation llama.cpp's converter applies to Llama models.
-The default (qwen2) output is byte-identical to before --family existed.
 
 --family qwen3 (goldens/qwen3-tiny/): Qwen3, hidden 64, FFN 128, 2 layers,
 4 query heads sharing 2 KV heads, head_dim 32 (explicit, NOT hidden/heads =
@@ -38,8 +38,11 @@ LM head, no biases, RMSNorm eps 1e-5, RoPE theta 10000; hidden 64, FFN 128,
 (GQA) instead of 4, so the q, k and v pieces of the fused projection have
 different sizes and a wrong split cannot pass by shape. Config fields that
 had to be set: original_max_position_embeddings (llama.cpp's converter reads
-it unconditionally; = max_position_embeddings 256, so no scaling), bos_token_id
-None. Tokenizer: byte-level BPE with Llama 3's pre-tokenizer (the real
+it unconditionally; = max_position_embeddings 1024, so no scaling), bos_token_id
+None. The LM head's rows are equal in pairs (row 2j+1 := row 2j, bit for bit,
+after the random init): every logit pair ties exactly, so every greedy pick is
+a tie that HF's argmax and llama.cpp's greedy sampler both break towards the
+lower (even) index; an engine that breaks ties otherwise picks odd ids. Tokenizer: byte-level BPE with Llama 3's pre-tokenizer (the real
 Phi-3 uses SentencePiece; the tokenizer is not what this model tests).
 """
 import argparse
@@ -61,6 +64,19 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCaus
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 VOCAB = 512
+# Context length of every tiny model (config max_position_embeddings, hence
+# the GGUF's context_length; the tokenizer's model_max_length). 1024 leaves
+# room for long-prompt specs of a few hundred tokens (was 256). The default
+# RoPE does not depend on it, so the weights and activations do not either.
+MAX_POSITIONS = 1024
+# Families whose LM head rows are made equal in pairs (row 2j+1 := row 2j,
+# bit for bit), so that every logit pair ties exactly and every greedy pick
+# is a tie between two tokens: argmax in HF and llama.cpp's greedy pick take
+# the lowest index, so every greedy id is even (checked by both recorders).
+# Needs an untied head (a tied one would change the embeddings too): phi3.
+# (qwen3-tiny has a tied head, as Qwen3-0.6B; qwen2-tiny's untied head is
+# left alone because the default spec and its f16/bf16 variants use it.)
+PAIR_TIED_HEAD = {"phi3"}
 
 # Seeds, recorded in the goldens' provenance (record_hf.py imports SEEDS).
 # WEIGHT_SEED drives HF's own initialisation of every weight matrix;
@@ -188,7 +204,7 @@ def build_config(eos_id, initializer_range):
         num_key_value_heads=2,
         head_dim=16,
         hidden_act="silu",
-        max_position_embeddings=256,
+        max_position_embeddings=MAX_POSITIONS,
         # transformers 5 keeps RoPE settings in `rope_parameters` (config.json
         # gets `rope_parameters.rope_theta`, not a top-level `rope_theta`).
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -214,7 +230,7 @@ def build_llama_config(eos_id, initializer_range):
         num_key_value_heads=2,
         head_dim=16,
         hidden_act="silu",
-        max_position_embeddings=256,
+        max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
@@ -238,7 +254,7 @@ def build_qwen3_config(eos_id, initializer_range):
         num_key_value_heads=2,
         head_dim=32,
         hidden_act="silu",
-        max_position_embeddings=256,
+        max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
@@ -262,8 +278,8 @@ def build_phi3_config(eos_id, initializer_range):
         num_attention_heads=4,
         num_key_value_heads=2,
         hidden_act="silu",
-        max_position_embeddings=256,
-        original_max_position_embeddings=256,
+        max_position_embeddings=MAX_POSITIONS,
+        original_max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
@@ -325,7 +341,7 @@ def main():
         pad_token=eos,
         bos_token=None,
         unk_token=None,
-        model_max_length=256,
+        model_max_length=MAX_POSITIONS,
     )
     fast.save_pretrained(out)
 
@@ -345,6 +361,12 @@ def main():
     # Guard the assumptions the goldens rely on.
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert tied == TIED[args.family], f"{args.family}: LM head tied={tied}, expected {TIED[args.family]}"
+    if args.family in PAIR_TIED_HEAD:
+        assert not tied and VOCAB % 2 == 0
+        with torch.no_grad():
+            W = model.lm_head.weight
+            W[1::2] = W[0::2]
+        assert torch.equal(W[1::2], W[0::2])
     if args.family == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
     else:
@@ -362,9 +384,22 @@ def main():
             assert "lm_head.weight" not in f.keys(), "tied LM head must not be saved"
 
     files = sorted(os.listdir(out))
+    if args.family in PAIR_TIED_HEAD:
+        # The saved head still has its pairs (bit for bit), and they tie the
+        # logits exactly: a forward over the corpus's first line.
+        from safetensors import safe_open
+        with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+            Ws = f.get_tensor("lm_head.weight")
+        assert torch.equal(Ws[1::2], Ws[0::2]), "saved LM head lost its equal row pairs"
+        with torch.no_grad():
+            ids = torch.tensor([tok.encode(CORPUS_LINES[0]).ids])
+            lg = model(input_ids=ids).logits[0]
+        assert torch.equal(lg[:, 0::2], lg[:, 1::2]), "logit pairs do not tie exactly"
+        assert all(int(i) % 2 == 0 for i in lg.argmax(-1)), "argmax picked an odd id"
     print(json.dumps({
         "out": out,
         "family": args.family,
+        "lm_head_pair_tied": args.family in PAIR_TIED_HEAD,
         "files": files,
         "tokenizer_vocab": n,
         "initializer_range": args.initializer_range,

@@ -3,6 +3,8 @@
 
 usage: record_hf.py MODEL OUT_FILE [--prompt TEXT] [--chat] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
+                    [--stages-at STEP=PATTERN,...] [--dtype float32|float64]
+                    [--sample-probs TEMPERATURE,TOP_K,TOP_P]
 
 MODEL is an HF folder (config.json, tokenizer files and either one
 `model.safetensors` or a sharded `model.safetensors.index.json` with its
@@ -18,6 +20,40 @@ message with add_generation_prompt=True. --steps, --stages and --logits last
 store a subset (a real model's full goldens are gigabytes): every step still
 runs, `tokens` and `positions` are stored for every step (teacher forcing
 needs them), and the provenance says what was stored (`record`).
+--stages-at STEP=PATTERN[,PATTERN] (repeatable) stores those stages at that
+one step as well (provenance `record.stages_at: {STEP: [PATTERN, ...]}`):
+e.g. the [H,T,S] attn_scores of a long prompt's decode step, whose prefill
+scores would not fit in a committed file.
+
+--dtype float64 records an f64 ORACLE: the model is converted to
+torch.float64 after loading (a GGUF's dequantised float32 weights included;
+float32 -> float64 is exact) and every operation of the forward runs in
+float64. Three places of HF's code compute in float32 whatever the model's
+dtype, and are replaced for this run by the same formulas in float64: the
+RoPE cos/sin tables (`position_ids.float() * inv_freq` in float32; here
+inv_freq = 1/theta^(2i/d) and the angles in float64, rope_type `default`
+only), RMSNorm (casts its input to float32; here the same ops in float64, for
+q_norm/k_norm too) and the eager attention softmax (`dtype=torch.float32`;
+here float64). The attention mask is built in the model dtype (min float64
+for masked entries), which the softmax turns into exact 0. A dispatch-level
+guard asserts that no operation of any forward produced a tensor of another
+floating dtype. Each stored tensor is the float64 value rounded ONCE to
+float32 (round to nearest: a relative error of at most u/2 = 2^-25, far below
+the float32 arithmetic error the oracle measures). Provenance: as a float32
+recording but `"dtype": "float64"` (`source` stays `hf`). The default,
+float32, is the HF golden.
+
+--sample-probs TEMPERATURE,TOP_K,TOP_P (e.g. 0.7,40,0.9; TOP_K 0 and TOP_P
+1.0 switch that filter off) adds the stage `sample_probs` [1,V] at every
+step: the last row of the logits through HF's own logits processors, in the
+order and under the conditions of GenerationMixin._get_logits_processor of
+the pinned transformers (TemperatureLogitsWarper if the temperature is not
+1.0, then TopKLogitsWarper if TOP_K is not 0, then TopPLogitsWarper if
+TOP_P < 1.0; min_tokens_to_keep 1; the list is built by that very method and
+its classes asserted), then softmax in the logits' dtype (float32; float64
+with --dtype float64). Tokens the filters remove are exactly 0. Provenance:
+`sampling: {temperature, top_k, top_p}` and `sampling_processors` (the class
+names in order). The tokens fed stay the greedy ones.
 
 Keys are `<step>/<stage>` with steps `prefill`, `decode1`, ..., `decodeN`
 (the vocabulary of src/stage.rs). Row-major, batch dimension dropped;
@@ -34,6 +70,12 @@ KV kv heads, D head dim, E hidden, F FFN width, V vocab:
   blk.{i}.k_norm         [T,KV,D]  Qwen3 only: per-head RMSNorm of k, before RoPE
   blk.{i}.q_rope         [T,H,D]   q after RoPE
   blk.{i}.k_rope         [T,KV,D]  k after RoPE (this step's positions only)
+  blk.{i}.attn_scores    [H,T,S]   the softmax input before the mask:
+                                   q_rope . k_rope^T * scaling (1/sqrt(D)),
+                                   query head h against KV head h // (H/KV),
+                                   for this step's T queries and all S keys;
+                                   entries the causal mask removes (key
+                                   position > query position) are exactly 0
   blk.{i}.attn_probs     [H,T,S]   softmax output, masked entries are 0
   blk.{i}.attn_ctx       [T,H*D]   attention context, the input of o_proj
   blk.{i}.attn_out       [T,E]     o_proj output
@@ -45,11 +87,25 @@ KV kv heads, D head dim, E hidden, F FFN width, V vocab:
   blk.{i}.out            [T,E]     residual stream after the block
   output_norm            [T,E]     final norm output
   logits                 [T,V]     ([1,V], the last row, with --logits last)
+  sample_probs           [1,V]     with --sample-probs only: the sampling
+                                   distribution of the last row (see above)
 
 For Phi-3 (fused qkv_proj and gate_up_proj) q, k, v are the split pieces of
 qkv_proj's output (the first H*D features, then KV*D, then KV*D, as
 Phi3Attention slices them) and ffn_gate / ffn_up the two halves of
 gate_up_proj's output (gate first: Phi3MLP's `chunk(2)`).
+
+attn_scores is tapped inside HF's eager attention: the module-level
+`eager_attention_forward` of the modeling module is wrapped, and the wrapper
+computes `torch.matmul(query, repeat_kv(key).transpose(2, 3)) * scaling` with
+the very tensors and ops HF's function uses (attn_weights after the scaling,
+before the mask is added), then asserts that softmax(scores + HF's mask)
+reproduces HF's attention weights bit for bit and that HF's mask removes
+exactly the causal entries it zeroes.
+
+If the LM head's rows are equal in pairs (row 2j+1 == row 2j bit for bit:
+phi3-tiny, see make_model.py), every logit pair must tie bit for bit and
+every greedy id (argmax: the lowest index of a tie) must be even; asserted.
 
 `__metadata__` holds `format` = touchstone-golden/1 and `provenance`, a
 compact sorted-key JSON string (see build_provenance). The output contains
@@ -57,11 +113,14 @@ nothing that varies between runs or machines (no time, host or path), so a
 rerun with the pinned packages is byte-for-byte identical.
 """
 import argparse
+import collections
+import contextlib
 import importlib
 import json
 import os
 import platform
 import sys
+import types
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -72,7 +131,9 @@ import safetensors
 import tokenizers
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 # Import the sibling script without leaving a __pycache__ in the repository.
 sys.dont_write_bytecode = True
@@ -118,6 +179,8 @@ class Recorder:
         self.step = None  # name of the step running (for progress lines)
         self.handles = []
         self.orig_rope = None
+        self.orig_eager = None
+        self.guard = None  # the F32Guard of a float64 run: put() may round
 
     def put(self, name, t):
         """Store `t`, which still has its batch dimension of 1. Index it away
@@ -125,7 +188,9 @@ class Recorder:
         assert name not in self.rec, f"stage {name} recorded twice in one step"
         assert t.shape[0] == 1, f"{name}: expected batch 1, got shape {tuple(t.shape)}"
         # Copy so that later in-place ops in the model cannot alias the record.
-        self.rec[name] = t[0].detach().to(torch.float32).contiguous().numpy().copy()
+        # For a float64 run this is the one rounding to float32.
+        with allowed(self.guard):
+            self.rec[name] = t[0].detach().to(torch.float32).contiguous().numpy().copy()
 
     def install(self):
         m = self.model.model
@@ -209,6 +274,39 @@ class Recorder:
             return qe, ke
         self.modeling.apply_rotary_pos_emb = rope_wrapper
 
+        # attn_scores: Qwen2Attention.forward (...) passes the module-level
+        # eager_attention_forward as the default of
+        # ALL_ATTENTION_FUNCTIONS.get_interface, looked up at call time.
+        self.orig_eager = self.modeling.eager_attention_forward
+        orig_eager = self.orig_eager
+        repeat_kv = self.modeling.repeat_kv
+
+        def eager_wrapper(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            out, weights = orig_eager(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+            # HF's own first lines: the scaled scores, before the mask.
+            key_states = repeat_kv(key, module.num_key_value_groups)
+            scores = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+            T, S = scores.shape[-2:]
+            # Query row t is at position S - T + t (the cache holds positions
+            # 0..S-1); key j is masked when j > that position.
+            masked = (torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None])
+            if attention_mask is not None:
+                # HF's mask removes exactly these entries (a large negative
+                # value where masked, 0 elsewhere), and softmax(scores + mask)
+                # is HF's attention, bit for bit.
+                assert attention_mask.shape[-2:] == (T, S), attention_mask.shape
+                assert attention_mask.dtype == query.dtype, (attention_mask.dtype, query.dtype)
+                assert torch.equal(attention_mask[0, 0] < torch.finfo(query.dtype).min / 2, masked)
+                assert not attention_mask[0, 0][~masked].any()
+                again = torch.nn.functional.softmax(scores + attention_mask, dim=-1, dtype=torch.float32)
+            else:
+                assert not masked.any(), "no attention mask, but the step has future positions"
+                again = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
+            assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
+            self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill(masked, 0.0))
+            return out, weights
+        self.modeling.eager_attention_forward = eager_wrapper
+
     def remove(self):
         for h in self.handles:
             h.remove()
@@ -216,6 +314,102 @@ class Recorder:
         if self.orig_rope is not None:
             self.modeling.apply_rotary_pos_emb = self.orig_rope
             self.orig_rope = None
+        if self.orig_eager is not None:
+            self.modeling.eager_attention_forward = self.orig_eager
+            self.orig_eager = None
+
+
+# ---- float64 oracle ---------------------------------------------------------
+class F32Guard(TorchDispatchMode):
+    """Counts every aten op (outside `allowed` sections) whose output is a
+    floating tensor of another dtype than float64: a float64 run must have
+    none."""
+
+    def __init__(self):
+        super().__init__()
+        self.allow = 0
+        self.bad = collections.Counter()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.allow:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+                    self.bad[f"{func} -> {t.dtype}"] += 1
+        return out
+
+
+class allowed:
+    """Lets the guard (if any) ignore the ops inside: the rounding to float32
+    of what is stored, and the recorder's own float32 bookkeeping."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.allow += 1
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.allow -= 1
+
+
+def rope_default_f64(cfg):
+    """inv_freq of HF's `default` RoPE (compute_default_rope_parameters) in
+    float64: 1 / theta^(2i/dim), dim = head_dim * partial_rotary_factor."""
+    rp = cfg.rope_parameters
+    if rp.get("rope_type", "default") != "default":
+        sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only, not {rp['rope_type']!r}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def to_float64(model):
+    """Convert the model to float64 and replace HF's float32 islands (see the
+    module docstring). Returns what was patched, for the log."""
+    model.to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in model.parameters()), "weights are not all float64"
+    m = model.model
+    # RoPE tables.
+    rot = m.rotary_emb
+    inv64 = rope_default_f64(model.config)
+    assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0
+    # HF's float32 inv_freq is the float64 one rounded (within a few ulps).
+    assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
+
+    def rope_forward(self, x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv64
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rot.forward = types.MethodType(rope_forward, rot)
+    # RMSNorm (every norm of these architectures, q_norm/k_norm included).
+    norms = 0
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        if cls.endswith("RMSNorm"):
+            assert hasattr(mod, "variance_epsilon") and mod.weight.dtype == torch.float64, name
+
+            def rms_forward(self, hidden_states):
+                assert hidden_states.dtype == torch.float64
+                variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+                return self.weight * hidden_states
+            mod.forward = types.MethodType(rms_forward, mod)
+            norms += 1
+        else:
+            assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"
+    # Softmax: eager_attention_forward asks for dtype=torch.float32 and casts
+    # back; in a float64 run it is computed in float64 instead.
+    real_softmax = torch.nn.functional.softmax
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        if dtype == torch.float32 and input.dtype == torch.float64:
+            dtype = torch.float64
+        return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+    torch.nn.functional.softmax = softmax
+    return {"rope": "float64 default", "rmsnorm_modules": norms, "softmax": "float64"}
 
 
 def config_dims(cfg):
@@ -258,7 +452,7 @@ def attention_summary(rows):
     }
 
 
-def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record):
+def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record, sampling):
     prov = {
         "source": "hf",
         "recorder": RECORDER,
@@ -277,7 +471,7 @@ def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, s
         "model_config": cfg_dict,
         "seeds": SEEDS,  # make_model.py's; they describe the tiny models only
         "attn_implementation": "eager",
-        "dtype": "float32",
+        "dtype": args.dtype,
         "tf32": False,
         "torch_threads": torch.get_num_threads(),
         "cache_vs_full_max_abs_diff": cache_vs_full,
@@ -301,6 +495,9 @@ def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, s
         prov["tokenizer_sha256"] = source["tokenizer_sha256"]
     if record is not None:
         prov["record"] = record
+    if sampling is not None:
+        prov["sampling"] = sampling["params"]
+        prov["sampling_processors"] = sampling["processors"]
     return prov
 
 
@@ -373,7 +570,24 @@ def main():
                     help="comma-separated stage patterns to store, as in specs (`blk.*.q`, `blk.0.*`; default `*`)")
     ap.add_argument("--logits", choices=["all", "last"], default="all",
                     help="`last` stores only the last row of each step's logits, shape [1,V]")
+    ap.add_argument("--stages-at", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this one step (repeatable)")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="float64: the f64 oracle (every op in float64, stored rounded to float32)")
+    ap.add_argument("--sample-probs", default=None, metavar="TEMPERATURE,TOP_K,TOP_P",
+                    help="store `sample_probs` [1,V] at every step: HF's temperature/top-k/top-p "
+                         "processors on the last logits row, then softmax (TOP_K 0, TOP_P 1.0: off)")
     args = ap.parse_args()
+    sampling = None
+    if args.sample_probs is not None:
+        try:
+            t_, k_, p_ = args.sample_probs.split(",")
+            sampling = {"temperature": float(t_), "top_k": int(k_), "top_p": float(p_)}
+        except ValueError:
+            ap.error(f"--sample-probs {args.sample_probs!r}: expected TEMPERATURE,TOP_K,TOP_P, e.g. 0.7,40,0.9")
+        if not (sampling["temperature"] > 0 and sampling["top_k"] >= 0 and 0 < sampling["top_p"] <= 1):
+            ap.error(f"--sample-probs {args.sample_probs!r}: need TEMPERATURE > 0, TOP_K >= 0, 0 < TOP_P <= 1")
+    extra = ["sample_probs"] if sampling is not None else []
     if args.decode_steps < 0:
         ap.error("--decode-steps must be >= 0")
     if not args.prompt:
@@ -394,7 +608,9 @@ def main():
         with open(os.path.join(args.model, "config.json")) as f:
             cfg_file = json.load(f)
         try:  # validate the stage patterns before the (slow) weight load
-            golden_io.parse_stages(args.stages, cfg_file.get("model_type"), cfg_file["num_hidden_layers"])
+            golden_io.parse_stages(args.stages, cfg_file.get("model_type"), cfg_file["num_hidden_layers"], extra)
+            golden_io.parse_stages_at(args.stages_at, cfg_file.get("model_type"), cfg_file["num_hidden_layers"],
+                                      args.decode_steps, extra)
         except golden_io.SelectionError as e:
             ap.error(str(e))
         load_dir, load_kw = args.model, {}
@@ -427,11 +643,38 @@ def main():
     cfg = model.config
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters()), "weights are not all float32"
+    guard = None
+    if args.dtype == "float64":
+        patched = to_float64(model)
+        guard = F32Guard()
+        log(f"converted to float64 ({patched})")
     n_layers = cfg.num_hidden_layers
     try:
-        patterns, keep_stages = golden_io.parse_stages(args.stages, cfg.model_type, n_layers)
+        patterns, keep_stages = golden_io.parse_stages(args.stages, cfg.model_type, n_layers, extra)
+        stages_at, stages_at_sets = golden_io.parse_stages_at(args.stages_at, cfg.model_type, n_layers,
+                                                              args.decode_steps, extra)
     except golden_io.SelectionError as e:
         ap.error(str(e))
+    # An LM head whose rows are equal in pairs (phi3-tiny): every logit pair
+    # must tie bit for bit, and argmax (lowest index) must pick even ids.
+    W = model.lm_head.weight
+    pair_ties = W.shape[0] % 2 == 0 and torch.equal(W[0::2], W[1::2])
+    if pair_ties:
+        log("the LM head's rows are equal in pairs: checking exact logit ties and even greedy ids")
+    procs = None
+    if sampling is not None:
+        # HF's own list, built by the method generate() uses, for a fresh
+        # sampling config: exactly its order and its on/off conditions.
+        gc = GenerationConfig(do_sample=True, temperature=sampling["temperature"], top_k=sampling["top_k"],
+                              top_p=sampling["top_p"])
+        procs = model._get_logits_processor(generation_config=gc, input_ids_seq_length=1, device="cpu")
+        from transformers.generation import logits_process as lp
+        want = ([lp.TemperatureLogitsWarper] if sampling["temperature"] != 1.0 else []) + \
+               ([lp.TopKLogitsWarper] if sampling["top_k"] != 0 else []) + \
+               ([lp.TopPLogitsWarper] if sampling["top_p"] < 1.0 else [])
+        assert [type(p_) for p_ in procs] == want, f"HF's processors: {[type(p_).__name__ for p_ in procs]}"
+        sampling = {"params": sampling, "processors": [type(p_).__name__ for p_ in procs]}
+        log(f"sampling processors: {sampling['processors']}")
     log(f"loaded: {cfg.model_type}, {n_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}")
 
     if args.chat:
@@ -456,6 +699,7 @@ def main():
     log(f"prompt: {len(prompt_ids)} tokens; {args.decode_steps} decode step(s)")
 
     r = Recorder(model)
+    r.guard = guard
     r.install()
     out = {}
     steps, greedy_ids = [], []
@@ -465,7 +709,8 @@ def main():
     prefill_row_max = []
     logit_absmax = 0.0
     dims = config_dims(cfg)
-    expected = golden_io.all_stages(cfg.model_type, n_layers) + ["tokens", "positions"]
+    expected = golden_io.all_stages(cfg.model_type, n_layers, extra) + ["tokens", "positions"]
+    fed = list(prompt_ids)  # every token fed so far (the processors' input_ids)
     try:
         with torch.no_grad():
             for si in range(args.decode_steps + 1):
@@ -476,9 +721,23 @@ def main():
                 T = x.shape[1]
                 log(f"{step}: {T} token(s) at position {pos}")
                 positions = torch.arange(pos, pos + T, dtype=torch.int64)
-                res = model(input_ids=x, position_ids=positions[None], past_key_values=past,
-                            use_cache=True, output_attentions=True, return_dict=True)
+                with guard or contextlib.nullcontext():
+                    res = model(input_ids=x, position_ids=positions[None], past_key_values=past,
+                                use_cache=True, output_attentions=True, return_dict=True)
                 past = res.past_key_values
+                if pair_ties:
+                    lg = res.logits[0]
+                    assert torch.equal(lg[:, 0::2], lg[:, 1::2]), f"{step}: logit pairs do not tie exactly"
+                if procs is not None:
+                    with guard or contextlib.nullcontext():
+                        scores = procs(torch.tensor([fed], dtype=torch.int64), res.logits[:, -1, :])
+                        # As GenerationMixin._sample: softmax of the processed scores.
+                        probs = torch.nn.functional.softmax(scores, dim=-1)
+                    r.put("sample_probs", probs[None])  # [1,1,V] -> [1,V]
+                    sp = r.rec["sample_probs"]
+                    assert abs(float(sp.astype(np.float64).sum()) - 1.0) < 1e-5, sp.sum()
+                    if sampling["params"]["top_k"]:
+                        assert (sp > 0).sum() <= sampling["params"]["top_k"] or pair_ties
                 assert len(res.attentions) == n_layers
                 for li, a in enumerate(res.attentions):
                     r.put(f"blk.{li}.attn_probs", a)  # [1,H,T,S] -> [H,T,S]
@@ -487,7 +746,7 @@ def main():
                     if si == 0:
                         prefill_row_max.append(probs.max(axis=-1).mean())
                 # The hooked logits must be what the model returned.
-                assert np.array_equal(r.rec["logits"], res.logits[0].numpy())
+                assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy())
                 r.rec["tokens"] = x[0].numpy().astype(np.int64)
                 r.rec["positions"] = positions.numpy()
                 assert sorted(r.rec) == sorted(expected), sorted(set(r.rec) ^ set(expected))
@@ -500,16 +759,19 @@ def main():
                     # tokens/positions of every step: teacher forcing needs them.
                     if k in ("tokens", "positions"):
                         out[f"{step}/{k}"] = v
-                    elif step in keep_steps and k in keep_stages:
+                    elif golden_io.stored(step, k, keep_steps, keep_stages, stages_at_sets):
                         if k == "logits" and args.logits == "last":
                             v = np.ascontiguousarray(v[-1:])
                         out[f"{step}/{k}"] = v
                 pos += T
                 nxt = int(res.logits[0, -1].argmax())
+                if pair_ties:
+                    assert nxt % 2 == 0, f"{step}: greedy id {nxt} is odd despite the tied pairs"
                 greedy_ids.append(nxt)
+                fed.append(nxt)
                 log(f"{step}: greedy token {nxt}")
                 x = torch.tensor([[nxt]], dtype=torch.int64)
-                last_logits = res.logits[0, -1].numpy().copy()
+                last_logits = res.logits[0, -1].numpy().copy()  # float64 in an oracle run
     finally:
         r.remove()
 
@@ -518,8 +780,11 @@ def main():
     log("KV-cache cross-check: one forward over prompt + fed tokens")
     with torch.no_grad():
         full = torch.tensor([prompt_ids + greedy_ids[:-1]], dtype=torch.int64)
-        lf = model(input_ids=full).logits[0, -1].numpy()
+        with guard or contextlib.nullcontext():
+            lf = model(input_ids=full).logits[0, -1].numpy()
     cache_vs_full = float(np.abs(lf - last_logits).max())
+    if guard is not None:
+        assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
 
     if source["kind"] == "hf":
         # The config exactly as HF saved it next to the weights.
@@ -528,8 +793,8 @@ def main():
         # No config.json: the config transformers derived from the GGUF
         # metadata, serialised as save_pretrained would write it.
         cfg_dict = json.loads(cfg.to_json_string(use_diff=False))
-    record = golden_io.record_section(keep_steps, all_steps, patterns, args.logits)
-    prov = build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record)
+    record = golden_io.record_section(keep_steps, all_steps, patterns, args.logits, stages_at)
+    prov = build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record, sampling)
     metadata = {
         "format": FORMAT,
         "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":")),
@@ -562,6 +827,8 @@ def main():
         "greedy_ids": greedy_ids,
         "greedy_text": tok.decode(greedy_ids),
         "cache_vs_full_max_abs_diff": cache_vs_full,
+        "dtype": args.dtype,
+        "lm_head_pair_ties": bool(pair_ties),
         "logits_absmax": round(logit_absmax, 4),
         "attention": {
             "prefill_mean_row_max": round(pre_mean_max, 4),

@@ -29,9 +29,23 @@ converter permutes the rows of the Q and K weights (so llama.cpp's
 interleaved-pair RoPE equals HF's rotate-half RoPE); the recorder undoes that
 permutation on q, k, q_rope and k_rope so the golden is in HF's layout.
 
---steps/--stages/--logits store a subset, as in record_hf.py; by default the
-same subset the HF golden stored (its provenance `record`), so the two files
-have the same keys. Tokens and positions are stored for every step.
+--steps/--stages/--stages-at/--logits store a subset, as in record_hf.py; by
+default the same subset the HF golden stored (its provenance `record`), so the
+two files have the same keys. Tokens and positions are stored for every step.
+
+blk.{i}.attn_scores [H,T,S] is record_hf.py's stage (the scaled scores
+q_rope . k_rope^T / sqrt(D), the softmax input before the mask, causally
+masked entries exactly 0), which llama.cpp never materialises: its graph
+computes kq-L (MUL_MAT, unscaled) and ggml_soft_max_ext applies kq_scale
+inside the softmax. The recorder takes kq-L, slices it from the padded KV
+length to S, multiplies it in float32 by the kq_scale of the SOFT_MAX node
+(its op_params; exactly what the op computes before adding the mask) and
+zeroes the causally masked entries (see NODE_MAP). For Phi-3 the graph scales
+Q before kq (kq_scale 1), so the stored scores are kq as it is.
+
+If every logits row of the HF golden ties in pairs (logits[2j] == logits[2j+1]
+bit for bit: phi3-tiny's LM head has rows equal in pairs), llama.cpp's logits
+must tie the same way and every greedy id must be even; asserted.
 
 Architectures: qwen2, llama, qwen3 (per-head q/k RMSNorm: `Qcur_normed-L`,
 `Kcur_normed-L`) and phi3 (fused `wqkv-L` and fused up/gate `ffn_up-L`,
@@ -85,6 +99,17 @@ RECORDER = "goldens/recorders/record_llamacpp.py"
 # the canonical shape; attn_probs is sliced from the padded KV length to the
 # real S (the sliced-off columns must be exactly 0); q/k/q_rope/k_rope are
 # un-permuted for architectures in QK_PERMUTED.
+# attn_scores: llama.cpp never materialises the scaled scores. The graph
+# computes kq-L = k·q (MUL_MAT, unscaled) and hands it to
+# ggml_soft_max_ext(kq, mask, kq_scale, max_bias), which scales, adds the
+# mask and normalises in one op. So the recorder takes kq-L, slices it from
+# the padded KV length to S like attn_probs, multiplies it in float32 by the
+# kq_scale that SOFT_MAX node carries (op_params[0], as the op does: x*scale
+# in float32, then + mask), and sets the entries the causal mask removes
+# (key position > query position) to exactly 0. Phi-3's graph scales Q by
+# 1/sqrt(D) (a SCALE node) before kq and passes kq_scale 1; either way the
+# product of the two scales is asserted to be 1/sqrt(D) (max_bias 0: no
+# ALiBi).
 NODE_MAP = {
     "embed": ("embd", "GET_ROWS", "last"),
     "blk.{L}.attn_norm": ("attn_norm-{L}", "MUL", "last"),
@@ -93,6 +118,7 @@ NODE_MAP = {
     "blk.{L}.v": ("Vcur-{L}", "RESHAPE", "last"),
     "blk.{L}.q_rope": ("Qcur-{L}", "ROPE", "last"),
     "blk.{L}.k_rope": ("Kcur-{L}", "ROPE", "last"),
+    "blk.{L}.attn_scores": ("kq-{L}", "MUL_MAT", "last"),           # [H,T,n_kv padded], unscaled
     "blk.{L}.attn_probs": ("kq_soft_max-{L}", "SOFT_MAX", "last"),  # [H,T,n_kv padded]
     "blk.{L}.attn_ctx": ("kqv_out-{L}", "CONT", "last"),            # [T,H*D]
     "blk.{L}.attn_out": ("kqv_out-{L}", "MUL_MAT", "after"),
@@ -226,7 +252,8 @@ class NodeRecorder:
             flat = np.frombuffer(buf, dtype=np.uint8)
             data = np.lib.stride_tricks.as_strided(
                 flat.view(np.float32), shape=tuple(reversed(ne)), strides=tuple(reversed(nb))).copy()
-        self.nodes.append({"name": name, "op": op, "ne": ne, "data": data})
+        self.nodes.append({"name": name, "op": op, "ne": ne, "data": data,
+                           "op_params": bytes(bytearray(tt.op_params))})
         return True
 
 
@@ -265,7 +292,25 @@ def unpermute_qk(x):
     return np.ascontiguousarray(x.reshape(T, H, D // 2, 2).swapaxes(-1, -2).reshape(T, H, D))
 
 
-def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep):
+def op_param_f32(node, i):
+    """float op_params[i] of a node (ggml stores float parameters bitwise)."""
+    return float(np.frombuffer(node["op_params"], dtype=np.float32)[i])
+
+
+def kq_scale_of(step_nodes, layer, dims):
+    """The scale the SOFT_MAX node kq_soft_max-L applies to kq-L; asserts it,
+    times any SCALE of Q (Phi-3), is 1/sqrt(D), and that max_bias is 0."""
+    D = dims[2]
+    sm = pick(step_nodes, f"kq_soft_max-{layer}", "SOFT_MAX", "last", "attn_probs", layer)
+    scale, max_bias = op_param_f32(sm, 0), op_param_f32(sm, 1)
+    assert max_bias == 0.0, f"layer {layer}: soft_max max_bias {max_bias} (ALiBi is not supported)"
+    q_scales = [op_param_f32(n, 0) for n in step_nodes if n["name"] == f"Qcur-{layer}" and n["op"] == "SCALE"]
+    total = scale * float(np.prod(q_scales)) if q_scales else scale
+    assert abs(total * np.sqrt(D) - 1.0) < 1e-6, f"layer {layer}: attention scale {total}, not 1/sqrt({D})"
+    return np.float32(scale)
+
+
+def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, positions):
     """The stages in `keep` of one step, canonical layout (see NODE_MAP)."""
     out = {}
     for stage, name, op, sel in node_map(arch):
@@ -285,6 +330,13 @@ def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep):
                 tail = a[..., S:]
                 assert tail.size == 0 or not tail.any(), f"{step}/{st}: masked KV cells are not exactly 0"
                 a = a[..., :S]
+            if st.endswith("attn_scores"):
+                a = a.reshape(a.shape[-3:])
+                assert a.shape[:2] == want[:2] and a.shape[2] >= S, f"{step}/{st}: {a.shape} vs {want}"
+                # float32 product, as ggml_compute_forward_soft_max_f32 scales.
+                a = a[..., :S].astype(np.float32) * kq_scale_of(step_nodes, L, dims)
+                masked = np.arange(S)[None, :] > np.asarray(positions)[:, None]  # [T,S]
+                a = np.where(masked[None], np.float32(0.0), a).astype(np.float32)
             assert a.size == int(np.prod(want)), f"{step}/{st}: {a.shape} cannot be {want}"
             a = np.ascontiguousarray(a.reshape(want), dtype=np.float32)
             if permuted and st.split(".")[-1] in ("q", "k", "q_rope", "k_rope", "q_norm", "k_norm"):
@@ -304,6 +356,8 @@ def main():
                     help="comma-separated steps to store (default: those the HF golden stored)")
     ap.add_argument("--stages", default=None,
                     help="comma-separated stage patterns to store (default: those the HF golden stored)")
+    ap.add_argument("--stages-at", action="append", default=None, metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this one step (default: the HF golden's stages_at)")
     ap.add_argument("--logits", choices=["all", "last"], default=None,
                     help="`last`: only the last row of each step's logits (default: as the HF golden)")
     ap.add_argument("--list-nodes", action="store_true",
@@ -346,9 +400,21 @@ def main():
         patterns, keep = golden_io.parse_stages(
             args.stages if args.stages is not None else ",".join(hf_rec.get("stages", ["*"])),
             hf_cfg["model_type"], n_layer)
+        stages_at_args = args.stages_at if args.stages_at is not None else \
+            [f"{k}={','.join(v)}" for k, v in (hf_rec.get("stages_at") or {}).items()]
+        stages_at, stages_at_sets = golden_io.parse_stages_at(stages_at_args, hf_cfg["model_type"], n_layer,
+                                                              len(steps) - 1)
     except golden_io.SelectionError as e:
         ap.error(str(e))
     logits_rows = args.logits or hf_rec.get("logits", "all")
+    # The HF golden's LM head has rows equal in pairs (phi3-tiny) when all its
+    # recorded logit pairs tie bit for bit: then llama.cpp's must too, and
+    # every greedy id must be even (argmax picks the lowest index of a tie).
+    hf_logits = [v for k, v in hf.items() if k.endswith("/logits")]
+    pair_ties = bool(hf_logits) and hf_cfg["vocab_size"] % 2 == 0 and all(
+        np.array_equal(v[:, 0::2].view(np.uint32), v[:, 1::2].view(np.uint32)) for v in hf_logits)
+    if pair_ties:
+        log("the HF golden's logits tie in pairs: checking llama.cpp's ties and even greedy ids")
 
     # ---- model and context ----------------------------------------------------
     log(f"loading {args.gguf}")
@@ -436,15 +502,20 @@ def main():
             if args.list_nodes:
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-            want = (keep if step in keep_steps else set()) | {"logits"}
-            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want)
+            want = (keep if step in keep_steps else set()) | stages_at_sets.get(step, set()) | {"logits"}
+            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want, positions)
             rec.nodes = []  # a real model's nodes are large; drop them now
             api = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
                             for i in range(len(toks))])
             api_vs_graph = max(api_vs_graph, float(np.abs(api - stages["logits"]).max()))
             greedy_ids.append(int(stages["logits"][-1].argmax()))
             log(f"{step}: greedy token {greedy_ids[-1]}")
-            if step not in keep_steps or "logits" not in keep:
+            if pair_ties:
+                lg = stages["logits"]
+                assert np.array_equal(lg[:, 0::2].view(np.uint32), lg[:, 1::2].view(np.uint32)), \
+                    f"{step}: the HF golden's logit pairs tie exactly, llama.cpp's do not"
+                assert greedy_ids[-1] % 2 == 0, f"{step}: greedy id {greedy_ids[-1]} is odd despite the tied pairs"
+            if not golden_io.stored(step, "logits", keep_steps, keep, stages_at_sets):
                 del stages["logits"]
             elif logits_rows == "last":
                 stages["logits"] = np.ascontiguousarray(stages["logits"][-1:])
@@ -459,10 +530,12 @@ def main():
         lc.llama_model_free(model)
     assert api_vs_graph == 0.0, f"llama_get_logits_ith differs from result_output by {api_vs_graph}"
     # Same keys and shapes as the HF golden when both stored the same subset.
-    record = golden_io.record_section(keep_steps, steps, patterns, logits_rows)
+    record = golden_io.record_section(keep_steps, steps, patterns, logits_rows, stages_at)
     if record == hf_prov.get("record"):
-        assert sorted(out) == sorted(hf), \
-            f"stage set differs from the HF golden's: {sorted(set(out) ^ set(hf))[:10]}"
+        # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
+        hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))
+        assert sorted(out) == hf_keys, \
+            f"stage set differs from the HF golden's: {sorted(set(out) ^ set(hf_keys))[:10]}"
         for k, v in out.items():
             assert v.shape == hf[k].shape, f"{k}: {v.shape} vs the HF golden's {hf[k].shape}"
 

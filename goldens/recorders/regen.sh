@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Regenerate the tiny models and all their goldens (HF and llama.cpp) from
-# scratch and compare them, byte for byte, with the committed ones in
-# goldens/qwen2-tiny/, llama-tiny/, qwen3-tiny/ and phi3-tiny/.
+# Regenerate the tiny models and every committed golden from scratch and
+# compare them, byte for byte, with the committed ones:
+#   goldens/{qwen2,llama,qwen3,phi3}-tiny/: model/, hf.safetensors,
+#     model.gguf, llamacpp.safetensors, oracle.safetensors (--dtype float64)
+#   goldens/qwen2-tiny/long-hf.safetensors, long-oracle.safetensors (the
+#     prompt of specs/qwen2-tiny-long.yaml) and sampling-hf.safetensors
+#     (--sample-probs 0.7,40,0.9)
+#   goldens/qwen2.5-0.5b/: hf, llamacpp and oracle .safetensors, from the
+#     prompt and `record:` of specs/qwen2.5-0.5b.yaml, when the real model's
+#     GGUF is in $TOUCHSTONE_CACHE/models/ (ci/fetch_real_model.py puts it
+#     there); skipped with a message otherwise.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #
@@ -18,15 +26,16 @@
 # the interpreter that creates the venv (default python3; the goldens were
 # recorded with 3.11, and the Python version is part of their provenance).
 #
-# Exit status: 0 all files identical to the committed ones, 1 some differ or
-# are not committed yet, 2 usage or environment error.
+# Exit status: 0 all files identical to the committed ones (the real model's
+# skipped if its GGUF is absent), 1 some differ or are not committed yet,
+# 2 usage or environment error.
 set -euo pipefail
 
 die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -100,17 +109,59 @@ say "libllama from the pinned llama-cpp-python sdist (build_llamacpp.py; cached 
 LIBDIR="$("$PYBIN" "$HERE/build_llamacpp.py")" || die "build_llamacpp.py failed"
 say "libllama in $LIBDIR"
 
-FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors model.gguf llamacpp.safetensors"
+FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors model.gguf llamacpp.safetensors oracle.safetensors"
+# Extra goldens per model folder (compared like FILES).
+EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safetensors"
+REAL=qwen2.5-0.5b
+REAL_SPEC="$ROOT/specs/qwen2.5-0.5b.yaml"
+REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
+
+# Arguments from a spec, NUL-separated (a prompt may hold newlines):
+#   prompt SPEC  -> --prompt TEXT [--chat] [--decode-steps N]
+#   record SPEC  -> [--steps ..] [--stages ..] [--logits last]   (its `record:`)
+#   model SPEC   -> the model path (`cache:NAME` is $CACHE/models/NAME)
+spec_args() {
+    "$PYBIN" - "$1" "$2" "$CACHE" <<'PY'
+import os, sys, yaml
+what, path, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+spec = yaml.safe_load(open(path))
+out = []
+if what == "prompt":
+    p = spec["prompt"]
+    out += ["--prompt", p["text"]]
+    if p.get("chat"):
+        out.append("--chat")
+    if "decode_steps" in p:
+        out += ["--decode-steps", str(p["decode_steps"])]
+elif what == "record":
+    r = spec.get("record") or {}
+    if r.get("steps"):
+        out += ["--steps", ",".join(r["steps"])]
+    if r.get("stages"):
+        out += ["--stages", ",".join(r["stages"])]
+    if r.get("logits") == "last":
+        out += ["--logits", "last"]
+elif what == "model":
+    m = spec["model"]
+    out.append(os.path.join(cache, "models", m[len("cache:"):]) if m.startswith("cache:")
+               else os.path.normpath(os.path.join(os.path.dirname(path), m)))
+sys.stdout.write("".join(a + "\0" for a in out))
+PY
+}
+
 for m in $MODELS; do
     name="${m%%:*}" family="${m##*:}"
     dir="$OUT/$name"
     mkdir -p "$dir" || die "cannot create $dir"
     # Start from empty outputs so no stale file from an earlier run survives.
-    rm -rf "$dir/model" "$dir/hf.safetensors" "$dir/model.gguf" "$dir/llamacpp.safetensors"
+    rm -rf "$dir/model" "$dir"/*.safetensors "$dir/model.gguf"
     say "[$name] building the model into $dir/model"
     "$PYBIN" "$HERE/make_model.py" "$dir/model" --family "$family" >/dev/null || die "make_model.py failed"
     say "[$name] recording HF goldens into $dir/hf.safetensors"
     "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/hf.safetensors" >/dev/null || die "record_hf.py failed"
+    say "[$name] recording the float64 oracle into $dir/oracle.safetensors"
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/oracle.safetensors" --dtype float64 >/dev/null \
+        || die "record_hf.py --dtype float64 failed"
     say "[$name] converting to $dir/model.gguf"
     "$PYBIN" "$HERE/convert_gguf.py" "$dir/model" "$dir/model.gguf" >/dev/null 2>&1 || die "convert_gguf.py failed"
     say "[$name] recording llama.cpp goldens into $dir/llamacpp.safetensors"
@@ -118,20 +169,71 @@ for m in $MODELS; do
         --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py failed"
 done
 
+# qwen2-tiny, long prompt (specs/qwen2-tiny-long.yaml's text): compact, and
+# the [H,T,S] scores at decode2 only (the prefill's, 348x348 per head, would
+# make the file about 4 MB).
+dir="$OUT/qwen2-tiny"
+mapfile -d '' LONG_PROMPT < <(spec_args prompt "$ROOT/specs/qwen2-tiny-long.yaml")
+[ "${LONG_PROMPT[0]:-}" = --prompt ] || die "cannot read the prompt of specs/qwen2-tiny-long.yaml"
+LONG_ARGS=(--decode-steps 2 --steps prefill,decode2 --stages 'blk.*.q_rope,blk.*.attn_out,logits'
+           --stages-at 'decode2=blk.*.attn_scores' --logits last)
+for kind in hf oracle; do
+    dt=float32; [ "$kind" = oracle ] && dt=float64
+    say "[qwen2-tiny] recording the long-prompt golden into $dir/long-$kind.safetensors ($dt)"
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/long-$kind.safetensors" --prompt "${LONG_PROMPT[1]}" \
+        "${LONG_ARGS[@]}" --dtype "$dt" >/dev/null || die "record_hf.py (long, $dt) failed"
+done
+say "[qwen2-tiny] recording the sampling golden into $dir/sampling-hf.safetensors"
+"$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/sampling-hf.safetensors" --decode-steps 3 \
+    --sample-probs 0.7,40,0.9 --stages logits,sample_probs >/dev/null || die "record_hf.py --sample-probs failed"
+
+# The real model (specs/qwen2.5-0.5b.yaml), when its GGUF is cached.
+mapfile -d '' REAL_MODEL < <(spec_args model "$REAL_SPEC")
+[ -n "${REAL_MODEL[0]:-}" ] || die "cannot read the model of $REAL_SPEC"
+real_done=0
+if [ -f "${REAL_MODEL[0]}" ]; then
+    dir="$OUT/$REAL"
+    mkdir -p "$dir" || die "cannot create $dir"
+    rm -f "$dir"/*.safetensors
+    mapfile -d '' RP < <(spec_args prompt "$REAL_SPEC")
+    mapfile -d '' RR < <(spec_args record "$REAL_SPEC")
+    [ "${RP[0]:-}" = --prompt ] || die "cannot read the prompt of $REAL_SPEC"
+    say "[$REAL] recording HF goldens from ${REAL_MODEL[0]} into $dir/hf.safetensors (minutes)"
+    "$PYBIN" "$HERE/record_hf.py" "${REAL_MODEL[0]}" "$dir/hf.safetensors" "${RP[@]}" "${RR[@]}" >/dev/null \
+        || die "record_hf.py ($REAL) failed"
+    say "[$REAL] recording the float64 oracle into $dir/oracle.safetensors (minutes)"
+    "$PYBIN" "$HERE/record_hf.py" "${REAL_MODEL[0]}" "$dir/oracle.safetensors" "${RP[@]}" "${RR[@]}" \
+        --dtype float64 >/dev/null || die "record_hf.py --dtype float64 ($REAL) failed"
+    say "[$REAL] recording llama.cpp goldens into $dir/llamacpp.safetensors"
+    "$PYBIN" "$HERE/record_llamacpp.py" "${REAL_MODEL[0]}" "$dir/llamacpp.safetensors" \
+        --hf-golden "$dir/hf.safetensors" "${RR[@]}" >/dev/null || die "record_llamacpp.py ($REAL) failed"
+    real_done=1
+else
+    say "[$REAL] skipped: ${REAL_MODEL[0]} is not there (python3 ci/fetch_real_model.py caches it)"
+fi
+
 # ---- compare with the committed files ---------------------------------------
 sha() { if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo "(missing)"; fi; }
 differ=0
-for m in $MODELS; do
-    name="${m%%:*}"
+compare_list() {  # model folder name, then its files
+    local name="$1"; shift
     echo
     printf '%-42s %-64s  %-64s  %s\n' "file" new committed same
-    for f in $FILES; do
+    for f in "$@"; do
         new="$(sha "$OUT/$name/$f")"
         old="$(sha "$GOLDENS/$name/$f")"
         if [ "$new" = "$old" ]; then same=yes; else same=NO; differ=1; fi
         printf '%-42s %-64s  %-64s  %s\n' "$name/$f" "$new" "$old" "$same"
     done
+}
+for m in $MODELS; do
+    name="${m%%:*}"
+    extra_var="EXTRA_${name//-/_}"
+    # shellcheck disable=SC2086
+    compare_list "$name" $FILES ${!extra_var:-}
 done
+# shellcheck disable=SC2086
+[ "$real_done" = 1 ] && compare_list "$REAL" $REAL_FILES
 echo
 if [ "$differ" = 0 ]; then
     say "IDENTICAL: the regenerated files match goldens/ byte for byte"
@@ -140,7 +242,8 @@ else
     say "review the change (compare_sources.py OLD NEW shows per-stage differences), then accept per model with:"
     for m in $MODELS; do
         name="${m%%:*}"
-        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/hf.safetensors' '$OUT/$name/model.gguf' '$OUT/$name/llamacpp.safetensors' '$GOLDENS/$name/'"
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
     done
+    [ "$real_done" = 1 ] && say "  cp '$OUT/$REAL/'*.safetensors '$GOLDENS/$REAL/'"
     exit 1
 fi
