@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::golden::GoldenSet;
 use crate::plan::{CheckInstance, CheckKind, Plan, StageCheckKind, Target, ORACLE};
 use crate::report::{Outcome, SuiteRun};
-use crate::stage::{Stage, Step};
+use crate::stage::{BlockStage, Stage, Step};
 use crate::tensor::Tensor;
 
 /// Which check instances to run: `None` runs all; otherwise an id must contain
@@ -413,15 +413,37 @@ fn oracle_at<'a>(
     step: Step,
     stage: Stage,
     like: &Tensor,
-) -> Result<(std::borrow::Cow<'a, Tensor>, usize, f64), String> {
+) -> Result<(std::borrow::Cow<'a, Tensor>, scaled::FloorModel), String> {
     let o = oracle
         .get(step, stage)
         .ok_or_else(|| format!("the oracle ({}) has no tensor `{step}/{stage}`", oracle.path.display()))?;
     let like_last = like.shape().first() == Some(&1) && stage == Stage::Logits;
     let o = last_row_if(o, like, stage, like_last);
-    let k = scaled::reduction_len(&plan.config, stage, plan.step_dims(step).1);
     let m = scaled::max_abs_value(&o);
-    Ok((o, k, m))
+    Ok((o, floor_model(plan, oracle, step, stage, m)))
+}
+
+/// The floor model of (step, stage): its reduction length and magnitude, and
+/// for attn_probs the oracle's score magnitude at the same step (when the
+/// oracle recorded the scores).
+fn floor_model(plan: &Plan, oracle: &GoldenSet, step: Step, stage: Stage, m: f64) -> scaled::FloorModel {
+    let k = scaled::reduction_len(&plan.config, stage, plan.step_dims(step).1);
+    let softmax_input = match stage {
+        Stage::Block(l, BlockStage::AttnProbs) => oracle
+            .get(step, Stage::Block(l, BlockStage::AttnScores))
+            .map(|s| (plan.config.head_dim, scaled::max_abs_value(s))),
+        _ => None,
+    };
+    let rope_position = match stage {
+        Stage::Block(_, BlockStage::QRope | BlockStage::KRope) => Some(plan.step_dims(step).1.saturating_sub(1)),
+        _ => None,
+    };
+    scaled::FloorModel {
+        k,
+        m,
+        softmax_input,
+        rope_position,
+    }
 }
 
 fn policy(plan: &Plan) -> scaled::Policy {
@@ -452,32 +474,54 @@ fn scaled_golden_verdict(
             ));
         }
     }
-    let (o, k, m) = match oracle_at(plan, oracle, step, stage, actual) {
+    let (o, fm) = match oracle_at(plan, oracle, step, stage, actual) {
         Ok(x) => x,
         Err(e) => return Verdict::fail(e),
     };
     let actual = &*last_row_if(actual, &o, stage, oracle.logits_last_row());
-    let reference = last_row_if(reference, &o, stage, o.shape().first() == Some(&1));
-    let r = match scaled::max_error(&reference, &o) {
-        Ok((r, _)) => r,
-        Err(e) => return Verdict::fail(format!("golden `{source}` vs the oracle: {e}")).metric("shape_mismatch", 1.0),
-    };
+    // The reference error the engine is measured by: the largest among the
+    // references of the same arithmetic as `source` (the same unit roundoff),
+    // each a correct implementation whose spread is the honest error scale.
+    // A reference coarser by design has another unit, so it never widens this.
+    let unit = |src: &str| plan.spec.scaled.unit_roundoff.get(src).copied().unwrap_or(scaled::U_F32);
+    let mut r = 0.0f64;
+    let mut peers = Vec::new();
+    for (name, g) in plan.goldens.iter().filter(|(n, _)| unit(n) == unit(source)) {
+        let t = if name == source {
+            Some(reference)
+        } else {
+            g.get(step, stage)
+        };
+        let Some(t) = t else { continue };
+        let t = last_row_if(t, &o, stage, o.shape().first() == Some(&1));
+        match scaled::max_error(&t, &o) {
+            Ok((e, _)) => {
+                r = r.max(e);
+                peers.push(format!("{name} {}", sci(e)));
+            }
+            Err(e) => {
+                return Verdict::fail(format!("golden `{name}` vs the oracle: {e}")).metric("shape_mismatch", 1.0)
+            }
+        }
+    }
     let u_store = scaled::storage_unit(plan.load_options.storage);
     let e = match scaled::max_error(actual, &o) {
         Ok((e, _)) => e,
         Err(e) => return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0),
     };
-    let j = scaled::judge_engine(policy(plan), e, r, k, m, u_store);
+    let j = scaled::judge_engine(policy(plan), e, r, &fm, u_store);
     // The comparator at the allowance gives the failure its count, worst
     // element with both values, NMSE and cosine (engine vs oracle).
     let c = compare(actual, &o, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
     let head = format!(
-        "engine error {} (max|engine − oracle|), `{source}`'s error {}, floor {} (c·M·(u·√K + u_store), K {k}, M {}): \
-         ratio {} {} factor {}",
+        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}), floor {} \
+         ({}, c {}): ratio {} {} factor {}",
         sci(j.error),
         sci(r),
+        peers.join(", "),
         sci(j.floor),
-        sci(m),
+        fm.describe(),
+        plan.spec.scaled.floor,
         ratio_text(j.ratio()),
         if j.passed() { "<=" } else { ">" },
         j.factor
@@ -511,7 +555,10 @@ fn scaled_reference_verdict(
     oracle: &Tensor,
 ) -> Verdict {
     let m = scaled::max_abs_value(oracle);
-    let k = scaled::reduction_len(&plan.config, stage, plan.step_dims(step).1);
+    let Some(og) = plan.oracle.as_deref() else {
+        return Verdict::fail("the spec has no oracle".to_string());
+    };
+    let fm = floor_model(plan, og, step, stage, m);
     let u = plan
         .spec
         .scaled
@@ -528,14 +575,15 @@ fn scaled_reference_verdict(
     } else {
         c.max_abs.as_ref().map_or(0.0, |(v, _)| *v)
     };
-    let j = scaled::judge_reference(policy(plan), r, k, m, u);
+    let j = scaled::judge_reference(policy(plan), r, &fm, u);
     let c = compare(reference, oracle, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
     let head = format!(
-        "`{other}`'s error {} (max|{other} − oracle|), its floor {} (c·u·M·(√K + 1), u {}, K {k}, M {}): ratio {} {} factor {}",
+        "`{other}`'s error {} (max|{other} − oracle|), its floor {} ({}, u = u_store {}, c {}): ratio {} {} factor {}",
         sci(r),
         sci(j.floor),
+        fm.describe(),
         sci(u),
-        sci(m),
+        plan.spec.scaled.floor,
         ratio_text(j.ratio()),
         if j.passed() { "<=" } else { ">" },
         j.factor

@@ -43,7 +43,7 @@ pub const DEFAULT_FACTOR: f64 = 4.0;
 /// ones where error accumulated over layers; the factor of 4 above then
 /// covers those, and a correct engine (same arithmetic class as HF) sits
 /// within 4× of HF's own error. See the spec comments for the measured table.
-pub const DEFAULT_FLOOR: f64 = 1.0;
+pub const DEFAULT_FLOOR: f64 = 2.0;
 
 /// The parameters of one scaled judgement.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,6 +96,53 @@ pub fn max_abs_value(t: &Tensor) -> f64 {
 /// both 2^-24, so `c·u·M·(√K + 1)`).
 pub fn floor(c: f64, u: f64, u_store: f64, k: usize, m: f64) -> f64 {
     c * m * (u * (k as f64).sqrt() + u_store)
+}
+
+/// What rounding alone costs at one stage, before the constant c and the units.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FloorModel {
+    /// Reduction length of the stage (`reduction_len`).
+    pub k: usize,
+    /// max|oracle| at the stage.
+    pub m: f64,
+    /// attn_probs only: (head dim D, max|scores|) from the oracle's
+    /// attn_scores at the same step. A softmax passes its input's error on:
+    /// with scores off by Δs, |Δp_j| ≤ p_j·(|Δs_j| + Σ_k p_k|Δs_k|) ≤ 2·M·Δs,
+    /// and scores of magnitude S carry a rounding error of u·(√D + 1)·S. On a
+    /// real model S reaches thousands (q/k biases), so this term, not the
+    /// softmax's own sum, is what a correct attn_probs can reach.
+    pub softmax_input: Option<(usize, f64)>,
+    /// q_rope/k_rope only: the step's largest position P. The f32 angle
+    /// P·θ_j (θ_j ≤ 1) carries a rounding error of up to u·P radians, which
+    /// moves a rotated value by up to u·P·|x|: at position 350 that is 350
+    /// times one rounding, whatever the reduction before it.
+    pub rope_position: Option<usize>,
+}
+
+impl FloorModel {
+    /// The floor in arithmetic of unit roundoff `u`, stored with `u_store`.
+    pub fn floor(&self, c: f64, u: f64, u_store: f64) -> f64 {
+        let own = floor(c, u, u_store, self.k, self.m);
+        let angle = self.rope_position.map_or(0.0, |p| c * self.m * u * p as f64);
+        match self.softmax_input {
+            None => own + angle,
+            Some((d, s)) => own + angle + c * self.m * 2.0 * u * ((d as f64).sqrt() + 1.0) * s,
+        }
+    }
+
+    /// How the floor was formed, for messages.
+    pub fn describe(&self) -> String {
+        if let Some(p) = self.rope_position {
+            return format!("c·M·(u·√K + u_store + u·P), K {}, M {:.3e}, P {p}", self.k, self.m);
+        }
+        match self.softmax_input {
+            None => format!("c·M·(u·√K + u_store), K {}, M {:.3e}", self.k, self.m),
+            Some((d, s)) => format!(
+                "c·M·(u·√K + u_store + 2u·(√D + 1)·S), K {}, M {:.3e}, D {d}, S = max|scores| {s:.3e}",
+                self.k, self.m
+            ),
+        }
+    }
 }
 
 /// `max|a − b|` via the comparator (shape mismatch: Err with the message).
@@ -154,8 +201,9 @@ impl Judgement {
 }
 
 /// The engine against reference R: `e ≤ factor · max(r, floor)`.
-pub fn judge_engine(policy: Policy, e: f64, r: f64, k: usize, m: f64, u_store: f64) -> Judgement {
-    let fl = floor(policy.floor, U_F32, u_store, k, m);
+pub fn judge_engine(policy: Policy, e: f64, r: f64, fm: &FloorModel, u_store: f64) -> Judgement {
+    let (k, m) = (fm.k, fm.m);
+    let fl = fm.floor(policy.floor, U_F32, u_store);
     let base = r.max(fl);
     Judgement {
         error: e,
@@ -170,8 +218,9 @@ pub fn judge_engine(policy: Policy, e: f64, r: f64, k: usize, m: f64, u_store: f
 }
 
 /// A reference against the oracle: `r ≤ factor · floor_R`.
-pub fn judge_reference(policy: Policy, r: f64, k: usize, m: f64, u_ref: f64) -> Judgement {
-    let fl = floor(policy.floor, u_ref, u_ref, k, m);
+pub fn judge_reference(policy: Policy, r: f64, fm: &FloorModel, u_ref: f64) -> Judgement {
+    let (k, m) = (fm.k, fm.m);
+    let fl = fm.floor(policy.floor, u_ref, u_ref);
     Judgement {
         error: r,
         base: fl,
@@ -202,24 +251,38 @@ mod tests {
     #[test]
     fn the_engine_is_judged_against_the_larger_of_reference_error_and_floor() {
         // Reference error dominates.
-        let j = judge_engine(P, 3.9e-5, 1e-5, 64, 1.0, U_F32);
+        let fm = |k, m| FloorModel { k, m, softmax_input: None, rope_position: None };
+        let j = judge_engine(P, 3.9e-5, 1e-5, &fm(64, 1.0), U_F32);
         assert!(j.passed() && (j.ratio() - 3.9).abs() < 1e-9);
-        let j = judge_engine(P, 4.1e-5, 1e-5, 64, 1.0, U_F32);
+        let j = judge_engine(P, 4.1e-5, 1e-5, &fm(64, 1.0), U_F32);
         assert!(!j.passed());
         // An exact reference (r = 0) still leaves the floor.
-        let j = judge_engine(P, 1e-7, 0.0, 64, 1.0, U_F32);
+        let j = judge_engine(P, 1e-7, 0.0, &fm(64, 1.0), U_F32);
         assert_eq!(j.base, floor(1.0, U_F32, U_F32, 64, 1.0));
         assert!(j.passed());
         // Non-finite engine error never passes.
-        assert!(!judge_engine(P, f64::INFINITY, 1.0, 1, 1.0, U_F32).passed());
+        assert!(!judge_engine(P, f64::INFINITY, 1.0, &fm(1, 1.0), U_F32).passed());
     }
 
     #[test]
     fn a_reference_is_judged_by_its_own_unit_roundoff() {
-        let m = 10.0;
+        let fm = FloorModel { k: 896, m: 10.0, softmax_input: None, rope_position: None };
         let r = 5e-3; // an 8-bit-activation reference's error
-        assert!(!judge_reference(P, r, 896, m, U_F32).passed());
-        assert!(judge_reference(P, r, 896, m, 1.0 / 256.0).passed());
+        assert!(!judge_reference(P, r, &fm, U_F32).passed());
+        assert!(judge_reference(P, r, &fm, 1.0 / 256.0).passed());
+    }
+
+    #[test]
+    fn a_softmax_inherits_the_rounding_of_large_scores() {
+        let plain = FloorModel { k: 24, m: 1.0, softmax_input: None, rope_position: None };
+        let probs = FloorModel { softmax_input: Some((64, 1000.0)), ..plain };
+        // Scores of 1000 rounded in f32 move probabilities by ~2·u·9·1000 ≈ 1e-3.
+        let f = probs.floor(1.0, U_F32, U_F32);
+        assert!(f > 1e-3 && f < 1.2e-3, "{f}");
+        assert!(plain.floor(1.0, U_F32, U_F32) < 1e-6);
+        // A rotation at position 350 carries 350 roundings of the angle.
+        let rope = FloorModel { rope_position: Some(350), ..plain };
+        assert!((rope.floor(1.0, U_F32, U_F32) - plain.floor(1.0, U_F32, U_F32) - 350.0 * U_F32).abs() < 1e-12);
     }
 
     #[test]

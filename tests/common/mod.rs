@@ -104,7 +104,7 @@ pub fn hf_only_spec_text(model: &Path, golden: &Path) -> String {
     let text = spec_text(model, golden).replace(", {golden: llama.cpp}, references_agree", "");
     let kept: Vec<&str> = text
         .lines()
-        .filter(|l| !l.contains("llama.cpp:") && !l.contains("greedy_tokens: llama.cpp"))
+        .filter(|l| !l.contains("llama.cpp:") && !l.contains("greedy_tokens: llama.cpp") && !l.starts_with("oracle:"))
         .collect();
     let out = kept.join("\n") + "\n";
     assert!(!out.contains("{golden: llama.cpp}") && out.contains("{golden: hf}"));
