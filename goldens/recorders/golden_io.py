@@ -156,7 +156,10 @@ def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
         step = step.strip()
         if not eq:
             raise SelectionError(f"--stages-at {item!r}: expected STEP=PATTERN[,PATTERN...]")
-        parse_steps(step, decode_steps)  # a known step
+        try:
+            parse_steps(step, decode_steps)  # a known step
+        except SelectionError as e:
+            raise SelectionError(f"--stages-at {item!r}: {e}") from None
         if step in pats:
             raise SelectionError(f"--stages-at: step {step} named twice")
         pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"--stages-at {step}")
