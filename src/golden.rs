@@ -122,10 +122,15 @@ impl GoldenSet {
             Some(items) => items.iter().filter_map(Value::as_str).any(hit),
         };
         let step_name = step.to_string();
-        listed("steps", &|s| s == step_name)
-            && listed("stages", &|p| {
-                crate::spec::StagePattern::parse(p).is_ok_and(|p| p.matches(stage))
-            })
+        let pattern_hit = |p: &str| crate::spec::StagePattern::parse(p).is_ok_and(|p| p.matches(stage));
+        // `record.stages_at`: extra stage patterns recorded at one step only
+        // (`record_hf.py --stages-at decode2=blk.*.attn_scores`).
+        let extra = rec
+            .and_then(|r| r.get("stages_at"))
+            .and_then(|m| m.get(&step_name))
+            .and_then(Value::as_array)
+            .is_some_and(|items| items.iter().filter_map(Value::as_str).any(pattern_hit));
+        extra || (listed("steps", &|s| s == step_name) && listed("stages", &pattern_hit))
     }
 
     /// True when the recorder kept only the last row of each step's logits
