@@ -168,7 +168,28 @@ impl Plan {
             (None, None) => unreachable!("Spec::parse requires text, tokens or golden"),
         };
         // Goldens recorded for another model or prompt: one clear error, not a wall of mismatches.
-        crate::provenance::check_fresh(&model, &config, &goldens, spec.prompt.tokens.as_deref())?;
+        // The oracle is held to the same rule: an exact answer for another model is no answer.
+        let mut recorded = goldens.clone();
+        if let Some(o) = &oracle {
+            recorded.insert(ORACLE.to_string(), o.clone());
+        }
+        crate::provenance::check_fresh(&model, &config, &recorded, spec.prompt.tokens.as_deref())?;
+        // ... and it must have been fed the tokens the references were.
+        if let Some(o) = &oracle {
+            for (src, g) in &goldens {
+                for (step, toks) in &o.tokens {
+                    if g.tokens.get(step).is_some_and(|t| t != toks) {
+                        return Err(invalid(format!(
+                            "the oracle ({}) was recorded with tokens {toks:?} at {step}, golden `{src}` ({}) with {:?}: \
+                             record both with the same prompt",
+                            o.path.display(),
+                            g.path.display(),
+                            g.tokens[step]
+                        )));
+                    }
+                }
+            }
+        }
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
             return Err(invalid(format!(
                 "prompt token {bad} is outside the model's vocabulary of {}",

@@ -322,11 +322,11 @@ fn unbounded_counts_are_refused_before_anything_runs() {
         expect_exit2(&["run", &s], &[needle, "at most"]);
         assert!(t.elapsed().as_secs() < 10, "{to}: took {:?}", t.elapsed());
     }
-    // Within the fixed limits but past the model's 256 positions.
-    let (_d, s, _) = edited_spec("decode_steps: 4}}", "decode_steps: 300}}");
+    // Within the fixed limits but past the model's 1024 positions.
+    let (_d, s, _) = edited_spec("decode_steps: 4}}", "decode_steps: 1020}}");
     expect_exit2(
         &["run", &s],
-        &["kv_cache.decode_steps reach 314 positions", "context is 256 positions"],
+        &["kv_cache.decode_steps reach 1034 positions", "context is 1024 positions"],
     );
 }
 

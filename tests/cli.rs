@@ -13,7 +13,7 @@ fn default_run_passes_with_table_and_json() {
     let o = touchstone(&["run", "--json", &j.display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(!o.stdout.contains("prefill  blk.0.attn_probs"), "{}", o.stdout);
-    assert!(o.stdout.contains("all 140 (step, stage) rows pass"), "{}", o.stdout);
+    assert!(o.stdout.contains("all 148 (step, stage) rows pass"), "{}", o.stdout);
     assert!(o.stdout.contains("touchstone: PASSED"), "{}", o.stdout);
     assert!(
         !o.stdout.contains('\x1b'),

@@ -16,6 +16,9 @@
 //!   (`tests/fixtures/quant/real_model_tensors.json`, written by
 //!   `goldens/recorders/make_quant_fixtures.py --real-model`).
 
+mod common;
+use common::perturb;
+
 use std::path::{Path, PathBuf};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -234,25 +237,6 @@ impl Engine for Memo {
         *seen = Some((req.clone(), taps.clone(), out.clone()));
         Ok(out)
     }
-}
-
-/// Multiplies by (1 + rel) the elements of `t` whose multi-index `in_block` accepts.
-fn perturb(t: &mut touchstone::tensor::Tensor, rel: f32, in_block: &dyn Fn(&[usize]) -> bool) -> usize {
-    let shape = t.shape().to_vec();
-    let mut n = 0;
-    for (flat, x) in t.data_mut().iter_mut().enumerate() {
-        let mut idx = vec![0; shape.len()];
-        let mut r = flat;
-        for d in (0..shape.len()).rev() {
-            idx[d] = r % shape[d];
-            r /= shape[d];
-        }
-        if in_block(&idx) {
-            *x *= 1.0 + rel;
-            n += 1;
-        }
-    }
-    n
 }
 
 /// Issue 10's acceptance on the real model: with both references and the

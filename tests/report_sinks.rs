@@ -183,3 +183,77 @@ fn html_is_self_contained_with_a_plot_per_step() {
     // namespace URI is an identifier, not a fetch).
     assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("<link"));
 }
+
+/// A scaled-policy run where the HF golden is off at decode1/blk.0.attn_out:
+/// its `references_agree` fails there, the engine's golden check at the same
+/// stage fails too, and a later stage fails against the engine.
+fn scaled_fixture() -> Report {
+    let st = |l, b| Stage::Block(l, b);
+    let golden = |step, stage, ratio: f64, status| {
+        outcome(
+            Some((step, stage)),
+            "golden:hf",
+            verdict(
+                status,
+                "engine error …",
+                &[("ratio", ratio), ("factor", 4.0), ("error_vs_oracle", ratio * 1e-6), ("allowed", 4e-6)],
+            ),
+        )
+    };
+    let agree = |step, stage, ratio: f64, status| {
+        outcome(
+            Some((step, stage)),
+            "references_agree:oracle~hf",
+            verdict(status, "`hf`'s error …", &[("ratio", ratio), ("factor", 4.0)]),
+        )
+    };
+    let (a0, o0) = (st(0, BlockStage::AttnOut), st(0, BlockStage::Out));
+    let outcomes = vec![
+        golden(Step::Prefill, a0, 0.7, Status::Pass),
+        agree(Step::Prefill, a0, 1.2, Status::Pass),
+        golden(Step::Decode(1), a0, 5.0, Status::Fail),
+        agree(Step::Decode(1), a0, 900.0, Status::Fail),
+        golden(Step::Decode(1), o0, 6.0, Status::Fail),
+        agree(Step::Decode(1), o0, 1.0, Status::Pass),
+    ];
+    Report {
+        runs: vec![SuiteRun::new("fixture", "specs/fixture.yaml", "cpu", outcomes, None)],
+    }
+}
+
+#[test]
+fn a_suspect_golden_is_never_the_first_divergence() {
+    let r = scaled_fixture();
+    let run = &r.runs[0];
+    let s = run.suspect_golden.as_ref().expect("suspect golden");
+    assert_eq!((s.step.as_str(), s.stage.as_str()), ("decode1", "blk.0.attn_out"));
+    // The engine's failure at the suspect stage is not blamed on it; the next
+    // stage, where the references are within their allowance, is.
+    let fd = run.first_divergence.as_ref().expect("first divergence");
+    assert_eq!((fd.step.as_str(), fd.stage.as_str()), ("decode1", "blk.0.out"));
+    let at_suspect: Vec<&str> = run
+        .outcomes
+        .iter()
+        .filter(|o| o.at_suspect_golden)
+        .map(|o| o.id.as_str())
+        .collect();
+    assert_eq!(
+        at_suspect,
+        [
+            "decode1/blk.0.attn_out::golden:hf",
+            "decode1/blk.0.attn_out::references_agree:oracle~hf"
+        ]
+    );
+    let term = terminal::render(&r);
+    assert!(term.contains("GOLDEN SUSPECT"), "{term}");
+    assert!(term.contains("ratio hf"), "the ratio column: {term}");
+}
+
+#[test]
+fn html_plots_the_scaled_ratio_against_the_factor() {
+    let page = html::render(&scaled_fixture());
+    assert!(page.contains("scaled policy, error ratio per stage"));
+    assert!(page.contains("factor 4 (fails above)"), "factor line");
+    assert!(page.contains("hf vs oracle / its floor"), "the references' own ratio");
+    assert!(page.contains("Golden suspect: decode1/blk.0.attn_out"));
+}

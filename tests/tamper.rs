@@ -12,27 +12,6 @@
 mod common;
 use common::*;
 
-use touchstone::tensor::Tensor;
-
-/// Multiplies by (1 + rel) every element of `t` whose multi-index `in_block` accepts.
-fn perturb(t: &mut Tensor, rel: f32, in_block: &dyn Fn(&[usize]) -> bool) -> usize {
-    let shape = t.shape().to_vec();
-    let mut n = 0;
-    for (flat, x) in t.data_mut().iter_mut().enumerate() {
-        let mut idx = vec![0; shape.len()];
-        let mut r = flat;
-        for d in (0..shape.len()).rev() {
-            idx[d] = r % shape[d];
-            r /= shape[d];
-        }
-        if in_block(&idx) {
-            *x *= 1.0 + rel;
-            n += 1;
-        }
-    }
-    n
-}
-
 /// Runs `spec_text` with the HF golden replaced by a copy whose `key` block is
 /// perturbed; returns the exit status and the JSON report.
 fn run_tampered(

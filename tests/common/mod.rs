@@ -110,3 +110,22 @@ pub fn hf_only_spec_text(model: &Path, golden: &Path) -> String {
     assert!(!out.contains("{golden: llama.cpp}") && out.contains("{golden: hf}"));
     out
 }
+
+/// Multiplies by (1 + rel) every element of `t` whose multi-index `in_block` accepts.
+pub fn perturb(t: &mut Tensor, rel: f32, in_block: &dyn Fn(&[usize]) -> bool) -> usize {
+    let shape = t.shape().to_vec();
+    let mut n = 0;
+    for (flat, x) in t.data_mut().iter_mut().enumerate() {
+        let mut idx = vec![0; shape.len()];
+        let mut r = flat;
+        for d in (0..shape.len()).rev() {
+            idx[d] = r % shape[d];
+            r /= shape[d];
+        }
+        if in_block(&idx) {
+            *x *= 1.0 + rel;
+            n += 1;
+        }
+    }
+    n
+}
