@@ -25,7 +25,7 @@ fn default_run_passes_with_table_and_json() {
     assert!(v.stdout.contains("prefill  blk.0.attn_probs"), "{}", v.stdout);
     assert_eq!(
         v.stdout.lines().filter(|l| l.starts_with("decode3 ")).count(),
-        35,
+        37,
         "{}",
         v.stdout
     );
