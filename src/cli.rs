@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::engine::select::EngineSel;
 use crate::engine::EngineKind;
 use crate::error::{Error, Result};
 use crate::goldens::SourceFilter;
@@ -40,12 +41,20 @@ pub enum Command {
         /// the nearest specs/ folder up from the working directory — its
         /// qwen2-tiny.yaml in a touchstone checkout, else every spec in it.
         specs: Vec<PathBuf>,
-        /// Engine to run.
-        #[arg(long, value_enum, default_value_t = EngineArg::Cpu)]
-        engine: EngineArg,
+        /// Engine to run: `cpu`, `cuda`, `all` (both, and every engine the spec
+        /// declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
+        /// (any program speaking the subprocess protocol, README "Testing your
+        /// own engine"), or `dumps:PATH` (tensors another program wrote).
+        #[arg(long, default_value = "cpu", value_name = "ENGINE")]
+        engine: String,
         /// Model to run instead of the spec's (an HF model folder or a .gguf file).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Also write the tensors of the main run (every tapped stage at every
+        /// step, and the sampled tokens) to this safetensors file: what
+        /// `--engine dumps:FILE` checks again later. One spec and one engine only.
+        #[arg(long, value_name = "FILE")]
+        save_captures: Option<PathBuf>,
         /// Test aid: keep llama.cpp's Q/K row permutation of Llama GGUF weights
         /// instead of undoing it, to show the failure it causes (first divergence
         /// at blk.0.q). Hidden: never needed for a real run.
@@ -89,8 +98,9 @@ pub enum Command {
     List {
         /// Spec files or folders of specs (default: as for `run`).
         specs: Vec<PathBuf>,
-        #[arg(long, value_enum, default_value_t = EngineArg::Cpu)]
-        engine: EngineArg,
+        /// Engine whose trial names to list (as for `run`).
+        #[arg(long, default_value = "cpu", value_name = "ENGINE")]
+        engine: String,
         #[arg(long)]
         model: Option<PathBuf>,
     },
@@ -263,23 +273,6 @@ impl ColorArg {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum EngineArg {
-    Cpu,
-    Cuda,
-    All,
-}
-
-impl EngineArg {
-    pub fn kinds(self) -> Vec<EngineKind> {
-        match self {
-            EngineArg::Cpu => vec![EngineKind::Cpu],
-            EngineArg::Cuda => vec![EngineKind::Cuda],
-            EngineArg::All => EngineKind::ALL.to_vec(),
-        }
-    }
-}
-
 /// `--storage`: the dtype names specs use.
 fn parse_storage(s: &str) -> std::result::Result<DType, String> {
     DType::parse(s).ok_or_else(|| format!("unknown dtype `{s}` (known: f32, f16, bf16)"))
@@ -379,6 +372,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             specs,
             engine,
             model,
+            save_captures,
             keep_gguf_qk_permutation,
             storage,
             json,
@@ -390,16 +384,6 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             color,
             sinks,
         } => {
-            if require_gpu {
-                for kind in engine.kinds().into_iter().filter(|k| *k != EngineKind::Cpu) {
-                    if let crate::engine::Availability::Unavailable(reason) = kind.availability() {
-                        return Err(Error::Usage(format!(
-                            "--require-gpu: the {} engine is unavailable: {reason}",
-                            kind.name()
-                        )));
-                    }
-                }
-            }
             // Report paths are checked before anything runs.
             let outputs = sinks.resolve(json.as_deref())?;
             let filter = Filter(if only.is_empty() { None } else { Some(only) });
@@ -423,14 +407,37 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
                     Err(e) => bad.push(e),
                 }
             }
+            let mut chosen = Vec::new();
             for plan in &plans {
-                for kind in engine.kinds() {
+                let sels = EngineSel::resolve(&engine, &plan.spec)?;
+                if require_gpu {
+                    for sel in sels.iter().filter(|s| **s == EngineSel::Builtin(EngineKind::Cuda)) {
+                        if let crate::engine::Availability::Unavailable(reason) = sel.availability() {
+                            return Err(Error::Usage(format!(
+                                "--require-gpu: the {} engine is unavailable: {reason}",
+                                sel.name()
+                            )));
+                        }
+                    }
+                }
+                chosen.push(sels);
+            }
+            if save_captures.is_some() && (plans.len() != 1 || chosen[0].len() != 1) {
+                return Err(Error::Usage(
+                    "--save-captures writes one run: give one spec and one engine".into(),
+                ));
+            }
+            for (plan, sels) in plans.iter().zip(&chosen) {
+                for sel in sels {
                     let spinner = progress(&format!(
                         "{} on {}: loading the model and running",
                         plan.spec.name,
-                        kind.name()
+                        sel.name()
                     ));
-                    let run = run_plan(plan, kind, &filter, model.as_deref());
+                    let run = match &save_captures {
+                        Some(path) => crate::runner::run_plan_saving(plan, sel, &filter, model.as_deref(), path),
+                        None => run_plan(plan, sel, &filter, model.as_deref()),
+                    };
                     if let Some(s) = spinner {
                         s.finish_and_clear();
                     }
@@ -491,9 +498,9 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         Command::List { specs, engine, model } => {
             for p in specs_or_default(specs)? {
                 let plan = Plan::build(Spec::load(&p)?, model.as_deref())?;
-                for kind in engine.kinds() {
+                for sel in EngineSel::resolve(&engine, &plan.spec)? {
                     for c in &plan.checks {
-                        println!("{}::{}::{}", kind.name(), plan.spec.name, c.id);
+                        println!("{}::{}::{}", sel.name(), plan.spec.name, c.id);
                     }
                 }
             }

@@ -340,34 +340,39 @@ impl Plan {
 
     /// The canonical shape of a stage at a step (DESIGN.md's table).
     pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
-        let c = &self.config;
         let (t, s) = self.step_dims(step);
-        match stage {
-            Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
-            Stage::Logits => vec![t, c.vocab],
-            Stage::SampleProbs => vec![1, c.vocab],
-            Stage::Block(_, b) => match b {
-                BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
-                BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
-                    vec![t, c.kv_heads, c.head_dim]
-                }
-                BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
-                BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
-                BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
-                BlockStage::AttnNorm
-                | BlockStage::AttnOut
-                | BlockStage::FfnInp
-                | BlockStage::FfnNorm
-                | BlockStage::FfnOut
-                | BlockStage::Out => vec![t, c.hidden],
-            },
-        }
+        canonical_shape(&self.config, stage, t, s)
     }
 
     /// Absolute positions processed by a step.
     pub fn positions(&self, step: Step) -> Vec<usize> {
         let (t, s) = self.step_dims(step);
         (s - t..s).collect()
+    }
+}
+
+/// The canonical shape of `stage` for a step of `t` tokens after which the KV
+/// cache holds `s` positions (the README's stage table).
+pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec<usize> {
+    match stage {
+        Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
+        Stage::Logits => vec![t, c.vocab],
+        Stage::SampleProbs => vec![1, c.vocab],
+        Stage::Block(_, b) => match b {
+            BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
+            BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
+                vec![t, c.kv_heads, c.head_dim]
+            }
+            BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
+            BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
+            BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
+            BlockStage::AttnNorm
+            | BlockStage::AttnOut
+            | BlockStage::FfnInp
+            | BlockStage::FfnNorm
+            | BlockStage::FfnOut
+            | BlockStage::Out => vec![t, c.hidden],
+        },
     }
 }
 

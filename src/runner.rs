@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::checks::{invariants, run as run_checks, scaled, Verdict};
 use crate::compare::{compare, Tolerance};
+use crate::engine::select::EngineSel;
 use crate::engine::{Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
 use crate::error::Result;
 use crate::golden::GoldenSet;
@@ -83,38 +84,64 @@ fn select<'a>(plan: &'a Plan, engine: &str, filter: &Filter) -> Vec<&'a CheckIns
 
 /// Runs `plan` on `kind`. `Err` only for bad input (the model cannot be loaded);
 /// an engine failing mid-run fails the affected checks instead.
-pub fn run_plan(plan: &Plan, kind: EngineKind, filter: &Filter, model_override: Option<&Path>) -> Result<SuiteRun> {
+pub fn run_plan(plan: &Plan, sel: &EngineSel, filter: &Filter, model_override: Option<&Path>) -> Result<SuiteRun> {
+    run_plan_to(plan, sel, filter, model_override, None)
+}
+
+fn run_plan_to(
+    plan: &Plan,
+    sel: &EngineSel,
+    filter: &Filter,
+    model_override: Option<&Path>,
+    save: Option<&Path>,
+) -> Result<SuiteRun> {
     let spec_name = plan.spec.name.as_str();
     let spec_path = plan.spec.path.display().to_string();
-    let selected = select(plan, kind.name(), filter);
-    let rerun = |id: &str| rerun_command(plan, kind, id, model_override);
+    let name = sel.name();
+    let selected = select(plan, &name, filter);
+    let rerun = |id: &str| rerun_command(plan, sel, id, model_override);
     let at = |c: &CheckInstance| match c.target {
         Target::Stage { step, stage } => Some((step, stage)),
         Target::Run => None,
     };
-
-    if let Availability::Unavailable(reason) = kind.availability() {
+    // Every selected check with one verdict: an engine that cannot run here
+    // (skipped), or an external one that could not start (failed).
+    let all_with = |verdict: Verdict, skipped: Option<String>| {
         let outcomes = selected
             .iter()
-            .map(|c| {
-                Outcome::new(
-                    spec_name,
-                    kind.name(),
-                    &c.id,
-                    at(c),
-                    Verdict::skip(&reason),
-                    rerun(&c.id),
-                )
-            })
+            .map(|c| Outcome::new(spec_name, &name, &c.id, at(c), verdict.clone(), rerun(&c.id)))
             .collect();
-        return Ok(
-            SuiteRun::new(spec_name, &spec_path, kind.name(), outcomes, Some(reason))
-                .with_storage(plan.load_options.storage)
-                .with_text(texts(plan, None).0, None),
-        );
+        SuiteRun::new(spec_name, &spec_path, &name, outcomes, skipped)
+            .with_storage(plan.load_options.storage)
+            .with_text(texts(plan, None).0, None)
+    };
+
+    if let Availability::Unavailable(reason) = sel.availability() {
+        return Ok(all_with(Verdict::skip(&reason), Some(reason)));
     }
-    let engine = kind.load(&plan.model, &plan.load_options)?;
-    Ok(run_plan_on(plan, engine.as_ref(), filter, &rerun))
+    let engine = match sel.load(&plan.model, &plan.load_options, &plan.spec) {
+        Ok(e) => e,
+        // An external engine that cannot start fails its own checks; the other
+        // engines' results are still reported.
+        Err(e) if !sel.is_builtin() => {
+            return Ok(all_with(Verdict::fail(format!("the engine could not be loaded: {e}")), None))
+        }
+        Err(e) => return Err(e),
+    };
+    let (run, saved) = run_plan_inner(plan, engine.as_ref(), filter, &rerun, save);
+    saved.map(|_| run)
+}
+
+/// `run_plan`, also writing the main run's captures and tokens to `path`
+/// (`run --save-captures`): what `--engine dumps:PATH` checks again.
+pub fn run_plan_saving(
+    plan: &Plan,
+    sel: &EngineSel,
+    filter: &Filter,
+    model_override: Option<&Path>,
+    path: &Path,
+) -> Result<SuiteRun> {
+    run_plan_to(plan, sel, filter, model_override, Some(path))
 }
 
 /// Runs the checks of `plan` that `filter` selects on an engine already
@@ -126,6 +153,18 @@ pub fn run_plan_on(
     filter: &Filter,
     rerun: &(dyn Fn(&str) -> String + Sync),
 ) -> SuiteRun {
+    run_plan_inner(plan, engine, filter, rerun, None).0
+}
+
+/// `run_plan_on`, saving the main run to `save` when given; the second value
+/// is the result of saving (Ok when nothing was to be saved).
+fn run_plan_inner(
+    plan: &Plan,
+    engine: &dyn Engine,
+    filter: &Filter,
+    rerun: &(dyn Fn(&str) -> String + Sync),
+    save: Option<&Path>,
+) -> (SuiteRun, Result<()>) {
     let spec_name = plan.spec.name.as_str();
     let spec_path = plan.spec.path.display().to_string();
     let selected = select(plan, engine.name(), filter);
@@ -150,6 +189,27 @@ pub fn run_plan_on(
             forced: plan.forced.clone(),
         };
         Some(engine.run(&req, &taps).map_err(|e| e.to_string()))
+    };
+    let saved = match (save, &main_run) {
+        (None, _) => Ok(()),
+        (Some(p), Some(Ok(out))) => {
+            let meta = [
+                ("format".to_string(), "touchstone-run/1".to_string()),
+                ("spec".to_string(), plan.spec.name.clone()),
+                ("engine".to_string(), engine.name().to_string()),
+            ]
+            .into_iter()
+            .collect();
+            crate::engine::output::write_run(p, out, &meta)
+        }
+        (Some(p), Some(Err(e))) => Err(crate::error::Error::engine(
+            engine.name(),
+            format!("nothing saved to {}: the engine failed: {e}", p.display()),
+        )),
+        (Some(p), None) => Err(crate::error::Error::Usage(format!(
+            "nothing saved to {}: no selected check taps a stage",
+            p.display()
+        ))),
     };
 
     let mut outcomes: Vec<Outcome> = selected
@@ -196,9 +256,10 @@ pub fn run_plan_on(
         .and_then(|r| r.as_ref().ok())
         .map(|o| o.sampled.as_slice());
     let (prompt_text, continuation_text) = texts(plan, sampled);
-    SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None)
+    let run = SuiteRun::new(spec_name, &spec_path, engine.name(), outcomes, None)
         .with_storage(plan.load_options.storage)
-        .with_text(prompt_text, continuation_text)
+        .with_text(prompt_text, continuation_text);
+    (run, saved)
 }
 
 /// The prompt and the engine's continuation (its sampled token at every step)
@@ -234,7 +295,7 @@ fn attach_budget(outcomes: &mut [Outcome]) {
 
 /// The command that reruns one check as this run ran it: the same spec, engine,
 /// model, and storage when `--storage` overrode the spec's.
-fn rerun_command(plan: &Plan, kind: EngineKind, id: &str, model: Option<&Path>) -> String {
+fn rerun_command(plan: &Plan, sel: &EngineSel, id: &str, model: Option<&Path>) -> String {
     let model = model.map(|m| format!(" --model {}", m.display())).unwrap_or_default();
     let opts = &plan.load_options;
     let keep = if opts.keep_gguf_qk_permutation {
@@ -250,7 +311,7 @@ fn rerun_command(plan: &Plan, kind: EngineKind, id: &str, model: Option<&Path>) 
     format!(
         "touchstone run {} --engine {}{model}{keep}{storage} --only '{id}'",
         plan.spec.path.display(),
-        kind.name()
+        sel.cli_arg()
     )
 }
 
@@ -265,8 +326,20 @@ fn stage_verdict(plan: &Plan, out: &RunOutput, step: Step, stage: Stage, kind: &
         return references_verdict(plan, step, stage, base, other, *atol, *rtol);
     }
     let Some(t) = out.captures.get(step, stage) else {
+        let hint = if out.unmapped.is_empty() {
+            String::new()
+        } else {
+            let shown: Vec<&str> = out.unmapped.iter().take(8).map(String::as_str).collect();
+            format!(
+                "; its output holds {} tensor(s) touchstone cannot map ({}{}): name them canonically or map them \
+                 with `names:` in the spec",
+                out.unmapped.len(),
+                shown.join(", "),
+                if out.unmapped.len() > shown.len() { ", …" } else { "" }
+            )
+        };
         return Verdict::fail(format!(
-            "the engine returned no capture for {step}/{stage} although it was tapped"
+            "the engine did not capture {step}/{stage} although it was tapped{hint}"
         ));
     };
     let positions = &out.positions[step.index()];
@@ -665,7 +738,7 @@ fn fed_tokens(plan: &Plan, out: &RunOutput, step: Step) -> Vec<u32> {
 
 /// Convenience for callers that want every check of a plan on one engine.
 pub fn run_all(plan: &Plan, kind: EngineKind) -> Result<SuiteRun> {
-    run_plan(plan, kind, &Filter::default(), None)
+    run_plan(plan, &EngineSel::Builtin(kind), &Filter::default(), None)
 }
 
 /// Used by run checks: one engine run, with errors as strings for messages.

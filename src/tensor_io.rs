@@ -105,9 +105,17 @@ pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
                 out.int_dtypes.insert(name.clone(), "i32");
                 out.ints.insert(name, (shape, v));
             }
+            StDtype::U32 => {
+                let v = bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4-byte chunk")) as i64)
+                    .collect();
+                out.int_dtypes.insert(name.clone(), "u32");
+                out.ints.insert(name, (shape, v));
+            }
             other => {
                 return Err(bad(format!(
-                    "tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16, I64, I32"
+                    "tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16, I64, I32, U32"
                 )))
             }
         }

@@ -221,7 +221,7 @@ struct Memo {
 }
 
 impl Engine for Memo {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.inner.name()
     }
     fn config(&self) -> &touchstone::model::ModelConfig {

@@ -287,7 +287,7 @@ mod tests {
     fn an_engine_that_hides_its_weights_is_skipped_with_the_reason() {
         struct Opaque(CpuEngine);
         impl Engine for Opaque {
-            fn name(&self) -> &'static str {
+            fn name(&self) -> &str {
                 "opaque"
             }
             fn config(&self) -> &ModelConfig {

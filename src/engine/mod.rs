@@ -1,9 +1,25 @@
 //! The seam every engine implements: load a model, run a prompt plus decode
 //! steps, and hand back the tensors of the stages that were tapped. The runner
-//! and the checks only ever see this trait.
+//! and the checks only ever see this trait, so an engine outside touchstone
+//! (a Rust crate implementing `Engine`, see `crate::harness`; any program
+//! speaking the subprocess protocol, `exec`; or tensors another program wrote,
+//! `dumps`) gets exactly the checks, report and first-divergence logic of the
+//! built-in ones.
+//!
+//! What an engine owes each tapped stage is the canonical tensor of the
+//! README's stage table: row-major, no batch dimension, one tensor per
+//! (step, stage), values as the engine computed them (f32, or rounded to its
+//! storage dtype and tagged with it). The prefill step runs the whole prompt
+//! at positions 0..T; decode step n runs one token at position T + n − 1 with
+//! the KV cache of everything before it.
 
 pub mod cpu;
 pub mod cuda;
+pub mod dumps;
+pub mod exec;
+pub mod names;
+pub mod output;
+pub mod select;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -193,15 +209,31 @@ pub struct RunOutput {
     pub sampled: Vec<u32>,
     /// Absolute positions processed by each step (prefill 0..T, then one each).
     pub positions: Vec<Vec<usize>>,
+    /// Tensor names in an external engine's output that are neither canonical
+    /// nor mapped by `names:` (shown when a tapped stage is missing).
+    pub unmapped: Vec<String>,
 }
 
 /// The visitor of `Engine::visit_weights`: (HF name, shape, values).
 pub type WeightVisitor<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
 
 pub trait Engine: Send + Sync {
-    fn name(&self) -> &'static str;
+    /// The name in trial ids and reports (`cpu`, `cuda`, a spec's engine name).
+    fn name(&self) -> &str;
+    /// The model's configuration (shapes of every stage follow from it).
     fn config(&self) -> &ModelConfig;
+    /// Runs `req` (a prefill of the prompt, then `req.decode_steps` single-token
+    /// steps, teacher-forced when `req.forced` is set) and returns the tensors
+    /// of the stages in `taps` at every step, in their canonical layout, with
+    /// the token sampled after each step. A stage outside `taps` need not be
+    /// captured; a tapped one that is missing fails its checks.
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput>;
+    /// `None` when the engine can run more than once (the default). An engine
+    /// that cannot (recorded dumps) says why, and the run checks that need a
+    /// second run (determinism, kv_cache) are skipped with that reason.
+    fn reruns(&self) -> Option<String> {
+        None
+    }
     /// Calls `f` once per weight tensor the engine holds, with its HF name
     /// (fused projections under their split names: `q_proj`, `gate_proj`, ...),
     /// its row-major shape and its values as held (rounded to the storage

@@ -53,6 +53,39 @@ pub struct Spec {
     pub run_checks: Vec<RunCheck>,
     /// What `goldens regen` records (default: every step and stage, all rows).
     pub record: RecordSpec,
+    /// Engines this spec can run besides the built-in ones (`engines:`):
+    /// programs speaking the subprocess protocol, by name.
+    pub engines: BTreeMap<String, EngineDecl>,
+    /// An engine's own tensor names → canonical stages (`names:`), for
+    /// protocol output and dumps.
+    pub names: crate::engine::names::NameMap,
+}
+
+/// `engines: {NAME: {exec: [COMMAND, ARGS…], timeout_s: 60}}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineDecl {
+    /// The command and its arguments; it runs in the spec's folder.
+    pub exec: Vec<String>,
+    /// Per-request deadline in seconds (default 120).
+    #[serde(default, deserialize_with = "checks::opt_tol_value")]
+    pub timeout_s: Option<f64>,
+}
+
+/// `names:` values: a stage template, or `{stage: …, reshape: true}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+enum NameTarget {
+    Stage(String),
+    Full(NameTargetFull),
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameTargetFull {
+    stage: String,
+    #[serde(default)]
+    reshape: bool,
 }
 
 /// `scaled:` — how the scaled policy turns errors against the oracle into
@@ -253,6 +286,44 @@ struct RawSpec {
     run_checks: Vec<RunCheck>,
     #[serde(default)]
     record: RecordSpec,
+    #[serde(default)]
+    engines: BTreeMap<String, EngineDecl>,
+    #[serde(default)]
+    names: BTreeMap<String, NameTarget>,
+}
+
+/// `names:` as a validated map; errors are located at the offending name.
+fn name_map(path: &Path, text: &str, raw: BTreeMap<String, NameTarget>) -> Result<crate::engine::names::NameMap> {
+    use crate::engine::names::{NameMap, NameRule};
+    let err = |name: &str, msg: String| match locate(text, name) {
+        Some((line, col)) => Error::SpecSyntax {
+            path: path.to_path_buf(),
+            line,
+            col,
+            msg,
+        },
+        None => Error::SpecInvalid {
+            path: path.to_path_buf(),
+            msg,
+        },
+    };
+    let mut rules = Vec::new();
+    for (pattern, target) in raw {
+        let (stage, reshape) = match target {
+            NameTarget::Stage(s) => (s, false),
+            NameTarget::Full(f) => (f.stage, f.reshape),
+        };
+        let stage = StageTemplate::parse(&stage).map_err(|m| err(&pattern, format!("names.{pattern}: {m}")))?;
+        rules.push(NameRule {
+            pattern: pattern.clone(),
+            stage,
+            reshape,
+        });
+    }
+    NameMap::new(rules).map_err(|m| Error::SpecInvalid {
+        path: path.to_path_buf(),
+        msg: m,
+    })
 }
 
 fn greedy() -> SamplingSpec {
@@ -388,12 +459,39 @@ impl Spec {
             stages,
             run_checks: raw.run_checks,
             record: raw.record,
+            engines: raw.engines,
+            names: name_map(path, text, raw.names)?,
         };
         spec.validate_references(text)?;
         spec.validate_scaled(text, raw.scaled.is_some())?;
+        spec.validate_engines(text)?;
         spec.validate_record(text)?;
         spec.validate_counts(text)?;
         Ok(spec)
+    }
+
+    /// Engine names must not shadow the built-in names or the `exec:`/`dumps:`
+    /// forms, must be usable in trial ids, and need a command.
+    fn validate_engines(&self, text: &str) -> Result<()> {
+        for (name, d) in &self.engines {
+            let ok_chars = !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            let why = if matches!(name.as_str(), "cpu" | "cuda" | "all" | "exec" | "dumps") {
+                Some(format!("`{name}` is a built-in engine name; choose another"))
+            } else if !ok_chars {
+                Some(format!("engine name `{name}`: use letters, digits, `_`, `-` and `.`"))
+            } else if d.exec.is_empty() || d.exec[0].is_empty() {
+                Some(format!("engines.{name}.exec needs a command, e.g. [python3, my_engine.py]"))
+            } else if d.timeout_s == Some(0.0) {
+                Some(format!("engines.{name}.timeout_s is 0: every request would time out"))
+            } else {
+                None
+            };
+            if let Some(msg) = why {
+                return Err(self.located(text, name, msg));
+            }
+        }
+        Ok(())
     }
 
     /// `oracle` is a reserved source name; `scaled:` needs an oracle and

@@ -94,7 +94,7 @@ impl CpuEngine {
 }
 
 impl Engine for CpuEngine {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "cpu"
     }
 
@@ -163,6 +163,7 @@ impl Engine for CpuEngine {
             captures,
             sampled,
             positions,
+            unmapped: Vec::new(),
         })
     }
 }

@@ -424,7 +424,7 @@ impl<T: Storage> Engine for CudaEngine<T>
 where
     CudaBlas: Gemm<T>,
 {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "cuda"
     }
 
@@ -551,6 +551,7 @@ where
             captures,
             sampled,
             positions,
+            unmapped: Vec::new(),
         })
     }
 }

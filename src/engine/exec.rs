@@ -1,0 +1,372 @@
+//! Any program as an engine: the subprocess protocol, version 1 (README,
+//! "Testing your own engine"). touchstone starts the command once per spec
+//! and keeps it for every run the checks need; requests go one JSON object per
+//! line to its stdin, responses come one per line on its stdout, and its
+//! stderr is its log, kept (the last 64 KiB) and shown with any failure.
+//!
+//! Nothing the engine does can hang or crash touchstone: every request has a
+//! deadline (the reader is a thread; a late answer gets the process killed),
+//! a response line is capped at 1 MiB, and an engine that exits, writes
+//! something that is not JSON, answers out of protocol or writes an unusable
+//! output file makes that request fail with the engine's name, the request
+//! and its log. After a crash or a timeout the engine is marked dead and
+//! later requests fail at once with the same reason.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::names::NameMap;
+use super::output::read_run;
+use super::{Engine, RunOutput, RunRequest, TapSet};
+use crate::error::{Error, Result};
+use crate::model::{LoadOptions, ModelConfig};
+use crate::sampling::Sampling;
+
+/// The protocol version this touchstone speaks.
+pub const PROTOCOL: u64 = 1;
+/// Default per-request deadline; a spec's `engines.NAME.timeout_s` overrides it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest response line accepted (a protocol response is a few bytes).
+const MAX_LINE: usize = 1 << 20;
+/// How much of the engine's stderr is kept.
+const LOG_TAIL: usize = 64 << 10;
+
+/// How to start a protocol engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecSpec {
+    /// The name in trial ids and reports (`exec`, or the spec's engine name).
+    pub name: String,
+    /// The command and its arguments.
+    pub argv: Vec<String>,
+    /// Working directory (a spec's engines run in the spec's folder).
+    pub cwd: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+impl ExecSpec {
+    /// `exec:COMMAND ARGS…` as typed on the command line (shell quoting rules).
+    pub fn parse_cli(text: &str) -> std::result::Result<ExecSpec, String> {
+        let argv = shlex::split(text).ok_or_else(|| format!("exec:{text}: unbalanced quotes"))?;
+        if argv.is_empty() {
+            return Err("exec: needs a command, e.g. --engine \"exec:python3 my_engine.py\"".into());
+        }
+        Ok(ExecSpec {
+            name: "exec".into(),
+            argv,
+            cwd: None,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// The command as one line, for messages and rerun commands.
+    pub fn command_line(&self) -> String {
+        shlex::try_join(self.argv.iter().map(String::as_str)).unwrap_or_else(|_| self.argv.join(" "))
+    }
+}
+
+/// The running process and the threads draining its output.
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<std::result::Result<String, String>>,
+    log: Arc<Mutex<Vec<u8>>>,
+    /// Set once the process is unusable (exited, killed, out of protocol).
+    dead: Option<String>,
+}
+
+pub struct ExecEngine {
+    spec: ExecSpec,
+    config: ModelConfig,
+    names: NameMap,
+    proc: Mutex<Proc>,
+    /// Where run outputs are written (removed on drop).
+    work: tempfile::TempDir,
+    runs: std::sync::atomic::AtomicUsize,
+}
+
+impl ExecEngine {
+    /// Starts the command and sends `load`.
+    pub fn start(spec: &ExecSpec, model: &Path, opts: &LoadOptions, names: &NameMap) -> Result<ExecEngine> {
+        let config = crate::model::read_config(model)?;
+        let fail = |msg: String| Error::engine(&spec.name, msg);
+        let mut cmd = Command::new(&spec.argv[0]);
+        cmd.args(&spec.argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(d) = &spec.cwd {
+            cmd.current_dir(d);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| fail(format!("cannot start `{}`: {e}", spec.command_line())))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                let mut buf = Vec::new();
+                // Read at most MAX_LINE + 1 bytes of one line.
+                match (&mut r).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf) {
+                    Ok(0) => return, // EOF: the channel closes
+                    Ok(_) if buf.len() > MAX_LINE => {
+                        let _ = tx.send(Err(format!("a response line longer than {MAX_LINE} bytes")));
+                        return;
+                    }
+                    Ok(_) => {
+                        let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+                        if tx.send(Ok(line)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("reading its stdout: {e}")));
+                        return;
+                    }
+                }
+            }
+        });
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut r = stderr;
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = r.read(&mut chunk) {
+                if n == 0 {
+                    return;
+                }
+                let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
+                l.extend_from_slice(&chunk[..n]);
+                if l.len() > LOG_TAIL {
+                    let cut = l.len() - LOG_TAIL;
+                    l.drain(..cut);
+                }
+            }
+        });
+        let work = tempfile::Builder::new()
+            .prefix("touchstone-exec-")
+            .tempdir()
+            .map_err(|e| fail(format!("cannot create a folder for its outputs: {e}")))?;
+        let engine = ExecEngine {
+            spec: spec.clone(),
+            config,
+            names: names.clone(),
+            proc: Mutex::new(Proc {
+                child,
+                stdin,
+                lines: rx,
+                log,
+                dead: None,
+            }),
+            work,
+            runs: Default::default(),
+        };
+        let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+        let answer = engine.request(
+            "load",
+            json!({"op": "load", "protocol": PROTOCOL, "model": model, "storage": opts.storage.to_string()}),
+        )?;
+        if let Some(n) = answer.get("engine").and_then(Value::as_str) {
+            eprintln!("touchstone: engine `{}` is `{n}` ({})", spec.name, spec.command_line());
+        }
+        Ok(engine)
+    }
+
+    /// Sends one request and waits for its response (an object with
+    /// `"ok": true`; anything else is an error naming the request).
+    fn request(&self, op: &str, req: Value) -> Result<Value> {
+        let mut p = self.proc.lock().unwrap_or_else(|e| e.into_inner());
+        let what = format!("`{}` ({}) on request `{op}`", self.spec.name, self.spec.command_line());
+        if let Some(why) = &p.dead {
+            return Err(Error::engine(&self.spec.name, format!("{what}: {why}")));
+        }
+        let line = format!("{req}\n");
+        let sent = match p.stdin.as_mut() {
+            Some(s) => s.write_all(line.as_bytes()).and_then(|_| s.flush()),
+            None => Err(std::io::Error::other("its stdin is closed")),
+        };
+        if let Err(e) = sent {
+            let why = format!("cannot send the request ({e}): {}", exit_note(&mut p));
+            return Err(self.kill(&mut p, &what, why));
+        }
+        match p.lines.recv_timeout(self.spec.timeout) {
+            Ok(Ok(text)) => {
+                let v: Value = match serde_json::from_str(&text) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let why = format!("answered with a line that is not JSON ({e}): `{}`", clip(&text, 200));
+                        return Err(self.kill(&mut p, &what, why));
+                    }
+                };
+                match v.get("ok").and_then(Value::as_bool) {
+                    Some(true) => Ok(v),
+                    Some(false) => {
+                        let msg = v.get("error").and_then(Value::as_str).unwrap_or("(no `error` given)");
+                        Err(Error::engine(
+                            &self.spec.name,
+                            format!("{what}: the engine reports an error: {msg}{}", log_note(&p)),
+                        ))
+                    }
+                    None => {
+                        let why = format!(
+                            "answered out of protocol (a response needs \"ok\": true or false): `{}`",
+                            clip(&text, 200)
+                        );
+                        Err(self.kill(&mut p, &what, why))
+                    }
+                }
+            }
+            Ok(Err(e)) => Err(self.kill(&mut p, &what, e)),
+            Err(RecvTimeoutError::Timeout) => {
+                let why = format!(
+                    "no answer within {} s (the per-request timeout; a spec sets it with `engines.NAME.timeout_s`); \
+                     the process was killed",
+                    self.spec.timeout.as_secs_f64()
+                );
+                Err(self.kill(&mut p, &what, why))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let why = format!("closed its stdout without answering: {}", exit_note(&mut p));
+                Err(self.kill(&mut p, &what, why))
+            }
+        }
+    }
+
+    /// Marks the process dead (killing it if it still runs) and returns the
+    /// error for this request, with the engine's log.
+    fn kill(&self, p: &mut Proc, what: &str, why: String) -> Error {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        p.dead = Some(format!("the engine is not usable any more: an earlier request failed: {why}"));
+        Error::engine(&self.spec.name, format!("{what}: {why}{}", log_note(p)))
+    }
+}
+
+/// The process's exit status if it has exited (waiting briefly for it).
+fn exit_note(p: &mut Proc) -> String {
+    for _ in 0..50 {
+        if let Ok(Some(status)) = p.child.try_wait() {
+            return format!("the process exited ({status})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    "the process is still running".into()
+}
+
+/// The tail of the engine's stderr, for a failure message.
+fn log_note(p: &Proc) -> String {
+    // Give the stderr thread a moment to drain what the process wrote last.
+    std::thread::sleep(Duration::from_millis(50));
+    let log = p.log.lock().unwrap_or_else(|e| e.into_inner());
+    if log.is_empty() {
+        return "\n(the engine wrote nothing to stderr)".into();
+    }
+    let text = String::from_utf8_lossy(&log);
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(20)..];
+    format!("\nthe engine's stderr (last {} lines):\n  {}", tail.len(), tail.join("\n  "))
+}
+
+fn clip(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+fn sampling_json(s: &Sampling) -> Value {
+    match s {
+        Sampling::Greedy => json!("greedy"),
+        Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        } => json!({"temperature": temperature, "top_k": top_k, "top_p": top_p}),
+    }
+}
+
+impl Engine for ExecEngine {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
+        req.validate(&self.spec.name, self.config.vocab)?;
+        let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let out = self.work.path().join(format!("run-{n}.safetensors"));
+        let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
+        let forced = req.forced.as_ref().map(|f| f[..req.decode_steps.min(f.len())].to_vec());
+        self.request(
+            "run",
+            json!({
+                "op": "run",
+                "prompt": req.prompt,
+                "decode_steps": req.decode_steps,
+                "sampling": sampling_json(&req.sampling),
+                "seed": req.seed,
+                "forced": forced,
+                "taps": taps,
+                "out": out,
+            }),
+        )?;
+        let file = crate::tensor_io::read_safetensors(&out).map_err(|e| {
+            Error::engine(
+                &self.spec.name,
+                format!("`{}` answered `run` with ok, but its output is not usable: {e}", self.spec.name),
+            )
+        })?;
+        let _ = std::fs::remove_file(&out);
+        let read = read_run(&file, &self.names, &self.config, req, &self.spec.name)?;
+        let mut output = read.output;
+        output.unmapped = read.unmapped;
+        Ok(output)
+    }
+}
+
+impl Drop for ExecEngine {
+    /// `shutdown`, then a short grace period, then kill: a stuck engine never
+    /// outlives touchstone.
+    fn drop(&mut self) {
+        let p = self.proc.get_mut().unwrap_or_else(|e| e.into_inner());
+        if p.dead.is_none() {
+            if let Some(s) = p.stdin.as_mut() {
+                let _ = s.write_all(b"{\"op\":\"shutdown\"}\n").and_then(|_| s.flush());
+            }
+            p.stdin = None;
+            for _ in 0..100 {
+                if let Ok(Some(_)) = p.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_split_like_a_shell() {
+        let e = ExecSpec::parse_cli("python3 'my engine.py' --flag x").unwrap();
+        assert_eq!(e.argv, ["python3", "my engine.py", "--flag", "x"]);
+        assert_eq!(e.command_line(), "python3 'my engine.py' --flag x");
+        assert!(ExecSpec::parse_cli("python3 'open").is_err());
+        assert!(ExecSpec::parse_cli("   ").is_err());
+    }
+}

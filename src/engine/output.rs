@@ -1,0 +1,116 @@
+//! One run's tensors as a file: what a protocol engine writes for each `run`
+//! request, what `--engine dumps:` reads, and what `run --save-captures`
+//! writes. Float tensors `<step>/<name>` (names canonical, or mapped by
+//! `names:`), plus `tokens`, an integer tensor of shape `[1 + N]`: the token
+//! sampled after each step.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::names::NameMap;
+use super::{Captures, RunOutput, RunRequest};
+use crate::error::{Error, Result};
+use crate::model::ModelConfig;
+use crate::plan::canonical_shape;
+use crate::stage::Step;
+use crate::tensor::Tensor;
+use crate::tensor_io::TensorFile;
+
+/// (T, S) of `step` for a request with a prompt of `prompt_len` tokens.
+fn step_dims(prompt_len: usize, step: Step) -> (usize, usize) {
+    match step {
+        Step::Prefill => (prompt_len, prompt_len),
+        Step::Decode(n) => (1, prompt_len + n),
+    }
+}
+
+/// What a run file holds besides its captures: names that are neither
+/// canonical nor mapped (shown when a tapped stage is missing).
+pub struct Read {
+    pub output: RunOutput,
+    pub unmapped: Vec<String>,
+}
+
+/// Reads a run file for `req`. Steps past the request's are ignored; a
+/// tensor of a step or stage the request did not ask for is simply unused.
+pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &RunRequest, engine: &str) -> Result<Read> {
+    let bad = |msg: String| Error::engine(engine, format!("{}: {msg}", file.path.display()));
+    let mut captures = Captures::default();
+    let mut unmapped = Vec::new();
+    for (key, t) in &file.floats {
+        let Some((step_name, name)) = key.split_once('/') else {
+            unmapped.push(key.clone());
+            continue;
+        };
+        let Some(step) = Step::parse(step_name) else {
+            unmapped.push(key.clone());
+            continue;
+        };
+        if step.index() > req.decode_steps {
+            continue;
+        }
+        let Some((stage, reshape)) = names.resolve(name) else {
+            unmapped.push(key.clone());
+            continue;
+        };
+        let mut t = t.clone();
+        if reshape {
+            let (tt, s) = step_dims(req.prompt.len(), step);
+            let want = canonical_shape(cfg, stage, tt, s);
+            if want.iter().product::<usize>() == t.numel() {
+                t = Tensor::new(want, t.data().to_vec()).with_dtype(t.dtype());
+            }
+        }
+        captures.insert(step, stage, t);
+    }
+    let n = req.decode_steps + 1;
+    let (shape, ids) = file.ints.get("tokens").ok_or_else(|| {
+        bad(format!(
+            "no `tokens` tensor (an integer tensor [{n}]: the token sampled after each step)"
+        ))
+    })?;
+    if ids.len() < n || shape.iter().product::<usize>() != ids.len() {
+        return Err(bad(format!(
+            "`tokens` has shape {shape:?}; the run has {n} steps (prefill + {} decode), so it needs [{n}]",
+            req.decode_steps
+        )));
+    }
+    let sampled = ids[..n]
+        .iter()
+        .map(|&v| u32::try_from(v).ok().filter(|&x| (x as usize) < cfg.vocab))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| bad(format!("`tokens` {:?} holds an id outside the vocabulary of {}", &ids[..n], cfg.vocab)))?;
+    let positions = Step::sequence(req.decode_steps)
+        .into_iter()
+        .map(|st| {
+            let (t, s) = step_dims(req.prompt.len(), st);
+            (s - t..s).collect()
+        })
+        .collect();
+    unmapped.sort();
+    Ok(Read {
+        output: RunOutput {
+            captures,
+            sampled,
+            positions,
+            unmapped: Vec::new(),
+        },
+        unmapped,
+    })
+}
+
+/// Writes a run's captures and sampled tokens as a run file (F32 tensors).
+pub fn write_run(path: &Path, out: &RunOutput, metadata: &BTreeMap<String, String>) -> Result<()> {
+    let floats: BTreeMap<String, Tensor> = out
+        .captures
+        .iter()
+        .map(|((step, stage), t)| (format!("{step}/{stage}"), t.clone()))
+        .collect();
+    let ints: BTreeMap<String, (Vec<usize>, Vec<i64>)> = [(
+        "tokens".to_string(),
+        (vec![out.sampled.len()], out.sampled.iter().map(|&x| x as i64).collect()),
+    )]
+    .into_iter()
+    .collect();
+    crate::tensor_io::write_safetensors(path, &floats, &ints, metadata)
+}
