@@ -49,7 +49,9 @@ that is not a JSON object is answered with ok:false too.
                       the last row of that step's logits; sampled even where
                       the next step is fed a forced token)
     and its __metadata__ {"format":"touchstone-engine-out/1","engine":...}.
-    Only tapped stages are written; an unknown stage name is an error. The
+    Only tapped stages are written. An unknown stage name, or a layer the
+    model does not have, is an error; q_norm/k_norm tapped on a model other
+    than Qwen3 (which alone has them) are skipped, not written. The
     file is written to out + ".tmp" and renamed into place, so a failed run
     never leaves a half-written file at `out`.
 
@@ -723,10 +725,17 @@ class Engine:
         if not isinstance(taps, list) or not all(isinstance(s, str) for s in taps):
             raise EngineError("taps must be a list of stage names")
         known = set(stage_names(m.type, m.L))
-        bad = [s for s in taps if s not in known]
+        # q_norm/k_norm are canonical stages that only Qwen3 has: tapped on
+        # another architecture they are skipped (not written), like
+        # sample_probs under greedy sampling. Any other name is an error.
+        absent = set(stage_names("qwen3", m.L)) - known
+        bad = [s for s in taps if s not in known and s not in absent]
         if bad:
             raise EngineError(f"unknown stage(s) for a {m.L}-layer {m.type} model: {', '.join(bad[:5])}")
-        taps = set(taps)
+        skipped = sorted(set(taps) & absent)
+        if skipped:
+            self.log(f"{', '.join(skipped)}: tapped, but a {m.type} model has no such stage: not written")
+        taps = set(taps) - absent
         out = req.get("out")
         if not isinstance(out, str) or not out:
             raise EngineError("run needs `out`, the path of the safetensors file to write")
