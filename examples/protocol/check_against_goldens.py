@@ -357,6 +357,13 @@ def main():
         print(f"    greedy_tokens: free-running {ft} vs golden {g.prov['greedy_ids']}: {'pass' if ok else 'FAIL'}")
         if not ok:
             failures.append("greedy_tokens")
+        # q_norm/k_norm tapped on a non-Qwen3 model: skipped (touchstone's
+        # determinism check taps every canonical stage), the rest written.
+        sk, _ = run(0, "greedy", 1, taps=("blk.0.q_norm", "blk.1.k_norm", "embed"), name="skip")
+        ok = sorted(k for k in sk if k != "tokens") == ["decode1/embed", "prefill/embed"]
+        print(f"    q_norm/k_norm tapped on qwen2: skipped, embed written: {'pass' if ok else 'FAIL'}")
+        if not ok:
+            failures.append("q_norm/k_norm skipping")
         # Refusals: each is ok:false with a message, and the engine keeps serving.
         bad_reqs = [
             ("protocol 2", {"op": "load", "protocol": 2, "model": model, "storage": "f32"}),
