@@ -127,6 +127,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import mmap  # noqa: E402
 import struct  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -158,7 +159,9 @@ def read_safetensors(path):
     """(tensors, metadata) of a safetensors file. Tensors are numpy arrays
     (BF16 widened to float32 exactly); metadata is the __metadata__ dict."""
     with open(path, "rb") as f:
-        raw = f.read()
+        size = os.fstat(f.fileno()).st_size
+        # Mapped, not read: a weight tensor stays on disk until it is used.
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     if len(raw) < 8:
         raise EngineError(f"{path}: not a safetensors file (shorter than 8 bytes)")
     (n,) = struct.unpack("<Q", raw[:8])
@@ -284,7 +287,7 @@ def check_config(cfg):
         raise EngineError(f"config field rope_parameters.rope_type = {rp['rope_type']!r}: "
                           "only the default RoPE is implemented")
     for k in ("factor", "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
-              "original_max_position_embeddings", "beta_fast", "beta_slow", "mrope_section"):
+              "beta_fast", "beta_slow", "mrope_section"):
         if rp.get(k) is not None:
             raise EngineError(f"config field rope_parameters.{k}: RoPE scaling is not implemented")
     prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
