@@ -9,8 +9,20 @@
 # 3. The kernel check (ci/kernels.sh): pip fetches the pinned NVRTC/ptxas
 #    wheels into .cache/cuda-wheels, then every CUDA kernel must compile with
 #    0 spills.
+# The reference protocol engines (examples/protocol/, tests/protocol_reference.rs
+# and the `numpy::` trials of the default spec) run as `python3` with numpy:
+# pip puts numpy, pinned as the recorders pin it, into .cache/protocol-py
+# (ignored by git; the same --target approach as ci/kernels.sh), on PYTHONPATH.
+# 4. The example engine crate's own `cargo test` (examples/engine-crate): every
+#    check of two tiny specs as its trials, through touchstone::harness.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+NUMPY_PIN="$(grep -E '^numpy==' goldens/recorders/requirements.txt)"
+PYDEPS="$PWD/.cache/protocol-py"
+if ! PYTHONPATH="$PYDEPS" python3 -c "import numpy, sys; sys.exit(numpy.__version__ != '${NUMPY_PIN#numpy==}')" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action ignore --target "$PYDEPS" "$NUMPY_PIN"
+fi
+export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 ci/fetch_real_model.py >/dev/null; then
     echo "test.sh: the real model could not be fetched; its trials will be reported ignored" >&2
 fi
@@ -21,3 +33,4 @@ cargo test --locked "$@"
 # executions (a few seconds).
 cargo test --locked --quiet --test fuzz -- --nocapture 2>&1 | grep -E '^(fuzz |test result)' 
 bash ci/kernels.sh
+cargo test --locked -p tiny-engine

@@ -15,6 +15,7 @@ pub mod error;
 pub mod gguf;
 pub mod golden;
 pub mod goldens;
+pub mod harness;
 pub mod inspect;
 pub mod kernels;
 pub mod model;

@@ -117,6 +117,10 @@ impl Tensor {
         self
     }
 
+    pub fn set_dtype(&mut self, dtype: DType) {
+        self.dtype = dtype;
+    }
+
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }

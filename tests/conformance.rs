@@ -1,4 +1,5 @@
-//! Every check instance of every spec in `specs/`, on every engine, as one
+//! Every check instance of every spec in `specs/`, on every engine (the
+//! built-in ones and those a spec declares under `engines:`), as one
 //! libtest trial named `<engine>::<spec>::<step>/<stage>::<check>`, so
 //! `cargo test --test conformance -- blk.0` filters and `-- --list` lists.
 //! An engine that cannot run here (no GPU) has its trials reported as ignored
@@ -6,14 +7,13 @@
 //! first trial that needs it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use touchstone::checks::Status;
-use touchstone::engine::{Availability, EngineKind};
+use libtest_mimic::{Arguments, Completion, Trial};
+use touchstone::engine::select::EngineSel;
+use touchstone::harness;
 use touchstone::plan::Plan;
-use touchstone::report::SuiteRun;
-use touchstone::runner::run_all;
+use touchstone::runner::{run_plan, Filter};
 use touchstone::spec::Spec;
 
 fn spec_files() -> Vec<PathBuf> {
@@ -36,10 +36,10 @@ fn main() {
         // config is in the file): one trial per engine, ignored with the reason.
         if let Ok(spec) = Spec::load(&path) {
             if let Some(name) = spec.cached_model.as_ref().filter(|_| !spec.model.exists()) {
-                for kind in EngineKind::ALL {
+                for sel in EngineSel::resolve("all", &spec).unwrap_or_default() {
                     let reason = touchstone::cache::fetch_hint(name);
                     trials.push(Trial::ignorable_test(
-                        format!("{}::{}::*", kind.name(), spec.name),
+                        format!("{}::{}::*", sel.name(), spec.name),
                         move || Ok(Completion::ignored_with(reason)),
                     ));
                 }
@@ -50,65 +50,25 @@ fn main() {
             Ok(p) => Arc::new(p),
             Err(e) => {
                 // A broken shipped spec is one failing trial, not a panic.
-                let msg = e.to_string();
-                trials.push(Trial::test(
-                    format!("spec::{}", path.display()),
-                    move || Err(msg.into()),
-                ));
+                trials.push(harness::broken_spec(&path, e.to_string()));
                 continue;
             }
         };
-        for kind in EngineKind::ALL {
-            let cell: Arc<OnceLock<Result<SuiteRun, String>>> = Arc::new(OnceLock::new());
-            for check in &plan.checks {
-                let name = format!("{}::{}::{}", kind.name(), plan.spec.name, check.id);
-                match kind.availability() {
-                    Availability::Unavailable(reason) => {
-                        // Printed as "ignored (<reason>)" and counted as ignored.
-                        trials.push(Trial::ignorable_test(name, move || {
-                            Ok(Completion::ignored_with(reason))
-                        }));
-                    }
-                    Availability::Available => {
-                        let (plan, cell, id) = (plan.clone(), cell.clone(), check.id.clone());
-                        trials.push(Trial::ignorable_test(name, move || {
-                            let run = cell.get_or_init(|| run_all(&plan, kind).map_err(|e| e.to_string()));
-                            verdict(run, &id)
-                        }));
-                    }
-                }
+        // The built-in engines and every engine the spec declares (`engines:`).
+        let sels = match EngineSel::resolve("all", &plan.spec) {
+            Ok(s) => s,
+            Err(e) => {
+                trials.push(harness::broken_spec(&path, e.to_string()));
+                continue;
             }
+        };
+        for sel in sels {
+            let name = sel.name();
+            let availability = sel.availability();
+            let run: Arc<harness::PlanRunner> =
+                Arc::new(move |plan: &Plan| run_plan(plan, &sel, &Filter::default(), None).map_err(|e| e.to_string()));
+            trials.extend(harness::plan_trials(&name, plan.clone(), availability, run));
         }
     }
     libtest_mimic::run(&args, trials).exit();
-}
-
-fn verdict(run: &Result<SuiteRun, String>, id: &str) -> Result<Completion, Failed> {
-    let run = run
-        .as_ref()
-        .map_err(|e| Failed::from(format!("the spec could not run: {e}")))?;
-    let o = run
-        .outcomes
-        .iter()
-        .find(|o| o.id == id)
-        .ok_or_else(|| Failed::from(format!("no outcome for {id}")))?;
-    match o.status {
-        Status::Pass => Ok(Completion::Completed),
-        // A check with nothing to check is reported as ignored, with its reason.
-        Status::Skip => Ok(Completion::ignored_with(&o.message)),
-        Status::Fail => {
-            let mut msg = o.message.clone();
-            if o.first_divergence {
-                msg.push_str("\nthis is the FIRST DIVERGENCE of the run");
-            } else if let Some(d) = &o.downstream_of {
-                msg.push_str(&format!("\ndownstream of the first divergence at {d}"));
-            }
-            msg.push_str(&format!(
-                "\nrerun: cargo test --test conformance -- --exact '{}'\n   or: {}",
-                o.full_id(),
-                o.rerun
-            ));
-            Err(msg.into())
-        }
-    }
 }

@@ -20,16 +20,19 @@ const NAME: &str = "dumps";
 
 pub struct DumpsEngine {
     config: ModelConfig,
+    storage: crate::tensor::DType,
     names: NameMap,
     file: TensorFile,
 }
 
 impl DumpsEngine {
-    pub fn open(path: &Path, model: &Path, names: &NameMap) -> Result<DumpsEngine> {
+    /// `storage` is the dtype the dumping run used (the spec's, or `--storage`).
+    pub fn open(path: &Path, model: &Path, storage: crate::tensor::DType, names: &NameMap) -> Result<DumpsEngine> {
         let config = crate::model::read_config(model)?;
         let file = read_dumps(path)?;
         Ok(DumpsEngine {
             config,
+            storage,
             names: names.clone(),
             file,
         })
@@ -120,6 +123,7 @@ impl Engine for DumpsEngine {
         let read = read_run(&self.file, &self.names, &self.config, req, NAME)?;
         let mut out = read.output;
         out.unmapped = read.unmapped;
+        super::exec::tag_storage(&mut out, self.storage);
         Ok(out)
     }
     fn reruns(&self) -> Option<String> {

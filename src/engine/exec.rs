@@ -83,6 +83,10 @@ struct Proc {
 pub struct ExecEngine {
     spec: ExecSpec,
     config: ModelConfig,
+    /// The storage dtype the engine was asked to run in: every capture is
+    /// tagged with it (or its file's dtype where that is coarser), as the
+    /// built-in engines tag theirs, so golden tolerances follow the run.
+    storage: crate::tensor::DType,
     names: NameMap,
     proc: Mutex<Proc>,
     /// Where run outputs are written (removed on drop).
@@ -158,6 +162,7 @@ impl ExecEngine {
         let engine = ExecEngine {
             spec: spec.clone(),
             config,
+            storage: opts.storage,
             names: names.clone(),
             proc: Mutex::new(Proc {
                 child,
@@ -331,7 +336,17 @@ impl Engine for ExecEngine {
         let read = read_run(&file, &self.names, &self.config, req, &self.spec.name)?;
         let mut output = read.output;
         output.unmapped = read.unmapped;
+        tag_storage(&mut output, self.storage);
         Ok(output)
+    }
+}
+
+/// Tags every capture with the run's storage dtype, or the file's own where
+/// that is coarser (a bf16 tensor in an f32 run is still bf16-precise).
+pub(crate) fn tag_storage(out: &mut RunOutput, storage: crate::tensor::DType) {
+    for (_, t) in out.captures.iter_mut() {
+        let d = t.dtype().coarser(storage);
+        t.set_dtype(d);
     }
 }
 

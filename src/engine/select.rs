@@ -94,7 +94,12 @@ impl EngineSel {
         match self {
             EngineSel::Builtin(k) => k.load(model, opts),
             EngineSel::Exec(e) => Ok(Box::new(ExecEngine::start(e, model, opts, &spec.names)?)),
-            EngineSel::Dumps(p) => Ok(Box::new(super::dumps::DumpsEngine::open(p, model, &spec.names)?)),
+            EngineSel::Dumps(p) => Ok(Box::new(super::dumps::DumpsEngine::open(
+                p,
+                model,
+                opts.storage,
+                &spec.names,
+            )?)),
         }
     }
 }

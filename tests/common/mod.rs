@@ -46,6 +46,7 @@ pub fn spec_text(model: &Path, golden: &Path) -> String {
     text.replace("../goldens/qwen2-tiny/model", &model.display().to_string())
         .replace("../goldens/qwen2-tiny/hf.safetensors", &golden.display().to_string())
         .replace("../goldens/", &format!("{}/goldens/", root().display()))
+        .replace("../examples/", &format!("{}/examples/", root().display()))
 }
 
 /// Writes `text` as `name` in `dir` and returns its path.

@@ -1,0 +1,108 @@
+//! The reference protocol engines of examples/protocol/ (Python, numpy only),
+//! run by touchstone through `exec:` as a user would: the correct one passes
+//! every shipped tiny spec, the one whose RoPE is not applied in decode fails
+//! with its first divergence at decode1/blk.0.q_rope, and the same engine's
+//! captures, saved and checked again as dumps, get the same stage verdicts.
+//! The test command (ci/test.sh) provides python3 with numpy.
+
+mod common;
+use common::*;
+
+fn exec(script: &str) -> String {
+    format!("exec:python3 {}", root().join("examples/protocol").join(script).display())
+}
+
+fn spec(name: &str) -> String {
+    root().join("specs").join(name).display().to_string()
+}
+
+#[test]
+fn the_numpy_engine_passes_every_shipped_tiny_spec() {
+    for s in [
+        "qwen2-tiny.yaml",
+        "llama-tiny.yaml",
+        "qwen3-tiny.yaml",
+        "phi3-tiny.yaml",
+        "qwen2-tiny-long.yaml",
+        "qwen2-tiny-sampling.yaml",
+        "qwen2-tiny-f16.yaml",
+        "qwen2-tiny-bf16.yaml",
+    ] {
+        let o = touchstone(&["run", &spec(s), "--engine", &exec("numpy_engine.py"), "-q"]);
+        assert_eq!(o.code, 0, "{s}:\n{}", o.all());
+        assert!(o.stdout.contains("PASSED"), "{s}: {}", o.stdout);
+    }
+}
+
+#[test]
+fn the_engine_without_rope_in_decode_diverges_at_decode1_q_rope() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let o = touchstone(&[
+        "run",
+        &spec("qwen2-tiny.yaml"),
+        "--engine",
+        &exec("numpy_engine_rope_bug.py"),
+        "-q",
+        "--json",
+        &j.display().to_string(),
+    ]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    let r = json(&j);
+    let fd = &r["runs"][0]["first_divergence"];
+    assert_eq!((fd["step"].as_str(), fd["stage"].as_str()), (Some("decode1"), Some("blk.0.q_rope")), "{fd}");
+    assert!(r["runs"][0]["suspect_golden"].is_null());
+    assert!(o.stdout.contains("FIRST DIVERGENCE"), "{}", o.stdout);
+}
+
+#[test]
+fn its_captures_as_dumps_get_the_same_stage_verdicts() {
+    let d = tempfile::tempdir().unwrap();
+    let p = |x: &std::path::Path| x.display().to_string();
+    let (cap, j1, j2) = (d.path().join("cap.safetensors"), d.path().join("1.json"), d.path().join("2.json"));
+    for (script, code) in [("numpy_engine.py", 0), ("numpy_engine_rope_bug.py", 1)] {
+        let o = touchstone(&[
+            "run",
+            &spec("qwen2-tiny.yaml"),
+            "--engine",
+            &exec(script),
+            "-q",
+            "--save-captures",
+            &p(&cap),
+            "--json",
+            &p(&j1),
+        ]);
+        assert_eq!(o.code, code, "{script}: {}", o.all());
+        let o = touchstone(&[
+            "run",
+            &spec("qwen2-tiny.yaml"),
+            "--engine",
+            &format!("dumps:{}", p(&cap)),
+            "-q",
+            "--json",
+            &p(&j2),
+        ]);
+        assert_eq!(o.code, code, "{script} as dumps: {}", o.all());
+        let stage_verdicts = |j: &serde_json::Value| -> Vec<(String, String)> {
+            j["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| !c["id"].as_str().unwrap().starts_with("run::"))
+                .map(|c| (c["id"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
+                .collect()
+        };
+        let (a, b) = (json(&j1), json(&j2));
+        assert_eq!(stage_verdicts(&a), stage_verdicts(&b), "{script}");
+        assert_eq!(a["runs"][0]["first_divergence"], b["runs"][0]["first_divergence"], "{script}");
+    }
+}
+
+#[test]
+fn the_spec_declared_engine_is_selected_by_name() {
+    let o = touchstone(&["run", &spec("qwen2-tiny.yaml"), "--engine", "numpy", "-q"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("== qwen2-tiny on engine numpy"), "{}", o.stdout);
+    let l = touchstone(&["list", &spec("qwen2-tiny.yaml"), "--engine", "numpy"]);
+    assert!(l.stdout.lines().all(|x| x.starts_with("numpy::qwen2-tiny::")), "{}", l.stdout);
+}
