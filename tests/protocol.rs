@@ -18,11 +18,14 @@ fn fixture() -> String {
 /// The default spec with one declared engine `bad` running the misbehaving
 /// engine in `mode`, with a 3 s request timeout.
 fn spec_with(dir: &Path, mode: &str) -> String {
-    let mut text = spec_text(&model_dir(), &hf_golden());
-    text.push_str(&format!(
-        "\nengines:\n  bad: {{exec: [python3, \"{}\", {mode}], timeout_s: 3}}\n",
-        fixture()
-    ));
+    // The default spec declares engines already (numpy): `bad` joins them.
+    let text = spec_text(&model_dir(), &hf_golden());
+    assert!(text.contains("\nengines:\n"), "the default spec has an engines: map");
+    let text = text.replacen(
+        "\nengines:\n",
+        &format!("\nengines:\n  bad: {{exec: [python3, \"{}\", {mode}], timeout_s: 3}}\n", fixture()),
+        1,
+    );
     write(dir, "s.yaml", &text).display().to_string()
 }
 
