@@ -415,6 +415,21 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
             let got = run_attention::<S>(&emu_kernel::<S>("attention_prefill"), c, &q, &k, &v);
             let bad = compare_attention::<S>(c, &qw, &kw, &vw, &got);
             assert!(bad.is_empty(), "attention_prefill_{} case {ci}: (head, row) {bad:?} outside the bound", S::SUFFIX);
+            {
+                let shape = AttnShape { heads: c.heads, kv_heads: c.kv, head_dim: c.d, mutants: Mutants::default() };
+                let cpu = attend(&qw, c.t, c.pos0, &kw, &vw, shape, false);
+                let rel = |g: &[f32], r: &[f32]| {
+                    let m = r.iter().fold(0.0f32, |a, &b| a.max(b.abs()));
+                    g.iter().zip(r).fold(0.0f32, |a, (x, y)| a.max((x - y).abs())) / m
+                };
+                let ctx: Vec<f32> = got.ctx.iter().map(|v| v.to_f32()).collect();
+                eprintln!(
+                    "attention_prefill_{} case {ci}: max|d|/max|ref| ctx {:e}, probs {:e}",
+                    S::SUFFIX,
+                    rel(&ctx, &cpu.ctx),
+                    rel(&got.probs, &cpu.probs)
+                );
+            }
             // Decode of the last row: one query at position pos0 + T - 1, the
             // same bits as that prefill row.
             let last = AttnCase { t: 1, pos0: c.pos0 + c.t - 1, ..*c };
@@ -471,15 +486,17 @@ fn argmax_draws_the_host_samplers_token() {
 
 #[test]
 fn sampling_draws_the_host_samplers_tokens() {
-    // The engine's block of 1024 threads at f32; 128 threads (the same
-    // kernel code, 8x fewer fiber switches) at the 16-bit storage types.
-    fn run<S: Storage + EmuType>(threads: u32) {
+    // The engine's block of 1024 threads at f32 with two parameter sets and
+    // two draws; every set and three draws with 64 threads (two warps: the
+    // same code, 16x fewer fiber switches) at every storage type.
+    fn run<S: Storage + EmuType>(threads: u32, nparams: usize, draws: u64) {
         let emu = Emu::new();
         let params: [(f32, Option<usize>, Option<f32>); 5] =
             [(1.0, None, None), (0.7, Some(5), None), (1.3, None, Some(0.8)), (0.9, Some(40), Some(0.95)), (2.0, Some(1), None)];
         for (ri, row) in logit_rows().into_iter().enumerate() {
             let (x, xw) = stored::<S>(&row);
             let n = x.len();
+            let params = &params[..nparams];
             let xb = emu.upload("logits", &x);
             let scratch = emu.alloc::<f64>("scratch", n);
             let tok = emu.alloc::<u32>("token", 1);
@@ -489,7 +506,7 @@ fn sampling_draws_the_host_samplers_tokens() {
                 let kb = emu.upload("key", &key);
                 let mut host = sampling::Sampler::new(sampling::Sampling::Random { temperature: temp, top_k, top_p }, seed);
                 let top_k_arg = top_k.map_or(0, |k| k.max(1) as i64);
-                for draw in 0..3u64 {
+                for draw in 0..draws {
                     let args = [
                         xb.arg(),
                         (n as i32).into(),
@@ -521,9 +538,10 @@ fn sampling_draws_the_host_samplers_tokens() {
             }
         }
     }
-    run::<f32>(launch::ARGMAX_THREADS);
-    run::<f16>(128);
-    run::<bf16>(128);
+    run::<f32>(launch::ARGMAX_THREADS, 2, 2);
+    run::<f32>(64, 5, 3);
+    run::<f16>(64, 5, 3);
+    run::<bf16>(64, 5, 3);
 }
 
 #[test]
