@@ -16,9 +16,13 @@ struct bf16_t { unsigned short bits; };
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(f16_t x) {
+#ifdef TS_EMU  // host emulation (cuda/emu/emu.hpp): the same conversion in C++
+    return ts_emu_f16_to_f32(x.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
     return f;
+#endif
 }
 __device__ __forceinline__ float to_f32(bf16_t x) {
     return __uint_as_float(((unsigned int)x.bits) << 16);
@@ -28,7 +32,11 @@ template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
     f16_t h;
+#ifdef TS_EMU  // host emulation (cuda/emu/emu.hpp): the same rounding in C++
+    h.bits = ts_emu_f32_to_f16(x);
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+#endif
     return h;
 }
 // Round to nearest even, NaN kept quiet (what the `half` crate does on the host).

@@ -8,7 +8,7 @@
 //! This file holds the engine type and the run loop (prefill, decode steps,
 //! sampling, teacher forcing); the maths lives in the sibling modules.
 
-mod attention;
+pub(crate) mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;

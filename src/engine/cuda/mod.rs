@@ -6,6 +6,8 @@
 //!
 //! - `compile`: the embedded kernel sources, pinned NVRTC options, PTX cache.
 //! - `device`: the engine (weights upload, forward pass, taps, sampling).
+//! - `emu`: the kernels compiled for the host and run on an emulated device
+//!   (fibers, guarded memory), so they execute in CI without a GPU.
 //! - `guard`: guard regions around device outputs (host-side checking).
 //! - `launch`: launch configurations and cuBLAS argument mapping.
 //! - `reference`: host mirrors of device-side decisions, for tests.
@@ -13,6 +15,7 @@
 
 pub mod compile;
 mod device;
+pub mod emu;
 pub mod guard;
 pub mod launch;
 pub mod reference;
