@@ -119,3 +119,47 @@ fn unknown_storage_is_located_with_the_known_dtypes() {
     let (line, _, msg) = syntax_err(&GOOD.replace("seed: 7", "seed: 7\nstorage: [bf16]"));
     assert_eq!(line, 7, "{msg}");
 }
+
+/// Any spec error's message (located or not).
+fn err_text(text: &str) -> String {
+    match parse(text) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("expected an error for:\n{text}"),
+    }
+}
+
+#[test]
+fn oracle_and_scaled_are_validated() {
+    let with = |extra: &str| format!("{GOOD}{extra}");
+    let s = parse(&with("oracle: ../goldens/qwen2-tiny/oracle.safetensors\nscaled: {factor: 3}\n")).unwrap();
+    assert_eq!(s.oracle.as_deref(), Some(Path::new("specs/../goldens/qwen2-tiny/oracle.safetensors")));
+    assert_eq!((s.scaled.factor, s.scaled.floor), (3.0, crate::checks::scaled::DEFAULT_FLOOR));
+    assert!(err_text(&with("scaled: {factor: 3}\n")).contains("no `oracle:`"));
+    assert!(err_text(&with("oracle: o.safetensors\nscaled: {factor: 0.5}\n")).contains("below 1"));
+    assert!(err_text(&with("oracle: o.safetensors\nscaled: {unit_roundoff: {llama: 0.004}}\n"))
+        .contains("not declared under `goldens:`"));
+    assert!(err_text(&with("oracle: o.safetensors\nscaled: {unit_roundoff: {hf: 2}}\n")).contains("in (0, 1)"));
+    assert!(err_text(&with("oracle: o.safetensors\nscaled: {factr: 3}\n")).contains("unknown field"));
+    let renamed = GOOD.replace("  hf: ../goldens/qwen2-tiny/hf.safetensors", "  hf: a\n  oracle: b");
+    assert!(err_text(&renamed).contains("top-level `oracle:`"));
+}
+
+#[test]
+fn engines_and_names_are_validated() {
+    let with = |extra: &str| format!("{GOOD}{extra}");
+    let s = parse(&with(
+        "engines:\n  mine: {exec: [python3, e.py], timeout_s: 5}\nnames:\n  \"layers.{i}.q\": \"blk.{i}.q\"\n  \"final\": {stage: output_norm, reshape: true}\n",
+    ))
+    .unwrap();
+    assert_eq!(s.engines["mine"].exec, ["python3", "e.py"]);
+    assert_eq!(s.names.resolve("layers.3.q"), Some((Stage::Block(3, BlockStage::Q), false)));
+    assert_eq!(s.names.resolve("final"), Some((Stage::OutputNorm, true)));
+    assert!(err_text(&with("engines:\n  cpu: {exec: [x]}\n")).contains("built-in engine name"));
+    assert!(err_text(&with("engines:\n  \"a b\": {exec: [x]}\n")).contains("use letters"));
+    assert!(err_text(&with("engines:\n  e: {exec: []}\n")).contains("needs a command"));
+    assert!(err_text(&with("engines:\n  e: {exec: [x], timeout_s: 0}\n")).contains("every request would time out"));
+    assert!(err_text(&with("engines:\n  e: {exec: [x], timeout_s: -1}\n")).contains("finite number >= 0"));
+    assert!(err_text(&with("engines:\n  e: {exec: [x], timout: 1}\n")).contains("unknown field"));
+    assert!(err_text(&with("names:\n  \"layers.{i}.q\": \"blk.{i}.qq\"\n")).contains("not a stage name"));
+    assert!(err_text(&with("names:\n  \"layers.{i}.q\": output_norm\n")).contains("on both sides"));
+}
