@@ -476,7 +476,7 @@ impl Spec {
         for (name, d) in &self.engines {
             let ok_chars = !name.is_empty()
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-            let why = if matches!(name.as_str(), "cpu" | "cuda" | "all" | "exec" | "dumps") {
+            let why = if matches!(name.as_str(), "cpu" | "cuda" | "cuda-emu" | "all" | "exec" | "dumps") {
                 Some(format!("`{name}` is a built-in engine name; choose another"))
             } else if !ok_chars {
                 Some(format!("engine name `{name}`: use letters, digits, `_`, `-` and `.`"))
