@@ -21,7 +21,8 @@ pub enum EngineSel {
 
 impl EngineSel {
     /// Resolves one `--engine` value against a spec: `cpu`, `cuda`,
-    /// `cuda-emu`, `all` (every built-in and every engine the spec declares),
+    /// `cuda-emu`, `all` (every built-in — `cuda-emu` unless the spec says
+    /// `emulate: false` — and every engine the spec declares),
     /// `exec:…`,
     /// `dumps:…`, or a name under the spec's `engines:`.
     pub fn resolve(arg: &str, spec: &Spec) -> Result<Vec<EngineSel>> {
@@ -39,7 +40,11 @@ impl EngineSel {
             return Ok(vec![EngineSel::Builtin(k)]);
         }
         if arg == "all" {
-            let mut v: Vec<EngineSel> = EngineKind::ALL.iter().map(|k| EngineSel::Builtin(*k)).collect();
+            let mut v: Vec<EngineSel> = EngineKind::ALL
+                .iter()
+                .filter(|k| spec.emulate || **k != EngineKind::CudaEmu)
+                .map(|k| EngineSel::Builtin(*k))
+                .collect();
             v.extend(spec.engines.keys().map(|n| declared(spec, n)));
             return Ok(v);
         }
