@@ -41,8 +41,9 @@ pub enum Command {
         /// the nearest specs/ folder up from the working directory — its
         /// qwen2-tiny.yaml in a touchstone checkout, else every spec in it.
         specs: Vec<PathBuf>,
-        /// Engine to run: `cpu`, `cuda`, `all` (both, and every engine the spec
-        /// declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
+        /// Engine to run: `cpu`, `cuda`, `cuda-emu` (the CUDA engine on the
+        /// emulated device, no GPU needed), `all` (every built-in, and every
+        /// engine the spec declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
         /// (any program speaking the subprocess protocol, README "Testing your
         /// own engine"), or `dumps:PATH` (tensors another program wrote).
         #[arg(long, default_value = "cpu", value_name = "ENGINE")]

@@ -88,6 +88,35 @@ fn list_names_every_trial_canonically() {
     assert!(o.stdout.lines().any(|l| l == "cpu::qwen2-tiny::run::determinism"));
 }
 
+/// The CUDA engine on the emulated device is a built-in engine that always
+/// runs: the default spec passes on it with the same table as the CPU engine,
+/// and `all` includes it except where a spec says `emulate: false`.
+#[test]
+fn cuda_emu_runs_the_default_spec_and_is_in_all() {
+    let o = touchstone(&["run", "--engine", "cuda-emu"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("all 148 (step, stage) rows pass"), "{}", o.stdout);
+    assert!(o.stdout.contains("touchstone: PASSED"), "{}", o.stdout);
+    let o = touchstone(&["list", "--engine", "all"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.lines().any(|l| l == "cuda-emu::qwen2-tiny::run::determinism"), "{}", o.stdout);
+    let real = root().join("specs/qwen2.5-0.5b.yaml");
+    if touchstone::spec::Spec::load(&real).is_ok_and(|s| s.model.exists()) {
+        let o = touchstone(&["list", "--engine", "all", &real.display().to_string()]);
+        assert_eq!(o.code, 0, "{}", o.all());
+        assert!(o.stdout.lines().any(|l| l.starts_with("cpu::qwen2.5-0.5b::")), "{}", o.stdout);
+        assert!(!o.stdout.contains("cuda-emu::"), "emulate: false, yet: {}", o.stdout);
+    }
+    let spec = touchstone::spec::Spec::load(&real).unwrap();
+    assert!(!spec.emulate);
+    let sels = touchstone::engine::select::EngineSel::resolve("all", &spec).unwrap();
+    assert!(!sels.iter().any(|s| s.name() == "cuda-emu"));
+    assert_eq!(
+        touchstone::engine::select::EngineSel::resolve("cuda-emu", &spec).unwrap()[0].name(),
+        "cuda-emu"
+    );
+}
+
 #[test]
 fn cuda_is_skipped_with_a_reason_not_passed() {
     use touchstone::engine::{Availability, EngineKind};

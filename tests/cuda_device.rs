@@ -1,11 +1,19 @@
-//! What only a GPU can show about the CUDA engine, as libtest trials named
-//! `cuda::<property>::<case>` (all ignored, with the reason, where the engine
-//! is unavailable — never passed):
-//! - memory: 100 untapped generate calls grow device memory by at most 1 MiB;
+//! The CUDA engine's device properties, as libtest trials named
+//! `<engine>::<property>::<case>`, for `cuda` (the GPU; all ignored, with the
+//! reason, where it is unavailable — never passed) and `cuda-emu` (the same
+//! host code on the emulated device, always run):
+//! - memory: untapped generate calls grow device memory by at most 1 MiB on
+//!   the GPU (driver-wide total − free, 100 calls); on the emulated device the
+//!   engine's live allocations after 20 calls are exactly those before (the
+//!   buffer accounting: every per-run and per-step buffer freed);
 //! - determinism: 10 runs with every stage tapped agree bitwise (captures and
 //!   tokens), greedy and seeded random, at every storage dtype;
 //! - sampling: seeded random sampling on the device draws the tokens the CPU
 //!   engine's host `Sampler` draws for the same seed.
+//!
+//! What stays GPU-only: the driver's view of memory (the emulator has no
+//! allocator of its own to leak from) and everything about real hardware
+//! (warp scheduling, cuBLAS's kernels): the `cuda::` trials.
 //!
 //! Run them on a GPU machine with `cargo test --release --test cuda_device`.
 
@@ -13,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use touchstone::engine::{cuda, Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
+use touchstone::engine::cuda::CudaEngine;
 use touchstone::model::LoadOptions;
 use touchstone::sampling::Sampling;
 use touchstone::tensor::DType;
@@ -53,7 +62,10 @@ fn run(e: &dyn Engine, req: &RunRequest, taps: &TapSet) -> Result<RunOutput, Fai
 
 /// 100 generate calls (16 decode steps, nothing tapped) after one warm-up:
 /// device memory in use may grow by at most 1 MiB.
-fn memory_growth() -> Result<(), Failed> {
+fn memory_growth(kind: EngineKind) -> Result<(), Failed> {
+    if kind == EngineKind::CudaEmu {
+        return emu_buffer_accounting();
+    }
     const MIB: i64 = 1 << 20;
     let e = load(EngineKind::Cuda, DType::F32)?;
     let req = request(Sampling::Greedy, 1, 16);
@@ -74,9 +86,37 @@ fn memory_growth() -> Result<(), Failed> {
     Ok(())
 }
 
+/// On the emulated device: 20 generate calls (16 decode steps, nothing
+/// tapped, greedy and random alternating) after one warm-up leave exactly the
+/// bytes allocated before (the weights): no buffer outlives its run.
+fn emu_buffer_accounting() -> Result<(), Failed> {
+    let opts = LoadOptions::default();
+    let e = CudaEngine::<f32>::load_emu(&model(), &opts).map_err(|x| Failed::from(x.to_string()))?;
+    let used = || e.device_memory_in_use().map_err(|x| Failed::from(x.to_string()));
+    let req = request(Sampling::Greedy, 1, 16);
+    let loaded = used()?;
+    run(&e, &req, &TapSet::none())?;
+    let before = used()?;
+    if before != loaded {
+        return Err(format!("a run left {} B allocated ({loaded} B after loading)", before - loaded).into());
+    }
+    for seed in 0..20 {
+        let mut r = req.clone();
+        r.seed = seed;
+        r.sampling = if seed % 2 == 0 { Sampling::Greedy } else { random() };
+        run(&e, &r, &TapSet::none())?;
+    }
+    let after = used()?;
+    println!("emulated device: {before} B allocated before, {after} B after 20 generate calls");
+    if after != before {
+        return Err(format!("live allocations went from {before} B to {after} B over 20 generate calls").into());
+    }
+    Ok(())
+}
+
 /// 10 runs with every stage tapped must agree bitwise.
-fn determinism(storage: DType, sampling: Sampling) -> Result<(), Failed> {
-    let e = load(EngineKind::Cuda, storage)?;
+fn determinism(kind: EngineKind, storage: DType, sampling: Sampling) -> Result<(), Failed> {
+    let e = load(kind, storage)?;
     let taps = TapSet::all(e.config().layers);
     let req = request(sampling, 1234, 8);
     let first = run(&*e, &req, &taps)?;
@@ -116,13 +156,13 @@ fn determinism(storage: DType, sampling: Sampling) -> Result<(), Failed> {
 }
 
 /// Seeded random sampling on the device draws the CPU engine's tokens.
-fn sampling_matches_cpu(seed: u64) -> Result<(), Failed> {
-    let gpu = load(EngineKind::Cuda, DType::F32)?;
+fn sampling_matches_cpu(kind: EngineKind, seed: u64) -> Result<(), Failed> {
+    let gpu = load(kind, DType::F32)?;
     let cpu = load(EngineKind::Cpu, DType::F32)?;
     let req = request(random(), seed, 16);
     let (g, c) = (run(&*gpu, &req, &TapSet::none())?, run(&*cpu, &req, &TapSet::none())?);
     if g.sampled != c.sampled {
-        return Err(format!("seed {seed}: cuda sampled {:?}, cpu {:?}", g.sampled, c.sampled).into());
+        return Err(format!("seed {seed}: {} sampled {:?}, cpu {:?}", kind.name(), g.sampled, c.sampled).into());
     }
     Ok(())
 }
@@ -131,37 +171,43 @@ type Body = Box<dyn FnOnce() -> Result<(), Failed> + Send>;
 
 fn main() {
     let args = Arguments::from_args();
-    let reason = match EngineKind::Cuda.availability() {
-        Availability::Available => None,
-        Availability::Unavailable(r) => Some(r),
-    };
-    let mut trials: Vec<(String, Body)> = Vec::new();
-    trials.push(("cuda::memory::100_generate_calls".into(), Box::new(memory_growth)));
-    for storage in [DType::F32, DType::F16, DType::BF16] {
-        trials.push((
-            format!("cuda::determinism::{storage}::greedy_10_runs"),
-            Box::new(move || determinism(storage, Sampling::Greedy)),
-        ));
-        trials.push((
-            format!("cuda::determinism::{storage}::random_10_runs"),
-            Box::new(move || determinism(storage, random())),
-        ));
-    }
-    for seed in 0..4u64 {
-        trials.push((
-            format!("cuda::sampling::same_tokens_as_cpu::seed_{seed}"),
-            Box::new(move || sampling_matches_cpu(seed)),
-        ));
-    }
-    let trials = trials
-        .into_iter()
-        .map(|(name, f)| match &reason {
+    let mut all = Vec::new();
+    for kind in [EngineKind::Cuda, EngineKind::CudaEmu] {
+        let reason = match kind.availability() {
+            Availability::Available => None,
+            Availability::Unavailable(r) => Some(r),
+        };
+        let n = kind.name();
+        let mut trials: Vec<(String, Body)> = Vec::new();
+        let memory = if kind == EngineKind::Cuda {
+            "100_generate_calls"
+        } else {
+            "20_generate_calls_free_every_buffer"
+        };
+        trials.push((format!("{n}::memory::{memory}"), Box::new(move || memory_growth(kind))));
+        for storage in [DType::F32, DType::F16, DType::BF16] {
+            trials.push((
+                format!("{n}::determinism::{storage}::greedy_10_runs"),
+                Box::new(move || determinism(kind, storage, Sampling::Greedy)),
+            ));
+            trials.push((
+                format!("{n}::determinism::{storage}::random_10_runs"),
+                Box::new(move || determinism(kind, storage, random())),
+            ));
+        }
+        for seed in 0..4u64 {
+            trials.push((
+                format!("{n}::sampling::same_tokens_as_cpu::seed_{seed}"),
+                Box::new(move || sampling_matches_cpu(kind, seed)),
+            ));
+        }
+        all.extend(trials.into_iter().map(|(name, f)| match &reason {
             Some(r) => {
                 let r = r.clone();
                 Trial::ignorable_test(name, move || Ok(Completion::ignored_with(r)))
             }
             None => Trial::test(name, f),
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
+        }));
+    }
+    libtest_mimic::run(&args, all).exit();
 }

@@ -43,22 +43,31 @@ pub enum Availability {
 pub enum EngineKind {
     Cpu,
     Cuda,
+    /// The CUDA engine's host code on the emulated device (`cuda::emu`):
+    /// every kernel and launch of `cuda` run on the CPU, always available.
+    CudaEmu,
 }
 
 impl EngineKind {
-    pub const ALL: [EngineKind; 2] = [EngineKind::Cpu, EngineKind::Cuda];
+    pub const ALL: [EngineKind; 3] = [EngineKind::Cpu, EngineKind::Cuda, EngineKind::CudaEmu];
 
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Cpu => "cpu",
             EngineKind::Cuda => "cuda",
+            EngineKind::CudaEmu => "cuda-emu",
         }
+    }
+
+    /// The built-in engine called `name`.
+    pub fn from_name(name: &str) -> Option<EngineKind> {
+        EngineKind::ALL.into_iter().find(|k| k.name() == name)
     }
 
     /// Checked before loading anything, so an unavailable engine costs nothing.
     pub fn availability(self) -> Availability {
         match self {
-            EngineKind::Cpu => Availability::Available,
+            EngineKind::Cpu | EngineKind::CudaEmu => Availability::Available,
             EngineKind::Cuda => cuda::availability(),
         }
     }
@@ -71,6 +80,7 @@ impl EngineKind {
                 Availability::Unavailable(r) => Err(crate::error::Error::engine("cuda", r)),
                 Availability::Available => cuda::load(model, opts),
             },
+            EngineKind::CudaEmu => cuda::load_emu(model, opts),
         }
     }
 }

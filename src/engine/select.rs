@@ -1,5 +1,5 @@
 //! Which engine `--engine` (and a spec's `engines:`) names: a built-in one
-//! (`cpu`, `cuda`), any program speaking the subprocess protocol
+//! (`cpu`, `cuda`, `cuda-emu`), any program speaking the subprocess protocol
 //! (`exec:COMMAND ARGS…`, or a name the spec declares under `engines:`), or
 //! tensors already written (`dumps:PATH`).
 
@@ -20,8 +20,10 @@ pub enum EngineSel {
 }
 
 impl EngineSel {
-    /// Resolves one `--engine` value against a spec: `cpu`, `cuda`, `all`
-    /// (both built-ins and every engine the spec declares), `exec:…`,
+    /// Resolves one `--engine` value against a spec: `cpu`, `cuda`,
+    /// `cuda-emu`, `all` (every built-in — `cuda-emu` unless the spec says
+    /// `emulate: false` — and every engine the spec declares),
+    /// `exec:…`,
     /// `dumps:…`, or a name under the spec's `engines:`.
     pub fn resolve(arg: &str, spec: &Spec) -> Result<Vec<EngineSel>> {
         let usage = |m: String| Error::Usage(m);
@@ -34,20 +36,23 @@ impl EngineSel {
             }
             return Ok(vec![EngineSel::Dumps(PathBuf::from(p))]);
         }
-        match arg {
-            "cpu" => return Ok(vec![EngineSel::Builtin(EngineKind::Cpu)]),
-            "cuda" => return Ok(vec![EngineSel::Builtin(EngineKind::Cuda)]),
-            "all" => {
-                let mut v: Vec<EngineSel> = EngineKind::ALL.iter().map(|k| EngineSel::Builtin(*k)).collect();
-                v.extend(spec.engines.keys().map(|n| declared(spec, n)));
-                return Ok(v);
-            }
-            _ => {}
+        if let Some(k) = EngineKind::from_name(arg) {
+            return Ok(vec![EngineSel::Builtin(k)]);
+        }
+        if arg == "all" {
+            let mut v: Vec<EngineSel> = EngineKind::ALL
+                .iter()
+                .filter(|k| spec.emulate || **k != EngineKind::CudaEmu)
+                .map(|k| EngineSel::Builtin(*k))
+                .collect();
+            v.extend(spec.engines.keys().map(|n| declared(spec, n)));
+            return Ok(v);
         }
         if spec.engines.contains_key(arg) {
             return Ok(vec![declared(spec, arg)]);
         }
-        let mut known: Vec<&str> = vec!["cpu", "cuda", "all"];
+        let mut known: Vec<&str> = EngineKind::ALL.iter().map(|k| k.name()).collect();
+        known.push("all");
         known.extend(spec.engines.keys().map(String::as_str));
         let hint = crate::suggest::hint(arg, known.iter().copied());
         Err(usage(format!(

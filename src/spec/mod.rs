@@ -59,6 +59,11 @@ pub struct Spec {
     /// An engine's own tensor names → canonical stages (`names:`), for
     /// protocol output and dumps.
     pub names: crate::engine::names::NameMap,
+    /// Whether `--engine all` (and so `cargo test`'s conformance trials)
+    /// includes `cuda-emu`, the CUDA engine on the emulated device (`emulate:`,
+    /// default true). A model too large to emulate in CI time says `false`;
+    /// `--engine cuda-emu` still runs it.
+    pub emulate: bool,
 }
 
 /// `engines: {NAME: {exec: [COMMAND, ARGS…], timeout_s: 60}}`.
@@ -290,6 +295,7 @@ struct RawSpec {
     engines: BTreeMap<String, EngineDecl>,
     #[serde(default)]
     names: BTreeMap<String, NameTarget>,
+    emulate: Option<bool>,
 }
 
 /// `names:` as a validated map; errors are located at the offending name.
@@ -461,6 +467,7 @@ impl Spec {
             record: raw.record,
             engines: raw.engines,
             names: name_map(path, text, raw.names)?,
+            emulate: raw.emulate.unwrap_or(true),
         };
         spec.validate_references(text)?;
         spec.validate_scaled(text, raw.scaled.is_some())?;
@@ -476,7 +483,7 @@ impl Spec {
         for (name, d) in &self.engines {
             let ok_chars = !name.is_empty()
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-            let why = if matches!(name.as_str(), "cpu" | "cuda" | "all" | "exec" | "dumps") {
+            let why = if matches!(name.as_str(), "cpu" | "cuda" | "cuda-emu" | "all" | "exec" | "dumps") {
                 Some(format!("`{name}` is a built-in engine name; choose another"))
             } else if !ok_chars {
                 Some(format!("engine name `{name}`: use letters, digits, `_`, `-` and `.`"))

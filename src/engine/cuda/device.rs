@@ -16,115 +16,114 @@
 //! architecture, it is deterministic run to run on one device and stream, and
 //! a hand-written GEMM would add the riskiest kernel to review without a GPU.
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+//!
+//! The device is reached only through the seam (`seam::Dev`): the real one
+//! (cudarc) or the host emulation (`emu`, engine `cuda-emu`), so everything in
+//! this file — buffer sizes, launch configurations, argument lists, taps and
+//! guards, sampling — runs the same on both.
 
-use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
+use std::path::Path;
+use std::sync::Mutex;
+
+use cudarc::cublas::{CudaBlas, Gemm};
 
 use crate::engine::cpu::layers::{Linear, ModelWeights};
 use crate::engine::cpu::ops::Rope;
 use crate::engine::{Captures, Engine, RunOutput, RunRequest, TapSet};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::ModelConfig;
 use crate::sampling::{chacha_key, Sampling};
 use crate::stage::{BlockStage as B, Stage, Step};
 use crate::tensor::{DType, Tensor};
 
-use super::compile::{self, FILES};
 use super::guard::Guarded;
 use super::launch::{self, Launch};
+use super::seam::{DBuf, Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
 
-fn err(what: impl std::fmt::Display) -> Error {
-    Error::engine("cuda", what.to_string())
-}
-
-fn lcfg(l: Launch) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: l.grid,
-        block_dim: (l.block, 1, 1),
-        shared_mem_bytes: l.smem,
-    }
-}
-
-struct DevLinear<T> {
-    w: CudaSlice<T>,
-    bias: Option<CudaSlice<T>>,
+struct DevLinear<T: Storage> {
+    w: DBuf<T>,
+    bias: Option<DBuf<T>>,
     out_f: usize,
     in_f: usize,
 }
 
-struct DevBlock<T> {
-    attn_norm: CudaSlice<T>,
+struct DevBlock<T: Storage> {
+    attn_norm: DBuf<T>,
     q: DevLinear<T>,
     k: DevLinear<T>,
     v: DevLinear<T>,
     /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
-    qk_norm: Option<(CudaSlice<T>, CudaSlice<T>)>,
+    qk_norm: Option<(DBuf<T>, DBuf<T>)>,
     o: DevLinear<T>,
-    ffn_norm: CudaSlice<T>,
+    ffn_norm: DBuf<T>,
     gate: DevLinear<T>,
     up: DevLinear<T>,
     down: DevLinear<T>,
 }
 
-struct DevWeights<T> {
-    embed: CudaSlice<T>,
+struct DevWeights<T: Storage> {
+    embed: DBuf<T>,
     blocks: Vec<DevBlock<T>>,
-    norm: CudaSlice<T>,
+    norm: DBuf<T>,
     lm_head: Option<DevLinear<T>>,
 }
 
 /// The kernels the forward pass launches, for the storage type.
 struct Funcs {
-    embedding: CudaFunction,
-    rmsnorm: CudaFunction,
-    rope_neox: CudaFunction,
-    attention_prefill: CudaFunction,
-    attention_decode: CudaFunction,
-    bias_add: CudaFunction,
-    silu_mul: CudaFunction,
-    add: CudaFunction,
-    fill_u32: CudaFunction,
-    fill_u16: CudaFunction,
-    argmax: CudaFunction,
-    sample: CudaFunction,
+    embedding: Kernel,
+    rmsnorm: Kernel,
+    rope_neox: Kernel,
+    attention_prefill: Kernel,
+    attention_decode: Kernel,
+    bias_add: Kernel,
+    silu_mul: Kernel,
+    add: Kernel,
+    fill_u32: Kernel,
+    fill_u16: Kernel,
+    argmax: Kernel,
+    sample: Kernel,
 }
 
 /// A device buffer with guard regions (see `guard`).
-struct GBuf<S> {
-    buf: CudaSlice<S>,
+struct GBuf<S: Storage> {
+    buf: DBuf<S>,
     g: Guarded,
 }
 
 impl<S: Storage> GBuf<S> {
-    fn view(&self) -> CudaView<'_, S> {
-        self.buf.slice(self.g.interior())
+    fn view(&self) -> View<'_, S> {
+        self.buf.view(self.g.interior())
     }
-    fn view_mut(&mut self) -> CudaViewMut<'_, S> {
+    fn view_mut(&mut self) -> ViewMut<'_, S> {
         let r = self.g.interior();
-        self.buf.slice_mut(r)
+        self.buf.view_mut(r)
     }
 }
 
-/// Loads the model for the CUDA engine in the storage type `opts.storage`.
+/// Loads the model for the CUDA engine in the storage type `opts.storage`, on
+/// the real device.
 pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<Box<dyn Engine>> {
+    load_on(Dev::cuda, model, opts)
+}
+
+/// Loads the model for the `cuda-emu` engine: the CUDA engine on a fresh
+/// emulated device.
+pub fn load_emu(model: &Path, opts: &crate::model::LoadOptions) -> Result<Box<dyn Engine>> {
+    load_on(|| Ok(Dev::emu()), model, opts)
+}
+
+fn load_on(dev: impl Fn() -> Result<Dev>, model: &Path, opts: &crate::model::LoadOptions) -> Result<Box<dyn Engine>> {
     Ok(match opts.storage {
-        DType::F32 => Box::new(CudaEngine::<f32>::load(model, opts)?),
-        DType::F16 => Box::new(CudaEngine::<half::f16>::load(model, opts)?),
-        DType::BF16 => Box::new(CudaEngine::<half::bf16>::load(model, opts)?),
+        DType::F32 => Box::new(CudaEngine::<f32>::load_on(dev()?, model, opts)?),
+        DType::F16 => Box::new(CudaEngine::<half::f16>::load_on(dev()?, model, opts)?),
+        DType::BF16 => Box::new(CudaEngine::<half::bf16>::load_on(dev()?, model, opts)?),
     })
 }
 
-pub struct CudaEngine<T> {
+pub struct CudaEngine<T: Storage> {
     cfg: ModelConfig,
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    dev: Dev,
     f: Funcs,
     w: DevWeights<T>,
     rope: Rope,
@@ -137,17 +136,24 @@ where
     CudaBlas: Gemm<T>,
 {
     /// Loads a model (HF folder or GGUF, through the same loader as the CPU
-    /// engine) and uploads its weights rounded to `T`.
+    /// engine) and uploads its weights rounded to `T`, on the real device.
     pub fn load(model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine<T>> {
-        let ctx = super::context().map_err(err)?;
+        Self::load_on(Dev::cuda()?, model, opts)
+    }
+
+    /// `load`, on the emulated device (`cuda-emu`).
+    pub fn load_emu(model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine<T>> {
+        Self::load_on(Dev::emu(), model, opts)
+    }
+
+    /// `load` on `dev`.
+    pub fn load_on(dev: Dev, model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine<T>> {
         let (cfg, mut ws) = crate::model::load(model, opts)?;
         let host = ModelWeights::load(&cfg, &mut ws)?;
-        let stream = ctx.default_stream();
-        let f = load_funcs::<T>(&ctx)?;
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| err(format!("cuBLAS init: {e}")))?;
+        let f = load_funcs::<T>(&dev)?;
         let up = |v: &[f32]| {
             let h: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-            stream.clone_htod(&h).map_err(|e| err(format!("weight upload: {e}")))
+            dev.upload("weight", &h).map_err(|e| dev.err(format!("weight upload: {e}")))
         };
         let lin = |l: &Linear| -> Result<DevLinear<T>> {
             Ok(DevLinear {
@@ -184,8 +190,7 @@ where
         let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
         Ok(CudaEngine {
             cfg,
-            stream,
-            blas,
+            dev,
             f,
             w,
             rope,
@@ -195,31 +200,29 @@ where
 
     /// A guarded buffer of `len` elements of `S`, filled with `S`'s sentinel
     /// (guards and interior).
-    fn gbuf<S: Storage>(&self, len: usize) -> Result<GBuf<S>> {
+    fn gbuf<S: Storage>(&self, label: &str, len: usize) -> Result<GBuf<S>> {
         let g = Guarded { len };
-        // SAFETY: every element is written by the fill below before any read.
-        let mut buf = unsafe { self.stream.alloc::<S>(g.total()) }.map_err(err)?;
+        // Every element is written by the fill below before any read.
+        let mut buf = self.dev.alloc::<S>(label, g.total())?;
         let n = g.total() as i64;
         let (bits32, bits16) = (S::SENTINEL_BITS, S::SENTINEL_BITS as u16);
         let wide = std::mem::size_of::<S>() == 4;
-        let mut b = self
-            .stream
-            .launch_builder(if wide { &self.f.fill_u32 } else { &self.f.fill_u16 });
-        b.arg(&mut buf);
-        if wide {
-            b.arg(&bits32);
+        // The fill kernels take `unsigned*` / `unsigned short*`: the buffer's
+        // bits, reinterpreted (the emulator checks the element width by name).
+        let (k, bits) = if wide {
+            (&self.f.fill_u32, KArg::U32(bits32))
         } else {
-            b.arg(&bits16);
-        }
-        b.arg(&n);
+            (&self.f.fill_u16, KArg::U16(bits16))
+        };
+        let dst = buf.arg_mut().as_bits(wide);
         // SAFETY: fill_u32(unsigned* x, unsigned bits, long long n) or fill_u16(unsigned
         // short* x, unsigned short bits, long long n) over the n elements of buf, by S's width.
-        unsafe { b.launch(lcfg(launch::elementwise(g.total()))) }.map_err(err)?;
+        unsafe { self.dev.launch(k, launch::elementwise(g.total()), &mut [dst, bits, n.into()]) }?;
         Ok(GBuf { buf, g })
     }
 
     /// `y[rows, out] = x[rows, in] · wᵀ (+ bias)`, as the CPU's `Linear::forward`.
-    fn linear(&self, x: &CudaView<T>, rows: usize, lin: &DevLinear<T>, y: &mut CudaViewMut<T>) -> Result<()> {
+    fn linear(&self, x: View<'_, T>, rows: usize, lin: &DevLinear<T>, y: &mut ViewMut<'_, T>) -> Result<()> {
         self.gemm_bias(x, rows, &lin.w, lin.bias.as_ref(), lin.in_f, lin.out_f, y)
     }
 
@@ -230,49 +233,34 @@ where
     #[allow(clippy::too_many_arguments)]
     fn gemm_bias(
         &self,
-        x: &CudaView<T>,
+        x: View<'_, T>,
         rows: usize,
-        w: &CudaSlice<T>,
-        bias: Option<&CudaSlice<T>>,
+        w: &DBuf<T>,
+        bias: Option<&DBuf<T>>,
         in_f: usize,
         out_f: usize,
-        y: &mut CudaViewMut<T>,
+        y: &mut ViewMut<'_, T>,
     ) -> Result<()> {
         assert!(x.len() >= rows * in_f && w.len() == out_f * in_f && y.len() >= rows * out_f);
         let g = launch::linear_gemm(rows, in_f, out_f);
-        let op = |t: bool| {
-            if t {
-                cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let gc = GemmConfig {
-            transa: op(g.transa),
-            transb: op(g.transb),
-            m: g.m as i32,
-            n: g.n as i32,
-            k: g.k as i32,
-            alpha: T::from_f32(1.0),
-            lda: g.lda as i32,
-            ldb: g.ldb as i32,
-            beta: T::from_f32(0.0),
-            ldc: g.ldc as i32,
-        };
-        // SAFETY: w is [out, in], x at least [rows, in], y at least [rows, out] (asserted).
-        unsafe { self.blas.gemm(gc, w, x, y) }.map_err(|e| err(format!("cuBLAS gemm ({}): {e}", T::SUFFIX)))?;
+        // w is [out, in], x at least [rows, in], y at least [rows, out] (asserted).
+        self.dev.gemm(g, w.view(..), x, y)?;
         if let Some(bias) = bias {
             let (r, c) = (rows as i32, out_f as i32);
-            let mut b = self.stream.launch_builder(&self.f.bias_add);
-            b.arg(&mut *y).arg(bias).arg(&r).arg(&c);
             // SAFETY: bias_add_T(y [rows, cols], b [cols], rows, cols).
-            unsafe { b.launch(lcfg(launch::elementwise(rows * out_f))) }.map_err(err)?;
+            unsafe {
+                self.dev.launch(
+                    &self.f.bias_add,
+                    launch::elementwise(rows * out_f),
+                    &mut [y.arg(), bias.arg(), r.into(), c.into()],
+                )
+            }?;
         }
         Ok(())
     }
 
     /// RMSNorm of `rows` rows of the hidden width (the block and final norms).
-    fn rmsnorm(&self, x: &CudaView<T>, w: &CudaSlice<T>, out: &mut CudaViewMut<T>, rows: usize) -> Result<()> {
+    fn rmsnorm(&self, x: View<'_, T>, w: &DBuf<T>, out: &mut ViewMut<'_, T>, rows: usize) -> Result<()> {
         self.rmsnorm_rows(x, w, out, rows, self.cfg.hidden)
     }
 
@@ -280,18 +268,21 @@ where
     /// head (`[T·heads]` rows of D) for Qwen3's q/k norms.
     fn rmsnorm_rows(
         &self,
-        x: &CudaView<T>,
-        w: &CudaSlice<T>,
-        out: &mut CudaViewMut<T>,
+        x: View<'_, T>,
+        w: &DBuf<T>,
+        out: &mut ViewMut<'_, T>,
         rows: usize,
         width: usize,
     ) -> Result<()> {
         let (wi, eps) = (width as i32, self.cfg.rms_eps as f32);
-        let mut b = self.stream.launch_builder(&self.f.rmsnorm);
-        b.arg(x).arg(w).arg(out).arg(&wi).arg(&eps);
         // SAFETY: rmsnorm_T(x [rows, width], w [width], out [rows, width], width, eps).
-        unsafe { b.launch(lcfg(launch::per_row(rows, width))) }.map_err(err)?;
-        Ok(())
+        unsafe {
+            self.dev.launch(
+                &self.f.rmsnorm,
+                launch::per_row(rows, width),
+                &mut [x.arg(), w.arg(), out.arg(), wi.into(), eps.into()],
+            )
+        }
     }
 
     fn rope(
@@ -305,27 +296,37 @@ where
     ) -> Result<()> {
         let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
         let (xv, mut ov) = (x.view(), out.view_mut());
-        let mut b = self.stream.launch_builder(&self.f.rope_neox);
-        b.arg(&xv)
-            .arg(&mut ov)
-            .arg(&tabs.cos)
-            .arg(&tabs.sin)
-            .arg(&r)
-            .arg(&h)
-            .arg(&d)
-            .arg(&p);
         // SAFETY: rope_neox_T over [rows, heads, D] (f32 tables); tables cover positions < pos0 + rows.
-        unsafe { b.launch(lcfg(launch::elementwise(rows * heads * self.cfg.head_dim / 2))) }.map_err(err)?;
+        unsafe {
+            self.dev.launch(
+                &self.f.rope_neox,
+                launch::elementwise(rows * heads * self.cfg.head_dim / 2),
+                &mut [
+                    xv.arg(),
+                    ov.arg(),
+                    tabs.cos.arg(),
+                    tabs.sin.arg(),
+                    r.into(),
+                    h.into(),
+                    d.into(),
+                    p.into(),
+                ],
+            )
+        }?;
         Ok(())
     }
 
-    fn add(&self, a: &CudaView<T>, bb: &CudaView<T>, out: &mut GBuf<T>) -> Result<()> {
+    fn add(&self, a: View<'_, T>, bb: View<'_, T>, out: &mut GBuf<T>) -> Result<()> {
         let n = out.g.len as i64;
         let mut ov = out.view_mut();
-        let mut b = self.stream.launch_builder(&self.f.add);
-        b.arg(a).arg(bb).arg(&mut ov).arg(&n);
         // SAFETY: add_T(a, b, out, n), all n long.
-        unsafe { b.launch(lcfg(launch::elementwise(n as usize))) }.map_err(err)?;
+        unsafe {
+            self.dev.launch(
+                &self.f.add,
+                launch::elementwise(n as usize),
+                &mut [a.arg(), bb.arg(), ov.arg(), n.into()],
+            )
+        }?;
         Ok(())
     }
 
@@ -338,36 +339,26 @@ where
             return Ok(());
         }
         debug_assert_eq!(shape.iter().product::<usize>(), buf.g.len);
-        let full = self.stream.clone_dtoh(&buf.buf).map_err(err)?;
-        self.stream.synchronize().map_err(err)?;
+        let full = self.dev.download(buf.buf.view(..))?;
         buf.g
             .check(&full)
-            .map_err(|v| err(format!("{}/{stage}: {v}", tc.step)))?;
+            .map_err(|v| self.dev.err(format!("{}/{stage}: {v}", tc.step)))?;
         let values = full[buf.g.interior()].iter().map(|x| x.to_f32()).collect();
         tc.caps
             .insert(tc.step, stage, Tensor::new(shape.to_vec(), values).with_dtype(T::DTYPE));
         Ok(())
     }
+
+    /// Bytes of device memory in use: device 0's total − free on the real
+    /// device (all processes), this engine's live allocations on the emulated
+    /// one. For the memory-growth check of `tests/cuda_device.rs`.
+    pub fn device_memory_in_use(&self) -> Result<usize> {
+        self.dev.memory_in_use()
+    }
 }
 
-fn load_funcs<T: Storage>(ctx: &Arc<CudaContext>) -> Result<Funcs> {
-    let (major, minor) = ctx.compute_capability().map_err(err)?;
-    let arch = format!("sm_{major}{minor}");
-    let mut modules = Vec::new();
-    for file in FILES {
-        let ptx = compile::ptx(file, &arch).map_err(err)?;
-        let m = ctx
-            .load_module(Ptx::from_src(ptx.as_str()))
-            .map_err(|e| err(format!("loading the PTX of cuda/{} for {arch}: {e}", file.name)))?;
-        modules.push((file, m));
-    }
-    let get = |name: &str| -> Result<CudaFunction> {
-        let (_, m) = modules
-            .iter()
-            .find(|(f, _)| f.kernels.contains(&name))
-            .ok_or_else(|| err(format!("kernel {name} is in no kernel file")))?;
-        m.load_function(name).map_err(|e| err(format!("kernel {name}: {e}")))
-    };
+fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
+    let get = |name: &str| dev.kernel(name);
     let typed = |op: &str| get(&format!("{op}_{}", T::SUFFIX));
     Ok(Funcs {
         embedding: typed("embedding")?,
@@ -387,8 +378,8 @@ fn load_funcs<T: Storage>(ctx: &Arc<CudaContext>) -> Result<Funcs> {
 
 /// cos/sin tables `[positions, D/2]` from the CPU engine's own `Rope`.
 struct RopeTables {
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
+    cos: DBuf<f32>,
+    sin: DBuf<f32>,
 }
 
 struct TapCtx<'a> {
@@ -398,9 +389,9 @@ struct TapCtx<'a> {
 }
 
 /// Per-run device state: the KV cache of every layer, `[capacity, KV, D]`.
-struct RunState<T> {
-    k_cache: Vec<CudaSlice<T>>,
-    v_cache: Vec<CudaSlice<T>>,
+struct RunState<T: Storage> {
+    k_cache: Vec<DBuf<T>>,
+    v_cache: Vec<DBuf<T>>,
     tabs: RopeTables,
     /// Seeded random sampling (None: greedy).
     random: Option<DevSampler>,
@@ -415,8 +406,8 @@ struct DevSampler {
     top_k: i64,
     top_p: f32,
     has_top_p: i32,
-    key: CudaSlice<u32>,
-    scratch: CudaSlice<f64>,
+    key: DBuf<u32>,
+    scratch: DBuf<f64>,
     draws: u64,
 }
 
@@ -425,7 +416,7 @@ where
     CudaBlas: Gemm<T>,
 {
     fn name(&self) -> &str {
-        "cuda"
+        self.dev.engine_name()
     }
 
     fn config(&self) -> &ModelConfig {
@@ -436,14 +427,8 @@ where
     /// wrong offset shows in the `weights` check named by tensor.
     fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
         let (e, v, d) = (self.cfg.hidden, self.cfg.vocab, self.cfg.head_dim);
-        let back = |buf: &CudaSlice<T>| -> Result<Vec<f32>> {
-            Ok(self
-                .stream
-                .clone_dtoh(buf)
-                .map_err(err)?
-                .into_iter()
-                .map(T::to_f32)
-                .collect())
+        let back = |buf: &DBuf<T>| -> Result<Vec<f32>> {
+            Ok(self.dev.download(buf.view(..))?.into_iter().map(T::to_f32).collect())
         };
         let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &DevLinear<T>| -> Result<()> {
             f(&format!("{name}.weight"), &[l.out_f, l.in_f], &back(&l.w)?);
@@ -482,11 +467,11 @@ where
     }
 
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
-        req.validate("cuda", self.cfg.vocab)?;
+        req.validate(self.dev.engine_name(), self.cfg.vocab)?;
         let _one_run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         let cfg = &self.cfg;
         let total = req.prompt.len() + req.decode_steps;
-        launch::attention(1, cfg.heads, cfg.head_dim, total).map_err(err)?;
+        launch::attention(1, cfg.heads, cfg.head_dim, total).map_err(|m| self.dev.err(m))?;
 
         let half = cfg.head_dim / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
@@ -506,8 +491,8 @@ where
                 top_k: top_k.map(|k| i64::try_from(k.max(1)).unwrap_or(i64::MAX)).unwrap_or(0),
                 top_p: top_p.unwrap_or(0.0),
                 has_top_p: top_p.is_some() as i32,
-                key: self.stream.clone_htod(&chacha_key(req.seed)).map_err(err)?,
-                scratch: self.stream.alloc_zeros::<f64>(cfg.vocab).map_err(err)?,
+                key: self.dev.upload("chacha_key", &chacha_key(req.seed))?,
+                scratch: self.dev.alloc_zeros::<f64>("sample_scratch", cfg.vocab)?,
                 draws: 0,
             }),
             // Greedy, or a temperature <= 0, which the host Sampler also takes as greedy.
@@ -517,14 +502,14 @@ where
             k_cache: Vec::with_capacity(cfg.layers),
             v_cache: Vec::with_capacity(cfg.layers),
             tabs: RopeTables {
-                cos: self.stream.clone_htod(&cos).map_err(err)?,
-                sin: self.stream.clone_htod(&sin).map_err(err)?,
+                cos: self.dev.upload("rope_cos", &cos)?,
+                sin: self.dev.upload("rope_sin", &sin)?,
             },
             random,
         };
         for _ in 0..cfg.layers {
-            st.k_cache.push(self.stream.alloc_zeros::<T>(total * kvd).map_err(err)?);
-            st.v_cache.push(self.stream.alloc_zeros::<T>(total * kvd).map_err(err)?);
+            st.k_cache.push(self.dev.alloc_zeros::<T>("k_cache", total * kvd)?);
+            st.v_cache.push(self.dev.alloc_zeros::<T>("v_cache", total * kvd)?);
         }
 
         let mut captures = Captures::default();
@@ -546,7 +531,7 @@ where
             positions.push((pos0..pos0 + tokens.len()).collect());
             pos0 += tokens.len();
         }
-        self.stream.synchronize().map_err(err)?;
+        self.dev.synchronize()?;
         Ok(RunOutput {
             captures,
             sampled,
@@ -569,58 +554,62 @@ where
         let s = pos0 + t;
         let w = &self.w;
 
-        let tok_dev = self.stream.clone_htod(tokens).map_err(err)?;
-        let mut embed = self.gbuf(t * e)?;
+        let tok_dev = self.dev.upload("tokens", tokens)?;
+        let mut embed = self.gbuf("embed", t * e)?;
         {
             let (rows, width) = (t as i32, e as i32);
             let mut ev = embed.view_mut();
-            let mut b = self.stream.launch_builder(&self.f.embedding);
-            b.arg(&w.embed).arg(&tok_dev).arg(&mut ev).arg(&rows).arg(&width);
             // SAFETY: embedding_T(table [V, E], tokens [T] (< V, checked), out [T, E]).
-            unsafe { b.launch(lcfg(launch::elementwise(t * e))) }.map_err(err)?;
+            unsafe {
+                self.dev.launch(
+                    &self.f.embedding,
+                    launch::elementwise(t * e),
+                    &mut [w.embed.arg(), tok_dev.arg(), ev.arg(), rows.into(), width.into()],
+                )
+            }?;
         }
         self.tap(tc, Stage::Embed, &[t, e], &embed)?;
 
-        let mut attn_norm = self.gbuf(t * e)?;
-        let mut q = self.gbuf(t * qd)?;
-        let mut k = self.gbuf(t * kvd)?;
-        let mut vv = self.gbuf(t * kvd)?;
-        let mut q_rope = self.gbuf(t * qd)?;
-        let mut k_rope = self.gbuf(t * kvd)?;
+        let mut attn_norm = self.gbuf("attn_norm", t * e)?;
+        let mut q = self.gbuf("q", t * qd)?;
+        let mut k = self.gbuf("k", t * kvd)?;
+        let mut vv = self.gbuf("v", t * kvd)?;
+        let mut q_rope = self.gbuf("q_rope", t * qd)?;
+        let mut k_rope = self.gbuf("k_rope", t * kvd)?;
         let any_tap = |x: B| (0..cfg.layers).any(|l| tc.taps.contains(Stage::Block(l, x)));
         // Scores and probabilities stay f32 whatever the storage (the kernel writes f32).
         let mut probs = if any_tap(B::AttnProbs) {
-            Some(self.gbuf::<f32>(h * t * s)?)
+            Some(self.gbuf::<f32>("attn_probs", h * t * s)?)
         } else {
             None
         };
         let mut scores = if any_tap(B::AttnScores) {
-            Some(self.gbuf::<f32>(h * t * s)?)
+            Some(self.gbuf::<f32>("attn_scores", h * t * s)?)
         } else {
             None
         };
-        let mut ctx = self.gbuf(t * qd)?;
-        let mut attn_out = self.gbuf(t * e)?;
-        let mut ffn_inp = self.gbuf(t * e)?;
-        let mut ffn_norm = self.gbuf(t * e)?;
-        let mut gate = self.gbuf(t * f)?;
-        let mut up = self.gbuf(t * f)?;
-        let mut act = self.gbuf(t * f)?;
-        let mut ffn_out = self.gbuf(t * e)?;
-        let mut out = self.gbuf(t * e)?;
-        let attn_launch = launch::attention(t, h, d, s).map_err(err)?;
+        let mut ctx = self.gbuf("ctx", t * qd)?;
+        let mut attn_out = self.gbuf("attn_out", t * e)?;
+        let mut ffn_inp = self.gbuf("ffn_inp", t * e)?;
+        let mut ffn_norm = self.gbuf("ffn_norm", t * e)?;
+        let mut gate = self.gbuf("gate", t * f)?;
+        let mut up = self.gbuf("up", t * f)?;
+        let mut act = self.gbuf("act", t * f)?;
+        let mut ffn_out = self.gbuf("ffn_out", t * e)?;
+        let mut out = self.gbuf("out", t * e)?;
+        let attn_launch = launch::attention(t, h, d, s).map_err(|m| self.dev.err(m))?;
 
         for (l, b) in w.blocks.iter().enumerate() {
             let stg = |x: B| Stage::Block(l, x);
             // The block input: the embeddings, then the previous block's output
             // (read here and by the residual add below, before `out` is rewritten).
             let x_in: &GBuf<T> = if l == 0 { &embed } else { &out };
-            self.rmsnorm(&x_in.view(), &b.attn_norm, &mut attn_norm.view_mut(), t)?;
+            self.rmsnorm(x_in.view(), &b.attn_norm, &mut attn_norm.view_mut(), t)?;
             self.tap(tc, stg(B::AttnNorm), &[t, e], &attn_norm)?;
 
-            self.linear(&attn_norm.view(), t, &b.q, &mut q.view_mut())?;
-            self.linear(&attn_norm.view(), t, &b.k, &mut k.view_mut())?;
-            self.linear(&attn_norm.view(), t, &b.v, &mut vv.view_mut())?;
+            self.linear(attn_norm.view(), t, &b.q, &mut q.view_mut())?;
+            self.linear(attn_norm.view(), t, &b.k, &mut k.view_mut())?;
+            self.linear(attn_norm.view(), t, &b.v, &mut vv.view_mut())?;
             self.tap(tc, stg(B::Q), &[t, h, d], &q)?;
             self.tap(tc, stg(B::K), &[t, kv, d], &k)?;
             self.tap(tc, stg(B::V), &[t, kv, d], &vv)?;
@@ -628,8 +617,8 @@ where
             // buffers (free until RoPE), then RoPE from there back into q/k.
             let (q_in, k_in, q_out, k_out) = match &b.qk_norm {
                 Some((qn, kn)) => {
-                    self.rmsnorm_rows(&q.view(), qn, &mut q_rope.view_mut(), t * h, d)?;
-                    self.rmsnorm_rows(&k.view(), kn, &mut k_rope.view_mut(), t * kv, d)?;
+                    self.rmsnorm_rows(q.view(), qn, &mut q_rope.view_mut(), t * h, d)?;
+                    self.rmsnorm_rows(k.view(), kn, &mut k_rope.view_mut(), t * kv, d)?;
                     self.tap(tc, stg(B::QNorm), &[t, h, d], &q_rope)?;
                     self.tap(tc, stg(B::KNorm), &[t, kv, d], &k_rope)?;
                     (&q_rope, &k_rope, &mut q, &mut k)
@@ -644,12 +633,8 @@ where
 
             // Append this step's keys (after RoPE) and values to the cache.
             let span = pos0 * kvd..s * kvd;
-            self.stream
-                .memcpy_dtod(&k_rope.view(), &mut st.k_cache[l].slice_mut(span.clone()))
-                .map_err(err)?;
-            self.stream
-                .memcpy_dtod(&vv.view(), &mut st.v_cache[l].slice_mut(span))
-                .map_err(err)?;
+            self.dev.copy(k_rope.view(), &mut st.k_cache[l].view_mut(span.clone()))?;
+            self.dev.copy(vv.view(), &mut st.v_cache[l].view_mut(span))?;
 
             let want_probs = tc.taps.contains(stg(B::AttnProbs));
             let want_scores = tc.taps.contains(stg(B::AttnScores));
@@ -659,7 +644,6 @@ where
                 let scale = (d as f64).powf(-0.5) as f32;
                 let qv = q_rope.view();
                 let mut cv = ctx.view_mut();
-                let null: u64 = 0;
                 let mut pv = probs.as_mut().filter(|_| want_probs).map(|p| p.view_mut());
                 let mut sv = scores.as_mut().filter(|_| want_scores).map(|p| p.view_mut());
                 let decode = t == 1;
@@ -668,21 +652,14 @@ where
                 } else {
                     &self.f.attention_prefill
                 };
-                let mut bld = self.stream.launch_builder(func);
-                bld.arg(&qv).arg(&st.k_cache[l]).arg(&st.v_cache[l]);
-                match sv.as_mut() {
-                    Some(p) => bld.arg(p),
-                    None => bld.arg(&null),
-                };
-                match pv.as_mut() {
-                    Some(p) => bld.arg(p),
-                    None => bld.arg(&null),
-                };
-                bld.arg(&mut cv);
+                let mut args = vec![qv.arg(), st.k_cache[l].arg(), st.v_cache[l].arg()];
+                args.push(sv.as_mut().map_or(KArg::Null, |p| p.arg()));
+                args.push(pv.as_mut().map_or(KArg::Null, |p| p.arg()));
+                args.push(cv.arg());
                 if !decode {
-                    bld.arg(&rows);
+                    args.push(rows.into());
                 }
-                bld.arg(&hh).arg(&kvh).arg(&dd).arg(&p0).arg(&ss).arg(&scale);
+                args.extend([hh.into(), kvh.into(), dd.into(), p0.into(), ss.into(), scale.into()]);
                 let lc = if decode {
                     Launch {
                         grid: (h as u32, 1, 1),
@@ -693,7 +670,7 @@ where
                 };
                 // SAFETY: q [T, H, D], caches [capacity >= S, KV, D], scores and probs [H, T, S] or NULL,
                 // ctx [T, H*D]; smem (D + S) floats as `launch::attention` computed.
-                unsafe { bld.launch(lcfg(lc)) }.map_err(err)?;
+                unsafe { self.dev.launch(func, lc, &mut args) }?;
             }
             if want_scores {
                 let p = scores.as_ref().expect("allocated when any layer taps attn_scores");
@@ -704,30 +681,34 @@ where
                 self.tap(tc, stg(B::AttnProbs), &[h, t, s], p)?;
             }
             self.tap(tc, stg(B::AttnCtx), &[t, qd], &ctx)?;
-            self.linear(&ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
+            self.linear(ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
             self.tap(tc, stg(B::AttnOut), &[t, e], &attn_out)?;
 
             let x_in: &GBuf<T> = if l == 0 { &embed } else { &out };
-            self.add(&x_in.view(), &attn_out.view(), &mut ffn_inp)?;
+            self.add(x_in.view(), attn_out.view(), &mut ffn_inp)?;
             self.tap(tc, stg(B::FfnInp), &[t, e], &ffn_inp)?;
-            self.rmsnorm(&ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
+            self.rmsnorm(ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
             self.tap(tc, stg(B::FfnNorm), &[t, e], &ffn_norm)?;
-            self.linear(&ffn_norm.view(), t, &b.gate, &mut gate.view_mut())?;
+            self.linear(ffn_norm.view(), t, &b.gate, &mut gate.view_mut())?;
             self.tap(tc, stg(B::FfnGate), &[t, f], &gate)?;
-            self.linear(&ffn_norm.view(), t, &b.up, &mut up.view_mut())?;
+            self.linear(ffn_norm.view(), t, &b.up, &mut up.view_mut())?;
             self.tap(tc, stg(B::FfnUp), &[t, f], &up)?;
             {
                 let n = (t * f) as i64;
                 let (gv, uv, mut av) = (gate.view(), up.view(), act.view_mut());
-                let mut bld = self.stream.launch_builder(&self.f.silu_mul);
-                bld.arg(&gv).arg(&uv).arg(&mut av).arg(&n);
                 // SAFETY: silu_mul_T(gate, up, out, n), all [T, F].
-                unsafe { bld.launch(lcfg(launch::elementwise(t * f))) }.map_err(err)?;
+                unsafe {
+                    self.dev.launch(
+                        &self.f.silu_mul,
+                        launch::elementwise(t * f),
+                        &mut [gv.arg(), uv.arg(), av.arg(), n.into()],
+                    )
+                }?;
             }
             self.tap(tc, stg(B::FfnAct), &[t, f], &act)?;
-            self.linear(&act.view(), t, &b.down, &mut ffn_out.view_mut())?;
+            self.linear(act.view(), t, &b.down, &mut ffn_out.view_mut())?;
             self.tap(tc, stg(B::FfnOut), &[t, e], &ffn_out)?;
-            self.add(&ffn_inp.view(), &ffn_out.view(), &mut out)?;
+            self.add(ffn_inp.view(), ffn_out.view(), &mut out)?;
             self.tap(tc, stg(B::Out), &[t, e], &out)?;
         }
 
@@ -737,19 +718,19 @@ where
         let first = if all_rows { 0 } else { t - 1 };
         let nrows = t - first;
         let x_fin: &GBuf<T> = if w.blocks.is_empty() { &embed } else { &out };
-        let mut onorm = self.gbuf(nrows * e)?;
-        self.rmsnorm(&x_fin.view().slice(first * e..), &w.norm, &mut onorm.view_mut(), nrows)?;
+        let mut onorm = self.gbuf("output_norm", nrows * e)?;
+        self.rmsnorm(x_fin.view().slice(first * e..), &w.norm, &mut onorm.view_mut(), nrows)?;
         self.tap(tc, Stage::OutputNorm, &[t, e], &onorm)?;
         let head_rows = if tc.taps.contains(Stage::Logits) { t } else { 1 };
-        let mut logits = self.gbuf(head_rows * v)?;
+        let mut logits = self.gbuf("logits", head_rows * v)?;
         {
             let ov = onorm.view();
             let head_in = ov.slice((nrows - head_rows) * e..);
             let mut lv = logits.view_mut();
             match &w.lm_head {
-                Some(lin) => self.linear(&head_in, head_rows, lin, &mut lv)?,
+                Some(lin) => self.linear(head_in, head_rows, lin, &mut lv)?,
                 // Tied head: the embedding matrix [V, E] is the weight.
-                None => self.gemm_bias(&head_in, head_rows, &w.embed, None, e, v, &mut lv)?,
+                None => self.gemm_bias(head_in, head_rows, &w.embed, None, e, v, &mut lv)?,
             }
         }
         self.tap(tc, Stage::Logits, &[t, v], &logits)?;
@@ -757,14 +738,15 @@ where
         let lv = logits.view();
         let last = lv.slice((head_rows - 1) * v..head_rows * v);
         // The only device→host copy of an untapped step: the token, 4 bytes.
-        let mut tok = self.stream.alloc_zeros::<u32>(1).map_err(err)?;
+        let mut tok = self.dev.alloc_zeros::<u32>("token", 1)?;
         let n = v as i32;
         match st.random.as_mut() {
             None => {
-                let mut bld = self.stream.launch_builder(&self.f.argmax);
-                bld.arg(&last).arg(&n).arg(&mut tok);
                 // SAFETY: argmax_T(x [n], n, out [1]).
-                unsafe { bld.launch(lcfg(launch::argmax())) }.map_err(err)?;
+                unsafe {
+                    self.dev
+                        .launch(&self.f.argmax, launch::argmax(), &mut [last.arg(), n.into(), tok.arg_mut()])
+                }?;
             }
             Some(r) => {
                 if tc.taps.contains(Stage::SampleProbs) {
@@ -772,8 +754,7 @@ where
                     // from this step's device logits with the host sampler's rules
                     // (the `sample` kernel is proven to draw as the host sampler:
                     // `reference::sample`); read back only when tapped.
-                    let row = self.stream.clone_dtoh(&last).map_err(err)?;
-                    self.stream.synchronize().map_err(err)?;
+                    let row = self.dev.download(last)?;
                     let row: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
                     let sampling = crate::sampling::Sampling::Random {
                         temperature: r.temperature,
@@ -788,25 +769,30 @@ where
                         );
                     }
                 }
-                let mut bld = self.stream.launch_builder(&self.f.sample);
-                bld.arg(&last)
-                    .arg(&n)
-                    .arg(&r.temperature)
-                    .arg(&r.top_k)
-                    .arg(&r.top_p)
-                    .arg(&r.has_top_p)
-                    .arg(&r.key)
-                    .arg(&r.draws)
-                    .arg(&mut r.scratch)
-                    .arg(&mut tok);
                 // SAFETY: sample_T(x [n], n, temperature, top_k, top_p, has_top_p, key [8],
                 // draw, w [n] f64 scratch (vocab long), out [1]).
-                unsafe { bld.launch(lcfg(launch::sample())) }.map_err(err)?;
+                unsafe {
+                    self.dev.launch(
+                        &self.f.sample,
+                        launch::sample(),
+                        &mut [
+                            last.arg(),
+                            n.into(),
+                            r.temperature.into(),
+                            r.top_k.into(),
+                            r.top_p.into(),
+                            r.has_top_p.into(),
+                            r.key.arg(),
+                            r.draws.into(),
+                            r.scratch.arg_mut(),
+                            tok.arg_mut(),
+                        ],
+                    )
+                }?;
                 r.draws += 1;
             }
         }
-        let host = self.stream.clone_dtoh(&tok).map_err(err)?;
-        self.stream.synchronize().map_err(err)?;
+        let host = self.dev.download(tok.view(..))?;
         Ok(host[0])
     }
 }

@@ -141,6 +141,24 @@ impl<T: EmuType> DevBuf<T> {
         }
         v
     }
+    /// A copy of elements `range`.
+    pub fn read_range(&self, range: std::ops::Range<usize>) -> Vec<T> {
+        assert!(range.start <= range.end && range.end <= self.len, "read_range {range:?} of {} elements", self.len);
+        let n = range.len();
+        let mut v = Vec::with_capacity(n);
+        // SAFETY: range is inside the len initialised elements (asserted).
+        unsafe {
+            std::ptr::copy_nonoverlapping((self.raw.ptr as *const T).add(range.start), v.as_mut_ptr(), n);
+            v.set_len(n);
+        }
+        v
+    }
+    /// Overwrites elements `offset..offset + data.len()`.
+    pub fn write_at(&self, offset: usize, data: &[T]) {
+        assert!(offset + data.len() <= self.len, "write_at({offset}, {} elements) past the end of {}", data.len(), self.len);
+        // SAFETY: in bounds (asserted); no launch runs on this thread now.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.raw.ptr as *mut T).add(offset), data.len()) }
+    }
     /// Overwrites the contents.
     pub fn copy_from(&self, data: &[T]) {
         assert_eq!(data.len(), self.len, "copy_from: length mismatch");
@@ -371,6 +389,11 @@ impl Emu {
             id,
             _t: PhantomData,
         }
+    }
+
+    /// Bytes requested by this device's live allocations (guards not counted).
+    pub fn live_bytes(&self) -> usize {
+        registry().lock().unwrap().iter().filter(|r| r.emu == self.id).map(|r| r.raw.bytes).sum()
     }
 
     /// A buffer holding a copy of `data`.

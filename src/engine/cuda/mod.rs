@@ -11,6 +11,8 @@
 //! - `guard`: guard regions around device outputs (host-side checking).
 //! - `launch`: launch configurations and cuBLAS argument mapping.
 //! - `reference`: host mirrors of device-side decisions, for tests.
+//! - `seam`: the device interface `device` drives: the real device (cudarc)
+//!   or the emulated one (engine `cuda-emu`).
 //! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
 
 pub mod compile;
@@ -19,6 +21,7 @@ pub mod emu;
 pub mod guard;
 pub mod launch;
 pub mod reference;
+pub mod seam;
 pub mod storage;
 
 use std::sync::{Arc, OnceLock};
@@ -27,7 +30,7 @@ use cudarc::driver::CudaContext;
 
 use super::Availability;
 
-pub use device::{load, CudaEngine};
+pub use device::{load, load_emu, CudaEngine};
 
 /// The reason given when libcuda cannot be loaded.
 pub const NO_DRIVER: &str = "libcuda.so.1 not found (no NVIDIA driver): the CUDA engine needs the NVIDIA \

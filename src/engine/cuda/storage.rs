@@ -7,7 +7,9 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
 use crate::tensor::DType;
 
-pub trait Storage: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + 'static {
+pub trait Storage:
+    DeviceRepr + ValidAsZeroBits + super::emu::EmuType + Copy + Default + Unpin + Send + Sync + 'static
+{
     const DTYPE: DType;
     /// Suffix of the kernels for this type (`rmsnorm_bf16`).
     const SUFFIX: &'static str;
