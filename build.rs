@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 /// text must occur exactly once in the file (so a change to the kernel that
 /// removes it fails the build here rather than silently testing nothing).
 /// The variant's kernels are registered as `<variant>/<kernel>`.
-const PLANTED: &[(&str, &str, &[(&str, &str)])] = &[
+/// (variant name, kernel file, exact (from, to) substitutions).
+type Planted = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+const PLANTED: &[Planted] = &[
     // The softmax max reduced over the warp only, not the block: rows whose
     // visible keys span more than one warp get inconsistent exponents.
     ("planted_softmax_max", "attention.cu", &[("mx = block_max(mx, scratch);", "mx = warp_max(mx);")]),

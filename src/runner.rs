@@ -611,12 +611,7 @@ fn scaled_golden_verdict(
             c.explain()
         )
     };
-    let mut v = Verdict::check(j.passed() && c.passed(), message);
-    v.metrics = c.metrics();
-    for (name, value) in j.metrics() {
-        v.metrics.insert(name.to_string(), value);
-    }
-    v
+    scaled_verdict(j.passed() && c.passed(), message, &c, &j)
 }
 
 /// Reference `other` against the oracle under the scaled policy: within
@@ -672,7 +667,13 @@ fn scaled_reference_verdict(
             c.explain()
         )
     };
-    let mut v = Verdict::check(j.passed(), message);
+    scaled_verdict(j.passed(), message, &c, &j)
+}
+
+/// A scaled check's verdict: the comparator's metrics at the allowance plus
+/// the judgement's (error, floor, allowed, factor, ratio).
+fn scaled_verdict(ok: bool, message: String, c: &crate::compare::Comparison, j: &scaled::Judgement) -> Verdict {
+    let mut v = Verdict::check(ok, message);
     v.metrics = c.metrics();
     for (name, value) in j.metrics() {
         v.metrics.insert(name.to_string(), value);

@@ -155,15 +155,6 @@ fn saved_captures_checked_as_dumps_give_the_same_stage_verdicts() {
     let dumps = format!("dumps:{}", p(&cap));
     let o = touchstone(&["run", &p(&s), "-q", "--engine", &dumps, "--json", &p(&j2)]);
     assert_eq!(o.code, 0, "{}", o.all());
-    let stage_verdicts = |j: &serde_json::Value| -> Vec<(String, String)> {
-        j["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| !c["id"].as_str().unwrap().starts_with("run::"))
-            .map(|c| (c["id"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
-            .collect()
-    };
     let (a, b) = (json(&j1), json(&j2));
     assert_eq!(stage_verdicts(&a), stage_verdicts(&b));
     // Checks that need a second run are skipped, with the reason.

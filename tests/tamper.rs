@@ -6,6 +6,7 @@
 //!   divergence, and the only failures are at that stage;
 //! - with a single reference a moved golden cannot be told from a moved
 //!   engine: the stage is the first divergence, later failures downstream.
+//!
 //! The perturbation is the one a subtle bug makes: 1e-3 relative over one
 //! block (one head, one row), not one element out by 1e-2.
 

@@ -130,3 +130,14 @@ pub fn perturb(t: &mut Tensor, rel: f32, in_block: &dyn Fn(&[usize]) -> bool) ->
     }
     n
 }
+
+/// (id, status) of every stage check of a JSON report, in report order.
+pub fn stage_verdicts(j: &serde_json::Value) -> Vec<(String, String)> {
+    j["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["id"].as_str().unwrap().starts_with("run::"))
+        .map(|c| (c["id"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
+        .collect()
+}

@@ -511,4 +511,4 @@ pub fn emu_f16_to_f32(h: u16) -> f32 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -15,7 +15,7 @@ use half::{bf16, f16};
 const U: f64 = f32::EPSILON as f64 / 2.0; // unit roundoff of f32
 
 /// Deterministic values in [-scale, scale).
-fn data(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {

@@ -9,15 +9,7 @@ use crate::engine::cpu::layers::Linear;
 use crate::engine::cuda::launch;
 use half::{bf16, f16};
 
-fn data(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+use crate::engine::cuda::emu::tests::data;
 
 /// `y = x·wᵀ` through `Dev::gemm` on the emulated device, x read from a view
 /// starting `pad` elements into its buffer (as `ov.slice(..)` in the engine).
