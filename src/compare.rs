@@ -6,8 +6,9 @@
 //! llama.cpp's test-backend-ops prints one NMSE; we print all of it, once.
 //!
 //! Determinism: data is cut into fixed-size chunks, each chunk is folded on its
-//! own, and the per-chunk partials are combined sequentially in chunk order. The
-//! result (sums included) is therefore bit-identical whatever the thread count.
+//! own (in SIMD lanes, `fold`), and the per-chunk partials are combined
+//! sequentially in chunk order. The result (sums included) is therefore
+//! bit-identical whatever the thread count, and whatever the instruction set.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +16,9 @@ use std::fmt;
 use rayon::prelude::*;
 
 use crate::tensor::{DType, Tensor};
+use fold::Partial;
+
+mod fold;
 
 /// Elements per chunk. Fixed (not derived from the thread count) so that the
 /// f64 summation order, and hence every metric, never depends on the machine.
@@ -120,83 +124,6 @@ pub fn ulp_distance(a: f32, b: f32) -> u64 {
     (key(a) - key(b)).unsigned_abs()
 }
 
-/// What one chunk contributes; indices are flat offsets into the whole tensor.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Partial {
-    nan_a: usize,
-    inf_a: usize,
-    nan_e: usize,
-    inf_e: usize,
-    first_nf: Option<usize>,
-    mismatched: usize,
-    max_abs: Option<(f64, usize)>,
-    max_rel: Option<(f64, usize)>,
-    max_ulp: u64,
-    sum_d2: f64,
-    sum_e2: f64,
-    sum_a2: f64,
-    sum_ae: f64,
-}
-
-/// Keeps the earlier candidate on ties: `new` must be strictly greater.
-fn keep_max(cur: &mut Option<(f64, usize)>, new: Option<(f64, usize)>) {
-    if let Some((v, i)) = new {
-        if cur.is_none_or(|(m, _)| v > m) {
-            *cur = Some((v, i));
-        }
-    }
-}
-
-impl Partial {
-    fn scan(a: &[f32], e: &[f32], base: usize, tol: Tolerance) -> Partial {
-        let mut p = Partial::default();
-        for (i, (&x, &y)) in a.iter().zip(e).enumerate() {
-            let idx = base + i;
-            if !(x.is_finite() && y.is_finite()) {
-                p.nan_a += x.is_nan() as usize;
-                p.inf_a += x.is_infinite() as usize;
-                p.nan_e += y.is_nan() as usize;
-                p.inf_e += y.is_infinite() as usize;
-                p.first_nf.get_or_insert(idx);
-                // `==` is true here only for the same infinity on both sides.
-                p.mismatched += (x != y) as usize;
-                continue;
-            }
-            let (xd, yd) = (x as f64, y as f64);
-            let d = (xd - yd).abs();
-            p.mismatched += (d > tol.atol + tol.rtol * yd.abs()) as usize;
-            keep_max(&mut p.max_abs, Some((d, idx)));
-            if y != 0.0 {
-                keep_max(&mut p.max_rel, Some((d / yd.abs(), idx)));
-            }
-            p.max_ulp = p.max_ulp.max(ulp_distance(x, y));
-            p.sum_d2 += d * d;
-            p.sum_e2 += yd * yd;
-            p.sum_a2 += xd * xd;
-            p.sum_ae += xd * yd;
-        }
-        p
-    }
-
-    /// Folds a *later* chunk into this one; the order of calls fixes the result.
-    fn merge(mut self, later: Partial) -> Partial {
-        self.nan_a += later.nan_a;
-        self.inf_a += later.inf_a;
-        self.nan_e += later.nan_e;
-        self.inf_e += later.inf_e;
-        self.first_nf = self.first_nf.or(later.first_nf);
-        self.mismatched += later.mismatched;
-        keep_max(&mut self.max_abs, later.max_abs);
-        keep_max(&mut self.max_rel, later.max_rel);
-        self.max_ulp = self.max_ulp.max(later.max_ulp);
-        self.sum_d2 += later.sum_d2;
-        self.sum_e2 += later.sum_e2;
-        self.sum_a2 += later.sum_a2;
-        self.sum_ae += later.sum_ae;
-        self
-    }
-}
-
 /// Compares `actual` with `expected` element by element. A shape difference is
 /// an `Err`: no metric is meaningful then, and the caller says so.
 pub fn compare(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Result<Comparison, ShapeMismatch> {
@@ -217,7 +144,7 @@ fn compare_chunked(
         });
     }
     let (a, e) = (actual.data(), expected.data());
-    let scan = |(c, (a, e)): (usize, (&[f32], &[f32]))| Partial::scan(a, e, c * chunk, tol);
+    let scan = |(c, (a, e)): (usize, (&[f32], &[f32]))| fold::scan(a, e, c * chunk, tol);
     // Collecting keeps chunk order; the sequential fold below fixes the sum order.
     let partials: Vec<Partial> = if parallel {
         a.par_chunks(chunk)
