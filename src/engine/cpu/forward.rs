@@ -126,7 +126,7 @@ pub fn forward(
     // The gather of rounded embedding rows is already in storage.
     let mut x = Vec::with_capacity(t * e);
     for &tok in tokens {
-        x.extend_from_slice(&w.embed[tok as usize * e..][..e]);
+        x.extend_from_slice(&w.embed.data()[tok as usize * e..][..e]);
     }
     tap.copy(Stage::Embed, &[t, e], &x);
 
@@ -218,7 +218,7 @@ pub fn forward(
     let head_in = &xn[xn.len() - head_rows * e..];
     let logits = match &w.lm_head {
         Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
-        _ => stored(matmul_wt(head_in, head_rows, e, &w.embed, v)),
+        _ => stored(matmul_wt(head_in, head_rows, e, w.embed.data(), v)),
     };
     // Sampling reads the stored (rounded) logits.
     let last = logits[(head_rows - 1) * v..].to_vec();
