@@ -20,7 +20,8 @@ use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::ModelWeights;
 use super::mutants::{Mutant, Mutants};
-use super::ops::{add, matmul_wt, rmsnorm_over, silu_mul, Rope};
+use super::matmul::matmul_wt;
+use super::ops::{add, rmsnorm_over, silu_mul, Rope};
 use crate::model::ModelConfig;
 
 /// Where a step's tapped tensors go.

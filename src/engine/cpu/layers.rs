@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::model::{ModelConfig, Weights};
 use crate::tensor::{DType, Tensor};
 
-use super::ops::matmul_wt;
+use super::matmul::matmul_wt;
 
 /// An HF `nn.Linear`: `weight` `[out, in]`, optional `bias` `[out]`.
 #[derive(Clone, Debug)]
