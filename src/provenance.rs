@@ -36,6 +36,9 @@ use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
 use crate::model::ModelConfig;
 
+mod hash_cache;
+pub use hash_cache::HashCache;
+
 const REGEN: &str = "regenerate with `touchstone goldens regen`";
 
 /// sha256 of a file, streamed (model weights can be large).
@@ -76,7 +79,9 @@ pub fn check_fresh(
     goldens: &BTreeMap<String, Arc<GoldenSet>>,
     spec_tokens: Option<&[u32]>,
 ) -> Result<()> {
-    // Hash each file at most once per plan.
+    // Hash each file at most once per plan, and a large one once for as long
+    // as it is unchanged (`HashCache`).
+    let cache = HashCache::in_cache_dir();
     let mut hashes: BTreeMap<PathBuf, String> = BTreeMap::new();
     for (source, g) in goldens {
         let gpath = g.path.display();
@@ -88,7 +93,7 @@ pub fn check_fresh(
                 let actual = match hashes.get(&file) {
                     Some(h) => h.clone(),
                     None => {
-                        let h = sha256_file(&file)?;
+                        let h = cache.sha256(&file)?;
                         hashes.insert(file.clone(), h.clone());
                         h
                     }
