@@ -353,7 +353,7 @@ mod tests {
         ];
         for (name, pad_to, in_place) in cases {
             let bytes = npy_file("<f4", false, "(2, 3)", &le(&VALUES), pad_to);
-            assert_eq!(check_npy_header(&bytes).unwrap() % 4 == 0, in_place, "{name}");
+            assert_eq!(check_npy_header(&bytes).unwrap().is_multiple_of(4), in_place, "{name}");
             let p = d.path().join(format!("{name}.npy"));
             std::fs::write(&p, &bytes).unwrap();
             let f = read_npy(&p).unwrap();
