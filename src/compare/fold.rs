@@ -20,7 +20,7 @@
 //! Why portable lanes plus multiversioning rather than `std::arch`
 //! intrinsics: the loop is written once, in plain Rust, and compiled three
 //! times, for AVX-512, for AVX2 + FMA and for the baseline ISA, picked at run
-//! time (laptops have AVX2, this project's servers AVX-512). All three perform
+//! time (laptops have AVX2, the machines here AVX-512). All three perform
 //! the same IEEE operations in the same order, so they give bit-identical
 //! results; only the register width differs (`W` = 8 f64 fills one AVX-512
 //! register, two AVX2 ones; 16 was no faster on AVX-512 and spills on AVX2).
@@ -89,7 +89,7 @@ impl Partial {
 
 /// The instruction sets the fold is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Isa {
+enum Isa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
     #[cfg(target_arch = "x86_64")]
@@ -99,7 +99,7 @@ pub(super) enum Isa {
 
 impl Isa {
     /// Every variant this CPU can run, widest first.
-    pub(super) fn available() -> Vec<Isa> {
+    fn available() -> Vec<Isa> {
         let mut v = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
@@ -125,14 +125,18 @@ impl Isa {
 /// Folds one chunk (`a` and `e` of equal length; `base` is the flat index of
 /// its first element) with the widest instruction set this CPU has.
 pub(super) fn scan(a: &[f32], e: &[f32], base: usize, tol: Tolerance) -> Partial {
-    scan_on(Isa::best(), a, e, base, tol)
+    // SAFETY: `best` is one of `available`.
+    unsafe { scan_on(Isa::best(), a, e, base, tol) }
 }
 
-/// `scan` with a given variant, which must be one of `Isa::available()`.
-pub(super) fn scan_on(isa: Isa, a: &[f32], e: &[f32], base: usize, tol: Tolerance) -> Partial {
+/// `scan` with a given variant.
+///
+/// # Safety
+/// `isa` must be one of `Isa::available()`: the CPU must have its features.
+unsafe fn scan_on(isa: Isa, a: &[f32], e: &[f32], base: usize, tol: Tolerance) -> Partial {
     debug_assert_eq!(a.len(), e.len());
     match isa {
-        // SAFETY: `available` lists a variant only if the CPU has its features.
+        // SAFETY: the caller vouches for the features.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { scan_avx512(a, e, base, tol) },
         // SAFETY: as above.
@@ -240,7 +244,8 @@ impl Maxima {
     /// from the row's values. The quotients are formed for the whole row at
     /// once (vector divides), and lanes are visited one by one only when one
     /// of them truly beats a maximum: a screen passed on a tie (every pair at
-    /// the same |a-e|/|e|, as when one side is all zeros) costs two divides.
+    /// the same |a-e|/|e|, as when one side is all zeros) costs a row of
+    /// divides, not a scalar walk.
     #[inline(never)]
     fn record<const SANITIZE: bool>(&mut self, xs: &[f32; W], ys: &[f32; W], n: usize, idx: u64) {
         let mut d = [-1f64; W];

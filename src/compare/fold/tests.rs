@@ -66,9 +66,11 @@ fn check_at(a: &[f32], e: &[f32], base: usize, tol: Tolerance) -> Partial {
     let want = reference(a, e, base, tol);
     let mags = magnitudes(a, e);
     let isas = Isa::available();
-    let first = scan_on(isas[0], a, e, base, tol);
+    // SAFETY: every variant comes from `available`.
+    let first = unsafe { scan_on(isas[0], a, e, base, tol) };
     for isa in isas {
-        let got = scan_on(isa, a, e, base, tol);
+        // SAFETY: as above.
+        let got = unsafe { scan_on(isa, a, e, base, tol) };
         assert_eq!(got, first, "{isa:?} differs from {:?}", Isa::available()[0]);
         let exact = |p: &Partial| {
             (
