@@ -69,3 +69,48 @@ pub fn emit(json: &serde_json::Value, human: &str) {
     let _ = out.flush();
     eprintln!("{human}");
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::BenchCmd;
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<BenchCmd, clap::Error> {
+        let cli = Cli::try_parse_from(["touchstone", "bench"].iter().chain(args))?;
+        match cli.command {
+            Command::Bench(b) => Ok(b),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_issue_s_measurement() {
+        let Ok(BenchCmd::Engine(a)) = parse(&["engine", "--model", "m"]) else {
+            panic!("bench engine did not parse")
+        };
+        assert_eq!((a.prompt_tokens, a.decode, a.reps, a.warmup), (32, 32, 3, 1));
+        let Ok(BenchCmd::Compare(c)) = parse(&["compare"]) else {
+            panic!("bench compare did not parse")
+        };
+        assert_eq!((c.mib, c.bandwidth_mib, c.a, c.b), (256, 1024, None, None));
+    }
+
+    #[test]
+    fn zero_sizes_counts_and_half_inputs_are_usage_errors() {
+        for bad in [
+            &["bandwidth", "--threads", "0"][..],
+            &["bandwidth", "--mib", "0"],
+            &["compare", "--reps", "0"],
+            &["compare", "--a", "x.npy"],
+            &["engine", "--model", "m", "--decode", "0"],
+            &["engine", "--model", "m", "--prompt-tokens", "-3"],
+            &["engine"],
+        ] {
+            let err = parse(bad).expect_err(&format!("{bad:?} was accepted"));
+            // clap's usage errors print to stderr: main maps them to exit 2.
+            assert!(err.use_stderr(), "{bad:?}: {err}");
+        }
+    }
+}
