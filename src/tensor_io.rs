@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::{bf16, f16};
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -48,13 +49,22 @@ fn map_file(path: &Path) -> Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
 }
 
+/// Reads a safetensors file; its f32 tensors are used in place from the file's
+/// memory map (no copy, no conversion) where aligned, everything else is
+/// converted to owned f32.
 pub fn read_safetensors(path: &Path) -> Result<TensorFile> {
-    let map = map_file(path)?;
-    parse_safetensors(&map[..], path)
+    let map = Arc::new(map_file(path)?);
+    parse_safetensors_in(&map[..], Some(&map), path)
 }
 
 /// A safetensors file already in memory; `path` names it in errors.
 pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
+    parse_safetensors_in(map, None, path)
+}
+
+/// `parse_safetensors` of `bytes`, which are all of `shared` when it is given:
+/// f32 tensors then view the map instead of being copied.
+fn parse_safetensors_in(map: &[u8], shared: Option<&Arc<memmap2::Mmap>>, path: &Path) -> Result<TensorFile> {
     let bad = |msg: String| Error::tensor_file(path, msg);
     let (_, meta) = SafeTensors::read_metadata(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let st = SafeTensors::deserialize(map).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
@@ -72,8 +82,12 @@ pub fn parse_safetensors(map: &[u8], path: &Path) -> Result<TensorFile> {
         let bytes = view.data();
         match view.dtype() {
             StDtype::F32 => {
-                out.floats
-                    .insert(name, Tensor::new(shape, le_f32(bytes)).with_dtype(DType::F32));
+                let in_place = shared.and_then(|m| {
+                    let offset = bytes.as_ptr() as usize - m.as_ptr() as usize;
+                    Tensor::mapped(shape.clone(), m.clone(), offset)
+                });
+                let t = in_place.unwrap_or_else(|| Tensor::new(shape, le_f32(bytes)));
+                out.floats.insert(name, t.with_dtype(DType::F32));
             }
             StDtype::F16 => {
                 let v = bytes

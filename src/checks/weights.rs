@@ -63,7 +63,7 @@ fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTree
     let mut add = |name: String, t: &Tensor| match fused::pieces(cfg, &name) {
         Some(parts) => {
             for (piece, first, rows) in parts {
-                let p = fused::rows(t, first, rows);
+                let p = t.rows(first, rows);
                 out.insert(piece, digest(p.shape(), p.data(), storage));
             }
         }

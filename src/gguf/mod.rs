@@ -30,6 +30,7 @@ pub mod writer;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -432,7 +433,8 @@ pub struct GgufFile {
     pub tensors: Vec<TensorInfo>,
     /// Absolute file offset of the data section.
     pub data_offset: u64,
-    map: memmap2::Mmap,
+    /// Shared with the f32 tensors read in place from it (`read_tensor`).
+    map: Arc<memmap2::Mmap>,
 }
 
 impl fmt::Debug for GgufFile {
@@ -482,7 +484,7 @@ impl GgufFile {
             metadata: parsed.metadata,
             tensors: parsed.tensors,
             data_offset: parsed.data_offset,
-            map,
+            map: Arc::new(map),
         })
     }
 
@@ -514,6 +516,15 @@ impl GgufFile {
     /// shaped row-major (`ne` reversed). A type outside [`quant::READABLE`]
     /// is an error naming the tensor and its type.
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<Tensor> {
+        // F32 needs no conversion: used in place from the map (a 2 GB f32 model
+        // then costs no second 2 GB), when aligned (GGUF aligns tensor data to
+        // `general.alignment`, 32 by default).
+        if info.ggml_type == GgmlType::F32 {
+            let start = (self.data_offset + info.offset) as usize;
+            if let Some(t) = Tensor::mapped(info.shape(), self.map.clone(), start) {
+                return Ok(t);
+            }
+        }
         let b = self.tensor_bytes(info);
         let data = quant::to_f32(info.ggml_type, b).ok_or_else(|| {
             Error::tensor_file(

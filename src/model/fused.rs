@@ -7,7 +7,6 @@
 
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, Weights};
-use crate::tensor::Tensor;
 
 /// How a file tensor was split: (piece name, first row, rows). Shared with the
 /// `weights` check, which maps the engine's pieces back onto the file.
@@ -31,13 +30,6 @@ pub fn pieces(cfg: &ModelConfig, fused_name: &str) -> Option<Vec<(String, usize,
         ]);
     }
     None
-}
-
-/// Rows `first..first + rows` of a 2-D tensor.
-pub fn rows(t: &Tensor, first: usize, rows: usize) -> Tensor {
-    let cols = t.shape()[1];
-    let data = t.data()[first * cols..(first + rows) * cols].to_vec();
-    Tensor::new(vec![rows, cols], data).with_dtype(t.dtype())
 }
 
 /// Splits every fused tensor of `ws` into its pieces (a no-op for
@@ -71,7 +63,7 @@ pub fn split(cfg: &ModelConfig, ws: &mut Weights, k_first: bool) -> Result<()> {
             } else if k_first && piece.ends_with("self_attn.k_proj.weight") {
                 first = 0;
             }
-            ws.insert(piece, rows(&t, first, n));
+            ws.insert(piece, t.rows(first, n));
         }
     }
     Ok(())

@@ -20,7 +20,8 @@ use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::ModelWeights;
 use super::mutants::{Mutant, Mutants};
-use super::ops::{add, matmul_wt, rmsnorm_over, silu_mul, Rope};
+use super::matmul::matmul_wt;
+use super::ops::{add, rmsnorm_over, silu_mul, Rope};
 use crate::model::ModelConfig;
 
 /// Where a step's tapped tensors go.
@@ -126,7 +127,7 @@ pub fn forward(
     // The gather of rounded embedding rows is already in storage.
     let mut x = Vec::with_capacity(t * e);
     for &tok in tokens {
-        x.extend_from_slice(&w.embed[tok as usize * e..][..e]);
+        x.extend_from_slice(&w.embed.data()[tok as usize * e..][..e]);
     }
     tap.copy(Stage::Embed, &[t, e], &x);
 
@@ -218,7 +219,7 @@ pub fn forward(
     let head_in = &xn[xn.len() - head_rows * e..];
     let logits = match &w.lm_head {
         Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
-        _ => stored(matmul_wt(head_in, head_rows, e, &w.embed, v)),
+        _ => stored(matmul_wt(head_in, head_rows, e, w.embed.data(), v)),
     };
     // Sampling reads the stored (rounded) logits.
     let last = logits[(head_rows - 1) * v..].to_vec();

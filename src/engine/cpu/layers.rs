@@ -7,14 +7,16 @@
 
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, Weights};
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 
-use super::ops::matmul_wt;
+use super::matmul::matmul_wt;
 
 /// An HF `nn.Linear`: `weight` `[out, in]`, optional `bias` `[out]`.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    pub w: Vec<f32>,
+    /// `[out, in]`; f32 weights stay in the file's memory map (no copy), see
+    /// `Tensor::mapped`.
+    pub w: Tensor,
     pub bias: Option<Vec<f32>>,
     pub out_f: usize,
     pub in_f: usize,
@@ -22,7 +24,7 @@ pub struct Linear {
 
 impl Linear {
     fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
-        let w = ws.take(&format!("{prefix}.weight"), &[out_f, in_f])?.into_data();
+        let w = ws.take(&format!("{prefix}.weight"), &[out_f, in_f])?;
         let bias = ws.take_opt(&format!("{prefix}.bias"), &[out_f])?.map(|t| t.into_data());
         Ok(Linear { w, bias, out_f, in_f })
     }
@@ -40,7 +42,7 @@ impl Linear {
     /// `forward`, adding the bias only if `with_bias` (false only for a
     /// planted bug in tests).
     pub fn forward_bias(&self, x: &[f32], rows: usize, storage: DType, with_bias: bool) -> Vec<f32> {
-        let mut y = matmul_wt(x, rows, self.in_f, &self.w, self.out_f);
+        let mut y = matmul_wt(x, rows, self.in_f, self.w.data(), self.out_f);
         storage.round_slice(&mut y);
         if let Some(b) = self.bias.as_ref().filter(|_| with_bias) {
             for row in y.chunks_exact_mut(self.out_f) {
@@ -53,7 +55,7 @@ impl Linear {
     }
 
     fn round_to(&mut self, storage: DType) {
-        storage.round_slice(&mut self.w);
+        storage.round_slice(self.w.data_mut());
         if let Some(b) = &mut self.bias {
             storage.round_slice(b);
         }
@@ -80,8 +82,8 @@ pub struct Block {
 /// Every weight of the model.
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
-    /// `[V, E]`.
-    pub embed: Vec<f32>,
+    /// `[V, E]` (in place in the file's map, like `Linear::w`).
+    pub embed: Tensor,
     pub blocks: Vec<Block>,
     pub norm: Vec<f32>,
     /// `None` when the head is tied to `embed`.
@@ -92,7 +94,7 @@ impl ModelWeights {
     pub fn load(cfg: &ModelConfig, ws: &mut Weights) -> Result<ModelWeights> {
         let (e, f, v) = (cfg.hidden, cfg.ffn, cfg.vocab);
         let (qd, kvd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
-        let embed = ws.take("model.embed_tokens.weight", &[v, e])?.into_data();
+        let embed = ws.take("model.embed_tokens.weight", &[v, e])?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             let p = format!("model.layers.{i}");
@@ -119,7 +121,7 @@ impl ModelWeights {
         let head = ws.take_opt("lm_head.weight", &[v, e])?;
         let lm_head = match head {
             Some(t) if !cfg.tie_embeddings => Some(Linear {
-                w: t.into_data(),
+                w: t,
                 bias: None,
                 out_f: v,
                 in_f: e,
@@ -153,12 +155,12 @@ impl ModelWeights {
     pub fn visit(&self, cfg: &ModelConfig, f: &mut crate::engine::WeightVisitor) {
         let (e, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
         let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear| {
-            f(&format!("{name}.weight"), &[l.out_f, l.in_f], &l.w);
+            f(&format!("{name}.weight"), &[l.out_f, l.in_f], l.w.data());
             if let Some(b) = &l.bias {
                 f(&format!("{name}.bias"), &[l.out_f], b);
             }
         };
-        f("model.embed_tokens.weight", &[v, e], &self.embed);
+        f("model.embed_tokens.weight", &[v, e], self.embed.data());
         for (i, b) in self.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
             f(&format!("{p}.input_layernorm.weight"), &[e], &b.attn_norm);
@@ -190,7 +192,7 @@ impl ModelWeights {
         if storage == DType::F32 {
             return;
         }
-        storage.round_slice(&mut self.embed);
+        storage.round_slice(self.embed.data_mut());
         for b in &mut self.blocks {
             storage.round_slice(&mut b.attn_norm);
             storage.round_slice(&mut b.ffn_norm);

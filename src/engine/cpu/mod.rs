@@ -12,6 +12,7 @@ pub(crate) mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
+pub mod matmul;
 pub(crate) mod mutants;
 pub(crate) mod ops;
 #[cfg(test)]

@@ -1,84 +1,8 @@
 //! The elementwise and row-wise kernels of the CPU reference engine (RMSNorm,
-//! RoPE, SiLU·up, residual add) and the one GEMM entry point every projection
-//! goes through. Each kernel mirrors HF transformers' order of f32 operations,
+//! RoPE, SiLU·up, residual add); projections go through `matmul`. Each kernel mirrors HF transformers' order of f32 operations,
 //! so that the only remaining disagreement with HF goldens is GEMM summation
 //! order (a few f32 ulps per stage): the CPU engine is the reference other
 //! engines are judged against.
-
-use matrixmultiply::sgemm;
-use rayon::prelude::*;
-
-/// `y[m,n] = x[m,k] · wᵀ` where `w` is `[n,k]` row-major (the HF `Linear`
-/// layout), through `matrixmultiply`. Large products are split over blocks of
-/// output columns across rayon threads: each output element is still computed
-/// by one sgemm call with a fixed k-order, so the result is bitwise identical
-/// whatever the thread count or scheduling.
-pub fn matmul_wt(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
-    assert_eq!(x.len(), m * k, "matmul_wt: x is not [m,k]");
-    assert_eq!(w.len(), n * k, "matmul_wt: w is not [n,k]");
-    let mut y = vec![0.0f32; m * n];
-    if m == 0 || n == 0 {
-        return y;
-    }
-    // Below ~1M multiply-adds the thread hand-off costs more than it saves.
-    const COLS_PER_TASK: usize = 256;
-    if m * n * k < (1 << 20) || n <= COLS_PER_TASK {
-        // SAFETY: x is [m,k] (rsa=k, csa=1); wᵀ is read as [k,n] with rsb=1,
-        // csb=k; y is [m,n] (rsc=n, csc=1); all in bounds by the asserts above.
-        unsafe {
-            sgemm(
-                m,
-                k,
-                n,
-                1.0,
-                x.as_ptr(),
-                k as isize,
-                1,
-                w.as_ptr(),
-                1,
-                k as isize,
-                0.0,
-                y.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-        }
-        return y;
-    }
-    let out = SendPtr(y.as_mut_ptr());
-    (0..n.div_ceil(COLS_PER_TASK)).into_par_iter().for_each(|blk| {
-        let c0 = blk * COLS_PER_TASK;
-        let nc = COLS_PER_TASK.min(n - c0);
-        let out = &out;
-        // SAFETY: every task writes only columns c0..c0+nc of y (disjoint
-        // across tasks) and reads rows c0..c0+nc of w; y outlives the scope.
-        unsafe {
-            sgemm(
-                m,
-                k,
-                nc,
-                1.0,
-                x.as_ptr(),
-                k as isize,
-                1,
-                w.as_ptr().add(c0 * k),
-                1,
-                k as isize,
-                0.0,
-                out.0.add(c0),
-                n as isize,
-                1,
-            );
-        }
-    });
-    y
-}
-
-/// A raw output pointer shared by tasks writing disjoint regions.
-struct SendPtr(*mut f32);
-// SAFETY: only used by `matmul_wt`, whose tasks write disjoint column blocks.
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 /// RMSNorm of each `width`-wide row, as HF's `Qwen2RMSNorm`/`LlamaRMSNorm` in f32:
 /// `variance = x.pow(2).mean(-1)`, `x = x * rsqrt(variance + eps)`, `w * x`.
@@ -302,21 +226,6 @@ mod tests {
         // j = 0 has inv_freq 1: the first pair turns by exactly `pos` radians.
         let (c, s) = (5.0f64.cos() as f32, 5.0f64.sin() as f32);
         assert!((y[24] - (x[24] * c - x[28] * s)).abs() < 1e-7);
-    }
-
-    #[test]
-    fn matmul_matches_naive_and_is_split_invariant() {
-        let (m, k, n) = (3, 700, 600); // big enough to take the parallel path
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.01).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.02).collect();
-        let y = matmul_wt(&x, m, k, &w, n);
-        for (i, j) in [(0, 0), (2, 599), (1, 300)] {
-            let want: f64 = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum();
-            assert!((y[i * n + j] as f64 - want).abs() < 1e-4);
-        }
-        // One row alone gives the same bits as that row inside the batch.
-        let y1 = matmul_wt(&x[2 * k..], 1, k, &w, n);
-        assert_eq!(&y1[..], &y[2 * n..]);
     }
 
     #[test]

@@ -55,7 +55,7 @@ fn runs_with_all_taps_in_canonical_shapes() {
         assert_eq!(out.sampled[i], crate::sampling::argmax(last));
     }
     let fed = out.captures.get(Step::Decode(1), Stage::Embed).unwrap();
-    assert_eq!(fed.data(), &eng.weights.embed[out.sampled[0] as usize * E..][..E]);
+    assert_eq!(fed.data(), &eng.weights.embed.data()[out.sampled[0] as usize * E..][..E]);
 }
 
 #[test]
@@ -189,7 +189,7 @@ fn tied_head_uses_embeddings_and_untied_head_differs() {
     let lg = a.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
     // logits[t, v] = output_norm[t] · embed[v]
     for (t, vv) in [(0, 0), (2, V - 1), (1, 17)] {
-        let want: f32 = (0..E).map(|i| xn[t * E + i] * tied.weights.embed[vv * E + i]).sum();
+        let want: f32 = (0..E).map(|i| xn[t * E + i] * tied.weights.embed.data()[vv * E + i]).sum();
         assert!((lg[t * V + vv] - want).abs() < 1e-5);
     }
     let b = untied.run(&r, &taps).unwrap();
@@ -277,14 +277,14 @@ fn half_storage_rounds_every_stage_but_the_probabilities() {
         let (_d, eng) = stored_model(storage);
         // Weights are held rounded.
         let w = &eng.weights;
-        let held = [
-            &w.embed,
+        let held: [&[f32]; 7] = [
+            w.embed.data(),
             &w.norm,
             &w.blocks[1].attn_norm,
-            &w.blocks[0].q.w,
+            w.blocks[0].q.w.data(),
             w.blocks[0].q.bias.as_ref().unwrap(),
-            &w.blocks[1].down.w,
-            &w.lm_head.as_ref().unwrap().w,
+            w.blocks[1].down.w.data(),
+            w.lm_head.as_ref().unwrap().w.data(),
         ];
         for v in held {
             assert!(
@@ -335,7 +335,7 @@ fn a_biased_projection_rounds_after_the_gemm_and_after_the_bias() {
     // x·w = 1 + 2^-9 rounds to 1 in bf16; 1 + 2^-8 is then a tie, to even: 1.
     // Rounding once, after the bias, would give round(1 + 3·2^-9) = 1 + 2^-7.
     let lin = Linear {
-        w: vec![1.0],
+        w: crate::tensor::Tensor::new(vec![1, 1], vec![1.0]),
         bias: Some(vec![2f32.powi(-8)]),
         out_f: 1,
         in_f: 1,

@@ -157,7 +157,7 @@ where
         };
         let lin = |l: &Linear| -> Result<DevLinear<T>> {
             Ok(DevLinear {
-                w: up(&l.w)?,
+                w: up(l.w.data())?,
                 bias: l.bias.as_deref().map(up).transpose()?,
                 out_f: l.out_f,
                 in_f: l.in_f,
@@ -182,7 +182,7 @@ where
             });
         }
         let w = DevWeights {
-            embed: up(&host.embed)?,
+            embed: up(host.embed.data())?,
             blocks,
             norm: up(&host.norm)?,
             lm_head: host.lm_head.as_ref().map(lin).transpose()?,

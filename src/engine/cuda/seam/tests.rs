@@ -46,7 +46,7 @@ where
         let xs: Vec<T> = data(rows * in_f, 10 + i as u64, 1.0).into_iter().map(T::from_f32).collect();
         let ws: Vec<T> = data(out_f * in_f, 20 + i as u64, 0.5).into_iter().map(T::from_f32).collect();
         let lin = Linear {
-            w: ws.iter().map(|v| v.to_f32()).collect(),
+            w: crate::tensor::Tensor::new(vec![out_f, in_f], ws.iter().map(|v| v.to_f32()).collect()),
             bias: None,
             out_f,
             in_f,
@@ -61,7 +61,7 @@ where
             // the dot product (the bound below), then one rounding to T.
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (r, o) = (j / out_f, j % out_f);
-                let abs: f32 = (0..in_f).map(|p| (xw[r * in_f + p] * lin.w[o * in_f + p]).abs()).sum();
+                let abs: f32 = (0..in_f).map(|p| (xw[r * in_f + p] * lin.w.data()[o * in_f + p]).abs()).sum();
                 let f32_bound = in_f as f32 * f32::EPSILON * abs;
                 let t_ulp = match T::DTYPE {
                     crate::tensor::DType::F32 => 0.0,
@@ -113,7 +113,7 @@ fn emulated_gemm_sees_a_transposed_layout() {
         &x,
     );
     let want = Linear {
-        w: w.clone(),
+        w: crate::tensor::Tensor::new(vec![out_f, in_f], w.clone()),
         bias: None,
         out_f,
         in_f,
