@@ -93,8 +93,9 @@ pub fn run(a: &EngineArgs) -> Result<()> {
     // the embedding matrix and is visited once).
     let weight_bytes = 4 * weight_elems;
     eprintln!(
-        "touchstone: loaded {} in {load_s:.2} s ({} layers, hidden {}, vocab {}; {:.1} MB of f32 weights), {threads} threads",
+        "touchstone: loaded {} in {} ({} layers, hidden {}, vocab {}; {:.1} MB of f32 weights), {threads} threads",
         a.model.display(),
+        secs(load_s),
         cfg.layers,
         cfg.hidden,
         cfg.vocab,
@@ -127,9 +128,11 @@ pub fn run(a: &EngineArgs) -> Result<()> {
             &serde_json::json!({"bench": "engine", "engine": "touchstone", "rep": rep, "prefill_s": prefill_s,
                                 "decode_s": decode_s, "prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s}),
             &format!(
-                "touchstone rep {rep}/{}: prefill {n_prompt} tokens in {prefill_s:.3} s = {}; decode {n_decode} steps in {decode_s:.3} s = {}",
+                "touchstone rep {rep}/{}: prefill {n_prompt} tokens in {} = {}; decode {n_decode} steps in {} = {}",
                 a.reps,
+                secs(prefill_s),
                 tok_s(prefill_tok_s),
+                secs(decode_s),
                 tok_s(decode_tok_s)
             ),
         );
@@ -150,15 +153,27 @@ pub fn run(a: &EngineArgs) -> Result<()> {
                        "tie_embeddings": cfg.tie_embeddings},
         }),
         &format!(
-            "touchstone: median prefill {}, decode {}; load {load_s:.2} s; peak RSS {} ({} the model's {:.2} GB on disk)",
+            "touchstone: median prefill {}, decode {}; load {}; peak RSS {} ({} the model's {:.2} GB on disk)",
             tok_s(pm),
             tok_s(dm),
+            secs(load_s),
             peak.map_or("unknown".into(), |p| format!("{:.2} GB", p as f64 / 1e9)),
             rss_over_model.map_or("?".into(), |r| format!("{r:.2}x")),
             model_bytes as f64 / 1e9
         ),
     );
     Ok(())
+}
+
+/// A duration for a person: 512 µs, 41.3 ms, 2.41 s.
+fn secs(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
 }
 
 fn tok_s(r: Option<f64>) -> String {
@@ -168,6 +183,13 @@ fn tok_s(r: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_in_their_unit() {
+        assert_eq!(secs(0.000_512), "512 µs");
+        assert_eq!(secs(0.041_27), "41.3 ms");
+        assert_eq!(secs(2.414), "2.41 s");
+    }
 
     #[test]
     fn prompt_is_deterministic_and_inside_the_vocabulary() {
