@@ -214,15 +214,18 @@ def main():
     if not args.skip_hf:
         engines.append(("hf", [py, os.path.join(HERE, "peer_hf.py"), model_dir, "--tokens", toks, "--decode", D,
                                "--threads", T], None))
-    # numpy's dot products may use OpenBLAS threads: capped at T like everyone.
+    # BLAS threads: capped at T like everyone's threads. The in-process numpy
+    # peer uses one: its per-block dot products ran slower with two
+    # (peer_compare.py's docstring has the measurement).
     blas_env = dict(os.environ, OPENBLAS_NUM_THREADS=T, OMP_NUM_THREADS=T, MKL_NUM_THREADS=T)
+    blas1_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     inproc, whole = [], []
     numpy_script = os.path.join(HERE, "compare_numpy.py")
     if not args.skip_compare:
         inproc = [("touchstone", [args.touchstone, "bench", "compare", "--a", a_npy, "--b", b_npy, "--threads", T,
                                   "--reps", "3", "--bandwidth-mib", str(args.bandwidth_mib)], None),
                   ("numpy", [py, os.path.join(HERE, "peer_compare.py"), "numpy", a_npy, b_npy, "--threads", T,
-                             "--reps", "3"], blas_env),
+                             "--reps", "3"], blas1_env),
                   ("torch", [py, os.path.join(HERE, "peer_compare.py"), "torch", a_npy, b_npy, "--threads", T,
                              "--reps", "3"], blas_env)]
         numpy_cmd = ([py, numpy_script, a_npy, b_npy] if os.path.isfile(numpy_script)

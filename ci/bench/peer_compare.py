@@ -14,13 +14,17 @@ pair mismatches unless it is the same infinity); the greatest |a-e| and
 occurrence; the greatest distance in f32 ULPs; NMSE Σ(a-e)²/Σe² and cosine
 a·e/(|a||e|) accumulated in float64.
 
-Both walk the data in blocks (numpy 2^18 elements, torch 2^20; measured the
-fastest of 2^16..2^22 here) so the float64 temporaries stay in cache: the
+Both walk the data in blocks so the float64 temporaries stay in cache: the
 way to use numpy and torch well on arrays of this size (whole-array float64
-temporaries would be 2 GB each). numpy's elementwise work is one thread;
-its dot products may use BLAS threads, which the driver caps at T through
-OPENBLAS_NUM_THREADS / OMP_NUM_THREADS. torch runs with
-torch.set_num_threads(T).
+temporaries would be 512 MB each for 2 x 256 MiB of input). Block sizes
+measured here (Zen 4, 1 MiB L2 per core, 2 x 16 MiB input, 2 threads):
+numpy 2^13..2^18 gave 0.90, 1.04, 1.11, 1.23, 0.58, 0.37 GB/s, so 2^16 (its
+float64 temporaries, 512 KiB each, fit in L2); torch 0.26, 0.36, 0.39, 0.60,
+0.60, 0.35, so 2^17. numpy's elementwise work is one thread whatever
+OpenBLAS does; its per-block dot products with OPENBLAS_NUM_THREADS=2 were
+slower (2^16: 0.44 against 1.23 GB/s: waking a second thread per small dot
+costs more than it saves), so the driver runs this numpy peer with one BLAS
+thread. torch runs with torch.set_num_threads(T).
 
 --once: load both files, compute once, print the metrics: the whole-process
 numpy peer of `touchstone compare A B` (used by the driver when
@@ -40,7 +44,7 @@ from common import emit, median  # noqa: E402
 
 # touchstone's default f32 tolerance (Tolerance::default_for(F32)).
 ATOL, RTOL = 1e-5, 1.3e-6
-BLOCK = {"numpy": 1 << 18, "torch": 1 << 20}
+BLOCK = {"numpy": 1 << 16, "torch": 1 << 17}
 
 
 class Acc:
