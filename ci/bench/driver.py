@@ -52,19 +52,19 @@ def prompt_tokens(n, vocab):
 
 def ensure_random_model(py):
     """The random-weights 0.5B model (HF folder and F32 GGUF), made once in the
-    cache; remade when make_model.py changed since (its sha256 is stamped)."""
+    cache; remade when make_bench_model.py changed since (its sha256 is stamped)."""
     base = os.path.join(CACHE, RANDOM_MODEL)
     model, gguf = os.path.join(base, "model"), os.path.join(base, "model-f32.gguf")
     stamp = os.path.join(model, "bench-model.json")
-    import make_model
-    want = make_model.script_sha256()
+    import make_bench_model
+    want = make_bench_model.script_sha256()
     fresh = False
     if os.path.isfile(stamp):
         with open(stamp) as f:
             fresh = json.load(f).get("script_sha256") == want
     if not fresh:
         say(f"making the random-weights Qwen2.5-0.5B-shaped model in {model} (about 20 s, 2 GB)")
-        subprocess.run([py, os.path.join(HERE, "make_model.py"), model], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([py, os.path.join(HERE, "make_bench_model.py"), model], check=True, stdout=subprocess.DEVNULL)
         if os.path.exists(gguf):
             os.remove(gguf)
     if not os.path.isfile(gguf):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A random-weights model at the shape of Qwen2.5-0.5B, float32, for ci/bench.sh.
 
-usage: make_model.py OUT_DIR
+usage: make_bench_model.py OUT_DIR
 
 Writes an HF folder (config.json, model.safetensors, a tokenizer) and
 OUT_DIR/bench-model.json (parameter count, f32 bytes, the seed and the sha256
@@ -101,7 +101,7 @@ def main():
         logits = model(input_ids=torch.tensor([[17, 7936, 15855, 23774]])).logits[0, -1]
     assert torch.isfinite(logits).all(), "non-finite logits"
     top2 = logits.topk(2).values
-    print(f"make_model.py: logits std {logits.std():.3f}, top-2 gap {float(top2[0] - top2[1]):.4f}", file=sys.stderr)
+    print(f"make_bench_model.py: logits std {logits.std():.3f}, top-2 gap {float(top2[0] - top2[1]):.4f}", file=sys.stderr)
     model.save_pretrained(out, safe_serialization=True)
     info = {"params": n_params, "weight_bytes_f32": 4 * n_params, "seed": SEED, "bias_norm_seed": BIAS_NORM_SEED,
             "config": CONFIG, "script_sha256": script_sha256(),
