@@ -48,18 +48,39 @@ def metrics_disagreement(ref, other, rel=1e-9):
     return bad
 
 
+# A measurement during which other processes took more than this share of
+# the CPUs is "contended": left out of the medians whenever the same peer has
+# uncontended ones (spinning worker threads collapse under contention, so one
+# such sample says more about the neighbours than about the peer).
+QUIET = 0.05
+
+
+def quiet(r):
+    return r["others_frac"] is None or r["others_frac"] <= QUIET
+
+
 def summarise(runs, meta):
     ok = [r for r in runs if not r["error"]]
-    by = lambda group, name=None: [r for r in ok if r["group"] == group and (name is None or r["name"] == name)]  # noqa: E731
+    used = {}
+
+    def by(group, name=None):
+        """The successful runs of a peer: the uncontended ones when there are any."""
+        rs = [r for r in ok if r["group"] == group and (name is None or r["name"] == name)]
+        calm = [r for r in rs if quiet(r)]
+        used[(group, name)] = {"used": len(calm or rs), "of": len(rs), "contended_included": not calm and bool(rs)}
+        return calm or rs
     summ = lambda r: next((x for x in r["records"] if x.get("summary")), None)  # noqa: E731
     reps = lambda r: [x for x in r["records"] if "rep" in x and not x.get("summary")]  # noqa: E731
 
     bw = [summ(r)["best_gb_s"] for r in by("bandwidth") if summ(r)]
     bandwidth = spread(bw)
+    bandwidth["runs"] = used[("bandwidth", None)]
     out = {"bandwidth_gb_s": bandwidth, "engines": {}, "compare": {}, "whole": {}, "failures": [],
            "others_frac": spread([r["others_frac"] for r in runs])}
     out["failures"] = [{"round": r["round"], "name": r["name"], "group": r["group"], "error": r["error"]}
                        for r in runs if r["error"]]
+    out["contended"] = [{"round": r["round"], "name": r["name"], "group": r["group"], "others_frac": r["others_frac"]}
+                        for r in ok if not quiet(r)]
 
     names = []
     for r in runs:
@@ -77,7 +98,7 @@ def summarise(runs, meta):
              "model_bytes": sums[0].get("model_bytes") if sums else None,
              "generated": sums[0].get("generated") if sums else None,
              "prompt_ok": all(s.get("prompt") == meta["prompt"] for s in sums),
-             "runs": len(rs)}
+             "runs": used[("engine", name)]}
         e["rss_over_model"] = ratio(e["peak_rss_bytes"]["median"], e["model_bytes"])
         if sums:
             s = sums[0]
@@ -108,7 +129,7 @@ def summarise(runs, meta):
         c = {"gb_s": spread([x["gb_s"] for r in rs for x in reps(r)]),
              "metrics": sums[0].get("metrics") if sums else None,
              "in_process_bandwidth_gb_s": spread([s.get("bandwidth_gb_s") for s in sums]),
-             "version": sums[0].get("version") if sums else None}
+             "version": sums[0].get("version") if sums else None, "runs": used[("compare", name)]}
         c["fraction_of_bandwidth"] = ratio(c["gb_s"]["median"], bandwidth["median"])
         if name == "touchstone":
             ref_metrics = c["metrics"]
@@ -123,7 +144,7 @@ def summarise(runs, meta):
             rs = by("whole", r["name"])
             out["whole"][r["name"]] = {"wall_s": spread([x["wall_s"] for x in rs]),
                                        "peak_rss_bytes": spread([x["peak_rss_bytes"] for x in rs]),
-                                       "cmd": r["cmd"]}
+                                       "cmd": r["cmd"], "runs": used[("whole", r["name"])]}
     wn = list(out["whole"])
     if len(wn) == 2:
         out["whole"][wn[1]]["peer_over_touchstone"] = ratio(out["whole"][wn[1]]["wall_s"]["median"],
@@ -177,6 +198,12 @@ def table(header, rows):
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def rounds(u):
+    """'4/5': measurements in the median / successful ones ('5/5!' when all
+    were contended and had to be used)."""
+    return f"{u['used']}/{u['of']}" + ("!" if u["contended_included"] else "")
+
+
 def engine_build(name, e):
     d = e.get("detail", {})
     if name == "touchstone":
@@ -204,23 +231,23 @@ def render(s, meta):
                f"{meta['decode_steps']} greedy decode steps")
     bw = s["bandwidth_gb_s"]
     wb = s["weight_bytes"]
-    out.append(f"memory read bandwidth: {rng(bw)} GB/s (per round the best of 5 passes over {meta['bandwidth_mib']} MiB, "
-               f"{meta['threads']} threads)")
+    out.append(f"memory read bandwidth: {rng(bw)} GB/s over {rounds(bw['runs'])} rounds (per round the best of 5 "
+               f"passes over {meta['bandwidth_mib']} MiB, {meta['threads']} threads)")
     if s["decode_limit_tok_s"]:
         out.append(f"decode limit: {num(s['decode_limit_tok_s'])} tok/s = bandwidth / {wb / 1e9:.3f} GB of f32 weights "
                    "read per token (the tied LM head counted once)")
     out.append("")
     if s["engines"]:
-        out.append("engines: tok/s, median [min-max] over rounds; higher is better")
+        out.append("engines: tok/s, median [min-max] over the rounds used; higher is better")
         rows = []
         for name, e in s["engines"].items():
             diff = e["greedy_first_difference"]
             same = ("same ids" if diff is None else "-" if diff == "unknown" else f"differ from step {diff}")
-            rows.append([name, engine_build(name, e), rng(e["prefill_tok_s"]), rng(e["decode_tok_s"]),
+            rows.append([name, engine_build(name, e), rounds(e["runs"]), rng(e["prefill_tok_s"]), rng(e["decode_tok_s"]),
                          pct(e["decode_fraction_of_limit"]), num(e["load_s"]["median"]),
                          gb(e["peak_rss_bytes"]["median"]), times(e["rss_over_model"]),
                          "-" if name == "touchstone" else same])
-        out.append(table(["engine", "build", "prefill tok/s", "decode tok/s", "decode/limit", "load s", "peak RSS",
+        out.append(table(["engine", "build", "rounds", "prefill tok/s", "decode tok/s", "decode/limit", "load s", "peak RSS",
                           "RSS/model", "greedy ids vs touchstone"], rows))
         peers = [(n, e) for n, e in s["engines"].items() if "touchstone_over_peer" in e]
         if peers:
@@ -230,29 +257,31 @@ def render(s, meta):
         out.append("")
     if s["compare"]:
         out.append(f"comparator: GB/s of input read (2 x {meta['compare_mib']} MiB f32), median [min-max] over "
-                   "all repetitions; higher is better")
+                   "the repetitions (3 per round) of the rounds used; higher is better")
         rows = []
         for name, c in s["compare"].items():
             differ = c.get("metrics_differ")
             agree = "-" if differ is None else ("same metrics" if not differ else "DIFFER: " + ", ".join(differ))
-            rows.append([name, rng(c["gb_s"]), pct(c["fraction_of_bandwidth"]),
+            rows.append([name, rounds(c["runs"]), rng(c["gb_s"]), pct(c["fraction_of_bandwidth"]),
                          times(c.get("touchstone_over_peer")) if name != "touchstone" else "-", agree])
-        out.append(table(["impl", "GB/s", "of bandwidth", "touchstone/peer", "metrics vs touchstone"], rows))
+        out.append(table(["impl", "rounds", "GB/s", "of bandwidth", "touchstone/peer", "metrics vs touchstone"], rows))
         out.append("")
     if s["whole"]:
         out.append("whole process (load both .npy, compare, print), wall seconds; lower is better")
         rows = []
         for name, w in s["whole"].items():
-            rows.append([name, rng(w["wall_s"]), gb(w["peak_rss_bytes"]["median"]),
+            rows.append([name, rounds(w["runs"]), rng(w["wall_s"]), gb(w["peak_rss_bytes"]["median"]),
                          times(w.get("peer_over_touchstone")) if "peer_over_touchstone" in w else "-"])
-        out.append(table(["command", "wall s", "peak RSS", "peer/touchstone (above 1 touchstone is faster)"], rows))
+        out.append(table(["command", "rounds", "wall s", "peak RSS", "peer/touchstone (above 1 touchstone is faster)"], rows))
         out.append("")
     of = s["others_frac"]
     if of["max"] is not None:
-        warn = ("" if of["max"] <= 0.05 else
-                "  WARNING: other processes were busy; peers with spinning worker threads suffer most, rerun on a quiet machine")
-        out.append(f"machine: other processes used {pct(of['median'])} of the CPUs during the median measurement, "
-                   f"{pct(of['max'])} at most{warn}")
+        out.append(f"rounds: measurements in the medians / successful ones. Measurements during which other processes "
+                   f"took over {QUIET:.0%} of the CPUs are left out when the peer has others (`!`: all were, so all "
+                   f"are used). Others' share: median {pct(of['median'])}, at most {pct(of['max'])}.")
+        if s["contended"]:
+            out.append(f"left out as contended ({len(s['contended'])}): " + ", ".join(
+                f"r{c['round']} {c['group']}:{c['name']} {pct(c['others_frac'])}" for c in s["contended"]))
     for name, why in meta["skipped"].items():
         out.append(f"skipped {name}: {why}")
     if (meta.get("numpy_whole_process") or "").endswith("peer_compare.py"):

@@ -77,6 +77,21 @@ class Summary(unittest.TestCase):
         self.assertIn("FAILED round 3 engine llama.cpp", text)
         self.assertIn("llama.cpp prefill 0.36x, decode 0.25x", text)
 
+    def test_contended_measurements_leave_the_median_when_quiet_ones_exist(self):
+        def eng(d, others, r):
+            x = run("engine", "touchstone", [{"rep": 1, "prefill_tok_s": 1.0, "decode_tok_s": d},
+                                             {"summary": True, "prompt": [17], "generated": [1]}], r)
+            x["others_frac"] = others
+            return x
+        meta = {"prompt": [17], "model": {}}
+        s = report.summarise([eng(10.0, 0.0, 1), eng(1.0, 0.5, 2), eng(12.0, 0.01, 3)], meta)
+        self.assertEqual(s["engines"]["touchstone"]["decode_tok_s"]["median"], 11.0)
+        self.assertEqual(report.rounds(s["engines"]["touchstone"]["runs"]), "2/3")
+        self.assertEqual([(c["round"], c["name"]) for c in s["contended"]], [(2, "touchstone")])
+        s = report.summarise([eng(1.0, 0.5, 1), eng(3.0, 0.4, 2)], meta)
+        self.assertEqual(s["engines"]["touchstone"]["decode_tok_s"]["median"], 2.0)
+        self.assertEqual(report.rounds(s["engines"]["touchstone"]["runs"]), "2/2!")
+
 
 if __name__ == "__main__":
     unittest.main()
