@@ -22,16 +22,16 @@ fi
 CU="$PWD/$WHEELS/nvidia/cu13"
 export LD_LIBRARY_PATH="$CU/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$CU/bin:$PATH"
-cargo run --locked --quiet --bin touchstone -- kernels --arch sm_90 --arch sm_80
-cargo test --locked --quiet --test kernels
+cargo run --release --locked --quiet --bin touchstone -- kernels --arch sm_90 --arch sm_80
+cargo test --release --locked --quiet --test kernels
 # Without ptxas the check cannot see registers or spills: it must fail rather
 # than print "kernels: ok", unless --ptx-only says PTX is all that is wanted.
 NO_PTXAS_PATH=$(echo "$PATH" | tr ':' '\n' | grep -v "^$CU/bin$" | paste -sd: -)
-if PATH="$NO_PTXAS_PATH" cargo run --locked --quiet --bin touchstone -- kernels --arch sm_90 > /tmp/touchstone-no-ptxas.$$ 2>&1; then
+if PATH="$NO_PTXAS_PATH" cargo run --release --locked --quiet --bin touchstone -- kernels --arch sm_90 > /tmp/touchstone-no-ptxas.$$ 2>&1; then
     echo "kernels.sh: FAIL: 'touchstone kernels' without ptxas exited 0"; cat /tmp/touchstone-no-ptxas.$$; rm -f /tmp/touchstone-no-ptxas.$$; exit 1
 fi
 grep -q "NOT checked" /tmp/touchstone-no-ptxas.$$ || { echo "kernels.sh: FAIL: no 'NOT checked' message"; cat /tmp/touchstone-no-ptxas.$$; exit 1; }
-PATH="$NO_PTXAS_PATH" cargo run --locked --quiet --bin touchstone -- kernels --arch sm_90 --ptx-only > /tmp/touchstone-no-ptxas.$$ 2>&1 \
+PATH="$NO_PTXAS_PATH" cargo run --release --locked --quiet --bin touchstone -- kernels --arch sm_90 --ptx-only > /tmp/touchstone-no-ptxas.$$ 2>&1 \
     || { echo "kernels.sh: FAIL: --ptx-only without ptxas did not pass"; cat /tmp/touchstone-no-ptxas.$$; rm -f /tmp/touchstone-no-ptxas.$$; exit 1; }
 rm -f /tmp/touchstone-no-ptxas.$$
 echo "kernels.sh: without ptxas the check fails (exit 1) and --ptx-only passes, as it should"

@@ -15,6 +15,10 @@
 # (ignored by git; the same --target approach as ci/kernels.sh), on PYTHONPATH.
 # 4. The example engine crate's own `cargo test` (examples/engine-crate): every
 #    check of two tiny specs as its trials, through touchstone::harness.
+# Every cargo command here builds the release profile, the one the README's
+# `cargo run --release -- run` builds: a fresh machine compiles touchstone and
+# its dependencies once for both commands (and the engine-heavy tests run at
+# the speed users see).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NUMPY_PIN="$(grep -E '^numpy==' goldens/recorders/requirements.txt)"
@@ -28,9 +32,9 @@ if ! python3 ci/fetch_real_model.py >/dev/null; then
 fi
 # The fuzz targets (tests/fuzz.rs) run a fixed number of executions each.
 export BOLERO_RANDOM_ITERATIONS="${BOLERO_RANDOM_ITERATIONS:-20000}" BOLERO_RANDOM_TEST_TIME_MS=600000
-cargo test --locked "$@"
+cargo test --release --locked "$@"
 # The fuzz smoke run once more, uncaptured, so the log shows each target's
 # executions (a few seconds).
-cargo test --locked --quiet --test fuzz -- --nocapture 2>&1 | grep -E '^(fuzz |test result)' 
+cargo test --release --locked --quiet --test fuzz -- --nocapture 2>&1 | grep -E '^(fuzz |test result)' 
 bash ci/kernels.sh
-cargo test --locked -p tiny-engine
+cargo test --release --locked -p tiny-engine
