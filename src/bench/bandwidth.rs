@@ -56,8 +56,12 @@ pub struct Bandwidth {
 fn filled_buffer(bytes: usize, threads: usize) -> Result<Vec<u64>> {
     let n = bytes / 8;
     let mut buf: Vec<u64> = Vec::new();
-    buf.try_reserve_exact(n)
-        .map_err(|e| Error::Usage(format!("cannot allocate {} MiB for the bandwidth buffer: {e}", bytes / MIB)))?;
+    buf.try_reserve_exact(n).map_err(|e| {
+        Error::Usage(format!(
+            "cannot allocate {} MiB for the bandwidth buffer: {e}",
+            bytes / MIB
+        ))
+    })?;
     buf.resize(n, 0);
     let part = n.div_ceil(threads).max(1);
     buf.par_chunks_mut(part).enumerate().for_each(|(c, ch)| {
@@ -134,7 +138,12 @@ pub fn report(bw: &Bandwidth, mib: usize) {
         emit(
             &serde_json::json!({"bench": "bandwidth", "rep": i + 1, "threads": bw.threads,
                                 "bytes": bw.bytes, "seconds": s, "gb_s": gb_s}),
-            &format!("bandwidth rep {}/{}: {mib} MiB in {:.4} s = {gb_s:.1} GB/s", i + 1, bw.seconds.len(), s),
+            &format!(
+                "bandwidth rep {}/{}: {mib} MiB in {:.4} s = {gb_s:.1} GB/s",
+                i + 1,
+                bw.seconds.len(),
+                s
+            ),
         );
     }
     emit(

@@ -71,7 +71,10 @@ fn single_tensor(path: &Path) -> Result<Tensor> {
     if f.floats.len() != 1 {
         return Err(Error::tensor_file(
             path,
-            format!("holds {} float tensors; the bench compares files of exactly one", f.floats.len()),
+            format!(
+                "holds {} float tensors; the bench compares files of exactly one",
+                f.floats.len()
+            ),
         ));
     }
     f.floats
@@ -89,7 +92,8 @@ fn flat(index: &[usize], shape: &[usize]) -> usize {
 /// they all computed the same thing.
 fn metrics_json(c: &Comparison) -> serde_json::Value {
     let worst = |m: &Option<(f64, crate::compare::At)>| {
-        m.as_ref().map(|(v, at)| serde_json::json!({"value": v, "index": flat(&at.index, &c.shape)}))
+        m.as_ref()
+            .map(|(v, at)| serde_json::json!({"value": v, "index": flat(&at.index, &c.shape)}))
     };
     serde_json::json!({
         "numel": c.numel, "atol": c.tol.atol, "rtol": c.tol.rtol, "mismatched": c.mismatched,
