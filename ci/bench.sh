@@ -24,7 +24,8 @@
 # message). Caches, never in the checkout: $TOUCHSTONE_CACHE/bench (the
 # random-weights model, 2 GB as safetensors + 2 GB as GGUF; the comparator's
 # data, 2 x 256 MiB) and $TOUCHSTONE_CACHE/llamacpp (libllama).
-# A full run takes about 5-10 minutes on 2 cores, plus about 30 s the first time (model and data).
+# A full run takes 3 minutes on a quiet 2-core machine (5.5 beside a cargo build), plus about 30 s the
+# first time (model and data).
 #
 # Exit status: 0 every measurement ran, 1 a peer failed (the others' results are still printed), 2 setup missing.
 set -euo pipefail
@@ -40,7 +41,7 @@ say() { echo "bench.sh: $*" >&2; }
 SETUP=0
 for a in "$@"; do
     case "$a" in
-        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;;
         --setup) SETUP=1;;
     esac
 done

@@ -9,6 +9,8 @@ proportion, they collapse (measured here while another engineer's cargo
 builds held about half the CPUs: llama.cpp decode 0.97 tok/s against
 14.4-15.0 quiet, torch's 2-thread comparator 0.014 GB/s against 0.40-0.71).
 The report leaves such measurements out of its medians (report.QUIET).
+The share is counted in /proc/stat jiffies (10 ms): coarse for a process
+of under a second (--quick's), exact enough for the real model's runs.
 """
 import json
 import os

@@ -114,6 +114,10 @@ def summarise(runs, meta):
     ts = out["engines"].get("touchstone")
     for name, e in out["engines"].items():
         e["decode_fraction_of_limit"] = ratio(e["decode_tok_s"]["median"], limit)
+        # The read rate decode achieved: independent of the bandwidth figure,
+        # which drifts on a shared host (30-59 GB/s between rounds here).
+        e["decode_read_gb_s"] = (e["decode_tok_s"]["median"] * weight_bytes / 1e9
+                                 if e["decode_tok_s"]["median"] and weight_bytes else None)
         e["greedy_first_difference"] = first_difference(ts_generated, e["generated"]) if ts else "unknown"
         if ts and name != "touchstone":
             e["touchstone_over_peer"] = {
@@ -238,16 +242,17 @@ def render(s, meta):
                    "read per token (the tied LM head counted once)")
     out.append("")
     if s["engines"]:
-        out.append("engines: tok/s, median [min-max] over the rounds used; higher is better")
+        out.append("engines: tok/s, median [min-max] over the rounds used; higher is better. decode GB/s: weights "
+                   "read per second at the median decode rate; decode/limit: that rate over the decode limit")
         rows = []
         for name, e in s["engines"].items():
             diff = e["greedy_first_difference"]
             same = ("same ids" if diff is None else "-" if diff == "unknown" else f"differ from step {diff}")
             rows.append([name, engine_build(name, e), rounds(e["runs"]), rng(e["prefill_tok_s"]), rng(e["decode_tok_s"]),
-                         pct(e["decode_fraction_of_limit"]), num(e["load_s"]["median"]),
+                         num(e["decode_read_gb_s"]), pct(e["decode_fraction_of_limit"]), num(e["load_s"]["median"]),
                          gb(e["peak_rss_bytes"]["median"]), times(e["rss_over_model"]),
                          "-" if name == "touchstone" else same])
-        out.append(table(["engine", "build", "rounds", "prefill tok/s", "decode tok/s", "decode/limit", "load s", "peak RSS",
+        out.append(table(["engine", "build", "rounds", "prefill tok/s", "decode tok/s", "decode GB/s", "decode/limit", "load s", "peak RSS",
                           "RSS/model", "greedy ids vs touchstone"], rows))
         peers = [(n, e) for n, e in s["engines"].items() if "touchstone_over_peer" in e]
         if peers:
@@ -280,8 +285,11 @@ def render(s, meta):
                    f"took over {QUIET:.0%} of the CPUs are left out when the peer has others (`!`: all were, so all "
                    f"are used). Others' share: median {pct(of['median'])}, at most {pct(of['max'])}.")
         if s["contended"]:
-            out.append(f"left out as contended ({len(s['contended'])}): " + ", ".join(
+            out.append(f"contended ({len(s['contended'])}; left out wherever the peer had others): " + ", ".join(
                 f"r{c['round']} {c['group']}:{c['name']} {pct(c['others_frac'])}" for c in s["contended"]))
+    for name, e in s["engines"].items():
+        if not e["prompt_ok"]:
+            out.append(f"WARNING: {name} reports a prompt other than the driver's token ids: its numbers are not comparable")
     for name, why in meta["skipped"].items():
         out.append(f"skipped {name}: {why}")
     if (meta.get("numpy_whole_process") or "").endswith("peer_compare.py"):

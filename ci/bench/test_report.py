@@ -68,6 +68,7 @@ class Summary(unittest.TestCase):
         self.assertEqual(ts["decode_tok_s"]["median"], 3.1)
         self.assertAlmostEqual(lc["touchstone_over_peer"]["decode"], 3.1 / 12.5)
         self.assertAlmostEqual(ts["decode_fraction_of_limit"], 0.2)
+        self.assertAlmostEqual(ts["decode_read_gb_s"], 6.2)
         self.assertIsNone(lc["greedy_first_difference"])
         self.assertEqual([f["name"] for f in s["failures"]], ["llama.cpp"])
         text = report.render(s, dict(meta, started="t", commit="c", cpu="cpu", cores=2, rounds=2, threads=2,
