@@ -146,6 +146,11 @@ pub enum Command {
         #[command(flatten)]
         sinks: SinkArgs,
     },
+    /// Benchmarks for comparing touchstone with its peers (not checks; not run in CI): one JSON
+    /// line per measurement on stdout, a readable line on stderr. `ci/bench.sh` runs them
+    /// interleaved with llama.cpp, HF transformers, numpy and torch (README "Benchmarks").
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCmd),
     /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
     Compare {
         /// First tensor file (.safetensors, .npy, .npz).
@@ -540,6 +545,10 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             } else {
                 Outcome::Passed
             })
+        }
+        Command::Bench(cmd) => {
+            crate::bench::run(cmd)?;
+            Ok(Outcome::Passed)
         }
         Command::Compare { a, b, atol, rtol } => {
             let c = crate::compare_files::compare_files(&a, &b, atol, rtol)?;

@@ -4,6 +4,7 @@
 //! engine runs the spec's prompt with taps on the canonical stages; captures are
 //! checked against invariants and golden tensors; outcomes go to a report.
 
+pub mod bench;
 pub mod cache;
 pub mod checks;
 pub mod cli;

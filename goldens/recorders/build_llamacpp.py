@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch the pinned llama-cpp-python sdist and build libllama from it.
 
-usage: build_llamacpp.py [--cache-dir DIR] [--json]
+usage: build_llamacpp.py [--cache-dir DIR] [--json] [--native]
 
 The version comes from ONE line of requirements.txt (the single source of
 truth; nothing else names it):
@@ -29,6 +29,12 @@ checkout). --cache-dir (or the environment variable
 TOUCHSTONE_LLAMACPP_CACHE, which the other recorders honour too) puts sdist,
 source and build somewhere else, e.g. a fresh folder to prove the build
 reproduces.
+
+--native builds the same source into <cache>/build-X.Y.Z-native/ with
+llama.cpp's own defaults for speed instead: GGML_NATIVE=ON (-march=native:
+AVX-512 here), GGML_OPENMP=ON, the llamafile sgemm (on by default either
+way). It is for ci/bench.sh, where the peer must be llama.cpp at its best on
+this machine; goldens never use it (they must not depend on the CPU).
 
 The other recorders import this module: convert_gguf.py needs only the source
 (`source_dir()`), record_llamacpp.py the library (`ensure_built()`).
@@ -76,6 +82,9 @@ CMAKE_FLAGS = [
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
 ]
+# --native: what differs from CMAKE_FLAGS (llama.cpp's defaults for a local
+# build). Only for benchmarks: the goldens need the portable build above.
+NATIVE_OVERRIDES = {"-DGGML_NATIVE=OFF": "-DGGML_NATIVE=ON", "-DGGML_OPENMP=OFF": "-DGGML_OPENMP=ON"}
 TARGET = "llama"
 LIBS = ["libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"]
 
@@ -176,26 +185,57 @@ def cmake_version(cmake):
     return out.split()[2]
 
 
-def flags(src):
+def flags(src, native=False):
     # The vendored tree has no .git, so llama.cpp's build-info would ask git
     # about the enclosing repository (touchstone's own commit). Pin it.
-    return CMAKE_FLAGS + [f"-DLLAMA_BUILD_COMMIT={llama_cpp_commit(src)}", "-DLLAMA_BUILD_NUMBER=0"]
+    base = [NATIVE_OVERRIDES.get(f, f) for f in CMAKE_FLAGS] if native else CMAKE_FLAGS
+    return base + [f"-DLLAMA_BUILD_COMMIT={llama_cpp_commit(src)}", "-DLLAMA_BUILD_NUMBER=0"]
 
 
-def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None):
-    """Build libllama once; return (lib_dir, info dict)."""
+def build_dir(cache=DEFAULT_CACHE, version=None, native=False):
+    """Where ensure_built puts a build (a separate folder per variant, so the
+    goldens' portable build and the benchmark's native one coexist)."""
     version = version or pinned_version()
-    src = source_dir(cache, version)
-    build = os.path.join(cache, f"build-{version}")
-    lib_dir = os.path.join(build, "bin")
-    stamp = os.path.join(build, "touchstone-build.json")
-    cmake = cmake_exe()
-    want = {"flags": flags(src), "target": TARGET, "cmake": cmake_version(cmake), **info(src)}
+    return os.path.join(cache, f"build-{version}" + ("-native" if native else ""))
+
+
+def _cached(lib_dir, stamp, want):
+    """(lib_dir, stamp dict) when a finished build with exactly `want` is there."""
     if os.path.isfile(stamp) and all(os.path.isfile(os.path.join(lib_dir, l)) for l in LIBS):
         with open(stamp) as f:
             have = json.load(f)
         if {k: have.get(k) for k in want} == want:
             return lib_dir, have
+    return None
+
+
+def find_built(cache=DEFAULT_CACHE, version=None, native=False):
+    """ensure_built's answer when the build is already there, else None;
+    never downloads or builds (for callers that must only report what is
+    missing, such as ci/bench.sh without --setup)."""
+    version = version or pinned_version()
+    src = os.path.join(cache, "src", f"llama_cpp_python-{version}")
+    if not os.path.isfile(os.path.join(src, ".extracted")):
+        return None
+    build = build_dir(cache, version, native)
+    want = {"flags": flags(src, native), "target": TARGET, "cmake": cmake_version(cmake_exe()), **info(src)}
+    return _cached(os.path.join(build, "bin"), os.path.join(build, "touchstone-build.json"), want)
+
+
+def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None, native=False):
+    """Build libllama once; return (lib_dir, info dict). native: the
+    benchmark variant (NATIVE_OVERRIDES), in its own folder."""
+    version = version or pinned_version()
+    src = source_dir(cache, version)
+    build = build_dir(cache, version, native)
+    lib_dir = os.path.join(build, "bin")
+    stamp = os.path.join(build, "touchstone-build.json")
+    cmake = cmake_exe()
+    want = {"flags": flags(src, native), "target": TARGET, "cmake": cmake_version(cmake), **info(src)}
+    found = _cached(lib_dir, stamp, want)
+    if found:
+        return found
+    if os.path.isfile(stamp):
         log("cached build has other flags or versions; rebuilding")
     shutil.rmtree(build, ignore_errors=True)
     llama_dir = os.path.join(src, "vendor", "llama.cpp")
@@ -228,9 +268,11 @@ def main():
                     help="sdist, source and build folder (default $TOUCHSTONE_CACHE/llamacpp, i.e. ~/.cache/touchstone/llamacpp)")
     ap.add_argument("--json", action="store_true", help="print lib_dir, source dir and build info as JSON")
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--native", action="store_true",
+                    help="the benchmark build: GGML_NATIVE=ON and OpenMP, into build-X.Y.Z-native/ (never for goldens)")
     args = ap.parse_args()
     cache = os.path.abspath(args.cache_dir)
-    lib_dir, have = ensure_built(cache, jobs=args.jobs)
+    lib_dir, have = ensure_built(cache, jobs=args.jobs, native=args.native)
     if args.json:
         print(json.dumps({"lib_dir": lib_dir, "source_dir": source_dir(cache), **have}, sort_keys=True))
     else:
