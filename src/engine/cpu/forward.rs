@@ -18,7 +18,7 @@ use crate::tensor::{DType, Tensor};
 
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
-use super::layers::ModelWeights;
+use super::layers::{Linear, ModelWeights};
 use super::mutants::{Mutant, Mutants};
 use super::matmul::matmul_wt;
 use super::ops::{add, rmsnorm_over, silu_mul, Rope};
@@ -137,9 +137,7 @@ pub fn forward(
         tap.copy(st(B::AttnNorm), &[t, e], &hn);
 
         let no_bias = mx.is(Mutant::QkvBiasDropped);
-        let mut q = b.q.forward_bias(&hn, t, sd, !no_bias);
-        let mut k = b.k.forward_bias(&hn, t, sd, !no_bias);
-        let vv = b.v.forward_bias(&hn, t, sd, !no_bias);
+        let [mut q, mut k, vv] = Linear::forward_many([&b.q, &b.k, &b.v], &hn, t, sd, !no_bias);
         tap.copy(st(B::Q), &[t, h, d], &q);
         tap.copy(st(B::K), &[t, kv, d], &k);
         tap.copy(st(B::V), &[t, kv, d], &vv);
@@ -193,9 +191,8 @@ pub fn forward(
         tap.copy(st(B::FfnInp), &[t, e], &ffn_inp);
         let hn = stored(rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps));
         tap.copy(st(B::FfnNorm), &[t, e], &hn);
-        let gate = b.gate.forward(&hn, t, sd);
+        let [gate, up] = Linear::forward_many([&b.gate, &b.up], &hn, t, sd, true);
         tap.copy(st(B::FfnGate), &[t, f], &gate);
-        let up = b.up.forward(&hn, t, sd);
         tap.copy(st(B::FfnUp), &[t, f], &up);
         let act = if mx.is(Mutant::SiluOnUp) {
             stored(silu_mul(&up, &gate))

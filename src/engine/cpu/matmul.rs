@@ -36,36 +36,57 @@ const TASKS_PER_THREAD: usize = 8;
 
 /// `y[m,n] = x[m,k] · wᵀ`, `w` `[n,k]` row-major (HF `Linear` layout).
 pub fn matmul_wt(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
+    matmul_wt_many(x, m, k, &[(w, n)]).pop().expect("one product")
+}
+
+/// `x · wᵀ` for several weight matrices at once (q, k, v; gate, up), each
+/// `(w [n,k], n)`: one parallel loop over the column blocks of all of them, so
+/// a decode step waits for its threads once per group instead of once per
+/// matrix (each wait is a wake-up of a sleeping worker). Every element is the
+/// same bits as `matmul_wt` gives it alone.
+pub fn matmul_wt_many(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
     assert_eq!(x.len(), m * k, "matmul_wt: x is not [m,k]");
-    assert_eq!(w.len(), n * k, "matmul_wt: w is not [n,k]");
-    let mut y = vec![0.0f32; m * n];
-    if m == 0 || n == 0 {
-        return y;
+    let mut ys: Vec<Vec<f32>> = ws
+        .iter()
+        .map(|&(w, n)| {
+            assert_eq!(w.len(), n * k, "matmul_wt: w is not [n,k]");
+            vec![0.0f32; m * n]
+        })
+        .collect();
+    let total: usize = ws.iter().map(|&(_, n)| n).sum();
+    if m == 0 || total == 0 {
+        return ys;
     }
     let kernel = Kernel::detect();
-    let out = SendPtr(y.as_mut_ptr());
-    let per_task = (n / (rayon::current_num_threads() * TASKS_PER_THREAD)).max(MIN_COLS_PER_TASK).next_multiple_of(RN_WIDE);
-    let task = |blk: usize| {
-        let j0 = blk * per_task;
-        let j1 = (j0 + per_task).min(n);
-        // SAFETY: each task writes only columns j0..j1 of every row of y
-        // (disjoint across tasks); y outlives the parallel loop.
-        unsafe { columns(kernel, x, m, k, w, n, j0, j1, &out) };
+    let per_task = (total / (rayon::current_num_threads() * TASKS_PER_THREAD))
+        .max(MIN_COLS_PER_TASK)
+        .next_multiple_of(RN_WIDE);
+    // (matrix, first column, end column) of every task, in order.
+    let tasks: Vec<(usize, usize, usize)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(_, n))| (0..n.div_ceil(per_task)).map(move |b| (i, b * per_task, ((b + 1) * per_task).min(n))))
+        .collect();
+    let outs: Vec<SendPtr> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
+    let task = |&(i, j0, j1): &(usize, usize, usize)| {
+        let (w, n) = ws[i];
+        // SAFETY: each task writes only columns j0..j1 of every row of its
+        // matrix's output (disjoint across tasks); the outputs outlive the loop.
+        unsafe { columns(kernel, x, m, k, w, n, j0, j1, &outs[i]) };
     };
-    let tasks = n.div_ceil(per_task);
     // Below ~256K multiply-adds handing work to another thread costs more
     // than it saves; the result is the same bits either way.
-    if m * n * k < (1 << 18) || tasks == 1 {
-        (0..tasks).for_each(task);
+    if m * total * k < (1 << 18) || tasks.len() == 1 {
+        tasks.iter().for_each(task);
     } else {
-        (0..tasks).into_par_iter().for_each(task);
+        tasks.par_iter().for_each(task);
     }
-    y
+    ys
 }
 
 /// A raw output pointer shared by tasks writing disjoint columns.
 struct SendPtr(*mut f32);
-// SAFETY: only used by `matmul_wt`, whose tasks write disjoint columns.
+// SAFETY: only used by `matmul_wt_many`, whose tasks write disjoint columns.
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
@@ -469,6 +490,17 @@ mod tests {
                 assert_eq!(bits(&y2), bits(&y[n..3 * n]));
             }
         }
+    }
+
+    #[test]
+    fn several_matrices_at_once_give_each_one_s_bits() {
+        let (m, k) = (3, 200);
+        let x = data(m * k, 11);
+        let (wa, wb, wc) = (data(500 * k, 12), data(7 * k, 13), data(64 * k, 14));
+        let many = matmul_wt_many(&x, m, k, &[(&wa, 500), (&wb, 7), (&wc, 64)]);
+        assert_eq!(bits(&many[0]), bits(&matmul_wt(&x, m, k, &wa, 500)));
+        assert_eq!(bits(&many[1]), bits(&matmul_wt(&x, m, k, &wb, 7)));
+        assert_eq!(bits(&many[2]), bits(&matmul_wt(&x, m, k, &wc, 64)));
     }
 
     #[test]
