@@ -343,6 +343,9 @@ mod tests {
         let (_g, map) = mapped_file(&[1.0, 2.0, 3.0], 4);
         assert!(Tensor::mapped(vec![3], map.clone(), 4).is_some());
         assert!(Tensor::mapped(vec![4], map.clone(), 4).is_none(), "past the end");
-        assert!(Tensor::mapped(vec![usize::MAX, 2], map, 0).is_none(), "overflowing shape");
+        assert!(
+            Tensor::mapped(vec![usize::MAX, 2], map, 0).is_none(),
+            "overflowing shape"
+        );
     }
 }

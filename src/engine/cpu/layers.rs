@@ -48,7 +48,13 @@ impl Linear {
 
     /// `forward` of several projections of the same input (q, k, v; gate,
     /// up) in one parallel pass: the same values as one `forward` each.
-    pub fn forward_many<const N: usize>(lins: [&Linear; N], x: &[f32], rows: usize, storage: DType, with_bias: bool) -> [Vec<f32>; N] {
+    pub fn forward_many<const N: usize>(
+        lins: [&Linear; N],
+        x: &[f32],
+        rows: usize,
+        storage: DType,
+        with_bias: bool,
+    ) -> [Vec<f32>; N] {
         let in_f = lins[0].in_f;
         assert!(lins.iter().all(|l| l.in_f == in_f), "projections of one input");
         let ws: Vec<(&[f32], usize)> = lins.iter().map(|l| (l.w.data(), l.out_f)).collect();

@@ -121,7 +121,17 @@ impl Kernel {
 /// SAFETY: `out` points at `y` `[m,n]`; the caller gives disjoint column ranges
 /// to concurrent calls.
 #[allow(clippy::too_many_arguments)]
-unsafe fn columns(kernel: Kernel, x: &[f32], m: usize, k: usize, w: &[f32], n: usize, j0: usize, j1: usize, out: &SendPtr) {
+unsafe fn columns(
+    kernel: Kernel,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    j0: usize,
+    j1: usize,
+    out: &SendPtr,
+) {
     // One or two rows (decode) are bound by reading the weights: 8 weight rows
     // per tile keep more loads in flight; a batch reuses each weight vector
     // over 4 rows of x instead.
@@ -140,7 +150,16 @@ unsafe fn columns(kernel: Kernel, x: &[f32], m: usize, k: usize, w: &[f32], n: u
             // prefetcher to pick up (measured: 0.67× → 0.98× of `gemm`'s
             // one-stream GEMV at the 0.5B model's 896-wide rows).
             let pf = if i == 0 { rn * k } else { 0 };
-            tile_dispatch(kernel, &x[i * k..(i + rm) * k], rm, &w[j * k..(j + rn) * k], rn, k, pf, &mut tile);
+            tile_dispatch(
+                kernel,
+                &x[i * k..(i + rm) * k],
+                rm,
+                &w[j * k..(j + rn) * k],
+                rn,
+                k,
+                pf,
+                &mut tile,
+            );
             for (r, row) in tile.iter().enumerate().take(rm) {
                 for (c, &v) in row.iter().enumerate().take(rn) {
                     *out.0.add((i + r) * n + j + c) = v;
@@ -164,7 +183,16 @@ const RN_WIDE: usize = 8;
 /// `pf`: prefetch the weights this many values past the ones being read (0:
 /// none); a hint only, never a read, so it may point past the matrix.
 #[allow(clippy::too_many_arguments)]
-fn tile_dispatch(kernel: Kernel, x: &[f32], rm: usize, w: &[f32], rn: usize, k: usize, pf: usize, out: &mut [[f32; RN_WIDE]; RM]) {
+fn tile_dispatch(
+    kernel: Kernel,
+    x: &[f32],
+    rm: usize,
+    w: &[f32],
+    rn: usize,
+    k: usize,
+    pf: usize,
+    out: &mut [[f32; RN_WIDE]; RM],
+) {
     macro_rules! go {
         ($m:literal, $n:literal) => {{
             let xs: [&[f32]; $m] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
@@ -208,7 +236,13 @@ fn tile_dispatch(kernel: Kernel, x: &[f32], rm: usize, w: &[f32], rn: usize, k: 
 }
 
 /// `t[r][c] = dot(xs[r], ws[c])` in the canonical order, every slice `k` long.
-fn tile<const M: usize, const N: usize>(kernel: Kernel, xs: [&[f32]; M], ws: [&[f32]; N], k: usize, pf: usize) -> [[f32; N]; M] {
+fn tile<const M: usize, const N: usize>(
+    kernel: Kernel,
+    xs: [&[f32]; M],
+    ws: [&[f32]; N],
+    k: usize,
+    pf: usize,
+) -> [[f32; N]; M] {
     match kernel {
         // SAFETY: `Kernel::detect` found the features these functions enable.
         #[cfg(target_arch = "x86_64")]
@@ -286,8 +320,8 @@ mod x86 {
         for c in 0..full {
             let o = c * LANES;
             if pf > 0 {
-                for j in 0..N {
-                    _mm_prefetch::<_MM_HINT_T1>(ws[j].as_ptr().wrapping_add(o + pf).cast());
+                for w in ws {
+                    _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().wrapping_add(o + pf).cast());
                 }
             }
             for j in 0..N {
@@ -340,8 +374,8 @@ mod x86 {
         let full = k / LANES;
         for c in 0..full {
             if pf > 0 {
-                for j in 0..N {
-                    _mm_prefetch::<_MM_HINT_T1>(ws[j].as_ptr().wrapping_add(c * LANES + pf).cast());
+                for w in ws {
+                    _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().wrapping_add(c * LANES + pf).cast());
                 }
             }
             for (half, acc) in acc.iter_mut().enumerate() {
@@ -442,7 +476,11 @@ mod tests {
                     }
                 }
                 let got8 = tile::<1, 8>(kern, [xs[0]], ws8, k, 0);
-                assert_eq!(got8[0].map(f32::to_bits), want8[0].map(f32::to_bits), "{kern:?} k={k} wide");
+                assert_eq!(
+                    got8[0].map(f32::to_bits),
+                    want8[0].map(f32::to_bits),
+                    "{kern:?} k={k} wide"
+                );
             }
         }
     }

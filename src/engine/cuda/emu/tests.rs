@@ -368,10 +368,10 @@ fn compare_attention<S: Storage>(c: &AttnCase, q: &[f32], k: &[f32], v: &[f32], 
                 }
             }
             let mut dp = vec![0.0f64; s];
-            for j in 0..visible {
+            for (j, d) in dp.iter_mut().enumerate().take(visible) {
                 let p = cpu.probs[at + j] as f64;
-                dp[j] = (2.0 * delta + (s as f64 + 3.0) * U) * p + 1e-30;
-                if (got.probs[at + j] as f64 - p).abs() > dp[j] {
+                *d = (2.0 * delta + (s as f64 + 3.0) * U) * p + 1e-30;
+                if (got.probs[at + j] as f64 - p).abs() > *d {
                     ok = false;
                 }
             }
