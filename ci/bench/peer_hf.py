@@ -12,7 +12,6 @@ forwards with the cache, each followed by its argmax. Attention is
 transformers' default implementation (recorded). One untimed warm-up
 (prefill + 1 step) first.
 """
-import argparse
 import os
 import sys
 import time
@@ -22,21 +21,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import emit, median, model_file_bytes, parse_tokens, peak_rss_bytes, rate  # noqa: E402
+from common import emit, engine_peer_args, engine_peer_parser, median, model_file_bytes, peak_rss_bytes, timed_reps  # noqa: E402,E501
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model_dir")
-    ap.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--decode", type=int, required=True, help="greedy decode steps")
-    ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=1)
-    args = ap.parse_args()
-    if args.decode < 1 or args.threads < 1 or args.reps < 1 or args.warmup < 0:
-        ap.error("--decode, --threads and --reps must be >= 1, --warmup >= 0")
-    tokens = parse_tokens(args.tokens)
+    args, tokens = engine_peer_args(engine_peer_parser(__doc__, "model_dir", "the HF model folder"))
 
     import torch
     import transformers
@@ -70,18 +59,7 @@ def main():
         return prefill_s, time.perf_counter() - t, gen
 
     with torch.inference_mode():
-        for _ in range(args.warmup):
-            generate(1)
-        pre, dec, generated = [], [], []
-        for rep in range(1, args.reps + 1):
-            prefill_s, decode_s, generated = generate(args.decode)
-            p, d = rate(n_prompt, prefill_s), rate(args.decode, decode_s)
-            pre.append(p)
-            dec.append(d)
-            emit({"bench": "engine", "engine": "hf", "rep": rep, "prefill_s": prefill_s, "decode_s": decode_s,
-                  "prefill_tok_s": p, "decode_tok_s": d},
-                 f"hf rep {rep}/{args.reps}: prefill {n_prompt} tokens in {prefill_s:.3f} s = {p:.2f} tok/s; "
-                 f"decode {args.decode} steps in {decode_s:.3f} s = {d:.2f} tok/s")
+        pre, dec, generated = timed_reps("hf", generate, n_prompt, args)
     peak = peak_rss_bytes()
     size = model_file_bytes(args.model_dir)
     emit({"bench": "engine", "engine": "hf", "summary": True, "model": args.model_dir, "threads": args.threads,

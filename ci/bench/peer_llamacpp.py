@@ -21,7 +21,6 @@ RSS counts the file pages the run touched. --lib-dir picks the build
 portable build is in build-X.Y.Z/bin); llama_print_system_info() is
 reported so the output says which CPU features the build used.
 """
-import argparse
 import ctypes
 import os
 import sys
@@ -32,7 +31,8 @@ import numpy as np
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import RECORDERS, emit, median, model_file_bytes, parse_tokens, peak_rss_bytes, rate  # noqa: E402
+from common import (  # noqa: E402
+    RECORDERS, emit, engine_peer_args, engine_peer_parser, median, model_file_bytes, peak_rss_bytes, timed_reps)
 
 sys.path.insert(0, RECORDERS)
 import build_llamacpp  # noqa: E402
@@ -40,18 +40,9 @@ from record_llamacpp import load_bindings  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("gguf")
-    ap.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
-    ap.add_argument("--decode", type=int, required=True, help="greedy decode steps")
-    ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap = engine_peer_parser(__doc__, "gguf", "the F32 GGUF")
     ap.add_argument("--lib-dir", default=None, help="folder with libllama.so (default: the --native build)")
-    args = ap.parse_args()
-    if args.decode < 1 or args.threads < 1 or args.reps < 1 or args.warmup < 0:
-        ap.error("--decode, --threads and --reps must be >= 1, --warmup >= 0")
-    tokens = parse_tokens(args.tokens)
+    args, tokens = engine_peer_args(ap)
 
     cache = build_llamacpp.DEFAULT_CACHE
     if args.lib_dir is None:
@@ -116,18 +107,7 @@ def main():
         return prefill_s, time.perf_counter() - t, out
 
     try:
-        for _ in range(args.warmup):
-            generate(1)
-        pre, dec, generated = [], [], []
-        for rep in range(1, args.reps + 1):
-            prefill_s, decode_s, generated = generate(args.decode)
-            p, d = rate(n_prompt, prefill_s), rate(args.decode, decode_s)
-            pre.append(p)
-            dec.append(d)
-            emit({"bench": "engine", "engine": "llama.cpp", "rep": rep, "prefill_s": prefill_s,
-                  "decode_s": decode_s, "prefill_tok_s": p, "decode_tok_s": d},
-                 f"llama.cpp rep {rep}/{args.reps}: prefill {n_prompt} tokens in {prefill_s:.3f} s = {p:.2f} tok/s; "
-                 f"decode {args.decode} steps in {decode_s:.3f} s = {d:.2f} tok/s")
+        pre, dec, generated = timed_reps("llama.cpp", generate, n_prompt, args)
         system_info = lc.llama_print_system_info().decode().strip()
         n_params = lc.llama_model_n_params(model)
     finally:
