@@ -18,12 +18,19 @@ type Planted = (&'static str, &'static str, &'static [(&'static str, &'static st
 const PLANTED: &[Planted] = &[
     // The softmax max reduced over the warp only, not the block: rows whose
     // visible keys span more than one warp get inconsistent exponents.
-    ("planted_softmax_max", "attention.cu", &[("mx = block_max(mx, scratch);", "mx = warp_max(mx);")]),
+    (
+        "planted_softmax_max",
+        "attention.cu",
+        &[("mx = block_max(mx, scratch);", "mx = warp_max(mx);")],
+    ),
     // GQA: query head h reads KV head h % KV instead of h / (H / KV).
     (
         "planted_gqa_modulo",
         "attention.cu",
-        &[("const int kvh = h / (heads / kv_heads);", "const int kvh = h % kv_heads;")],
+        &[(
+            "const int kvh = h / (heads / kv_heads);",
+            "const int kvh = h % kv_heads;",
+        )],
     ),
     // RoPE pairs: the NEOX kernel rotates the interleaved pairs (2j, 2j+1)
     // instead of (j, j + D/2), and the interleaved one the NEOX pairs.
@@ -31,7 +38,10 @@ const PLANTED: &[Planted] = &[
         "planted_rope_pair",
         "rope.cu",
         &[
-            ("const long long ia = NEOX ? base + j : base + 2 * j;", "const long long ia = !NEOX ? base + j : base + 2 * j;"),
+            (
+                "const long long ia = NEOX ? base + j : base + 2 * j;",
+                "const long long ia = !NEOX ? base + j : base + 2 * j;",
+            ),
             (
                 "const long long ib = NEOX ? base + j + half : base + 2 * j + 1;",
                 "const long long ib = !NEOX ? base + j + half : base + 2 * j + 1;",
@@ -40,9 +50,17 @@ const PLANTED: &[Planted] = &[
     ),
     // Off by one on the store: element i is written to out[i + 1], so the
     // last thread writes one element past the end of the output.
-    ("planted_oob_store", "embedding.cu", &[("out[i] = table[", "out[i + 1] = table[")]),
+    (
+        "planted_oob_store",
+        "embedding.cu",
+        &[("out[i] = table[", "out[i + 1] = table[")],
+    ),
     // Off by one the other way: thread 0 writes one element before the output.
-    ("planted_oob_underflow", "embedding.cu", &[("out[i] = table[", "out[i - 1] = table[")]),
+    (
+        "planted_oob_underflow",
+        "embedding.cu",
+        &[("out[i] = table[", "out[i - 1] = table[")],
+    ),
 ];
 
 fn main() {
@@ -59,7 +77,11 @@ fn main() {
     }
 
     let files = kernel_files(&std::fs::read_to_string(&compile_rs).unwrap());
-    assert!(!files.is_empty(), "build.rs: no kernel_file! entries found in {}", compile_rs.display());
+    assert!(
+        !files.is_empty(),
+        "build.rs: no kernel_file! entries found in {}",
+        compile_rs.display()
+    );
     let common = std::fs::read_to_string(cuda.join("common.cuh")).unwrap();
 
     // (unit id, source path, kernel-name prefix, kernels)
@@ -77,7 +99,10 @@ fn main() {
         let mut src = std::fs::read_to_string(cuda.join(file)).unwrap();
         for (from, to) in *subs {
             let n = src.matches(from).count();
-            assert!(n == 1, "build.rs: planted bug {variant}: `{from}` occurs {n} times in cuda/{file} (expected once)");
+            assert!(
+                n == 1,
+                "build.rs: planted bug {variant}: `{from}` occurs {n} times in cuda/{file} (expected once)"
+            );
             src = src.replacen(from, to, 1);
         }
         let path = out.join(format!("{variant}_{file}"));
@@ -122,7 +147,11 @@ fn main() {
         // `extern`; its TLS has no dynamic initialiser: -fno-extern-tls-init).
         let dyn_fn = match &dynamic {
             Some((ty, name)) => {
-                writeln!(w, "alignas(16) thread_local {ty} {name}[TS_EMU_DYN_SMEM_CAP / sizeof({ty})];").unwrap();
+                writeln!(
+                    w,
+                    "alignas(16) thread_local {ty} {name}[TS_EMU_DYN_SMEM_CAP / sizeof({ty})];"
+                )
+                .unwrap();
                 writeln!(w, "static void* ts_emu_dyn_smem() {{ return (void*){name}; }}").unwrap();
                 format!("&ts_emu_{id}::ts_emu_dyn_smem")
             }
@@ -131,8 +160,16 @@ fn main() {
         writeln!(w, "#include \"{}\"", path.display()).unwrap();
         writeln!(w, "}}").unwrap();
         writeln!(w, "namespace emu {{").unwrap();
-        writeln!(w, "template <> struct TypeName<ts_emu_{id}::f16_t> {{ static constexpr const char* name = \"f16\"; }};").unwrap();
-        writeln!(w, "template <> struct TypeName<ts_emu_{id}::bf16_t> {{ static constexpr const char* name = \"bf16\"; }};").unwrap();
+        writeln!(
+            w,
+            "template <> struct TypeName<ts_emu_{id}::f16_t> {{ static constexpr const char* name = \"f16\"; }};"
+        )
+        .unwrap();
+        writeln!(
+            w,
+            "template <> struct TypeName<ts_emu_{id}::bf16_t> {{ static constexpr const char* name = \"bf16\"; }};"
+        )
+        .unwrap();
         writeln!(w, "}}").unwrap();
         writeln!(w, "extern \"C\" const ts_emu_kernel ts_emu_table_{id}[] = {{").unwrap();
         for k in kernels {
@@ -153,8 +190,18 @@ fn main() {
     }
     let names: Vec<_> = tables.iter().map(|(n, _)| n.clone()).collect();
     let sizes: Vec<_> = tables.iter().map(|(_, k)| k.to_string()).collect();
-    writeln!(master, "extern \"C\" const ts_emu_kernel* const ts_emu_tables[] = {{{}}};", names.join(", ")).unwrap();
-    writeln!(master, "extern \"C\" const int ts_emu_table_sizes[] = {{{}}};", sizes.join(", ")).unwrap();
+    writeln!(
+        master,
+        "extern \"C\" const ts_emu_kernel* const ts_emu_tables[] = {{{}}};",
+        names.join(", ")
+    )
+    .unwrap();
+    writeln!(
+        master,
+        "extern \"C\" const int ts_emu_table_sizes[] = {{{}}};",
+        sizes.join(", ")
+    )
+    .unwrap();
     writeln!(master, "extern \"C\" const int ts_emu_ntables = {};", tables.len()).unwrap();
     let master_cpp = out.join("emu_tables.cpp");
     write_if_changed(&master_cpp, &master);
@@ -186,7 +233,9 @@ fn dynamic_shared(src: &str, path: &Path) -> Option<(String, String)> {
     for (at, _) in src.match_indices("extern __shared__") {
         let decl = &src[at + "extern __shared__".len()..];
         let decl = &decl[..decl.find(';').unwrap()];
-        let open = decl.find('[').unwrap_or_else(|| panic!("build.rs: {}: extern __shared__ without []", path.display()));
+        let open = decl
+            .find('[')
+            .unwrap_or_else(|| panic!("build.rs: {}: extern __shared__ without []", path.display()));
         let words: Vec<&str> = decl[..open].split_whitespace().collect();
         let (name, ty) = words.split_last().unwrap();
         let this = (ty.join(" "), name.to_string());

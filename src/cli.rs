@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::cmd::goldens::SourceFilter;
 use crate::engine::select::EngineSel;
 use crate::engine::EngineKind;
 use crate::error::{Error, Result};
-use crate::goldens::SourceFilter;
 use crate::plan::Plan;
 use crate::report::{self, Report};
 use crate::runner::{run_plan, Filter};
@@ -150,7 +150,7 @@ pub enum Command {
     /// line per measurement on stdout, a readable line on stderr. `ci/bench.sh` runs them
     /// interleaved with llama.cpp, HF transformers, numpy and torch (README "Benchmarks").
     #[command(subcommand)]
-    Bench(crate::bench::BenchCmd),
+    Bench(crate::cmd::bench::BenchCmd),
     /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
     Compare {
         /// First tensor file (.safetensors, .npy, .npz).
@@ -512,9 +512,9 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             }
             Ok(Outcome::Passed)
         }
-        Command::Kernels { arch, ptx_only } => crate::kernels::run(&arch, ptx_only),
+        Command::Kernels { arch, ptx_only } => crate::cmd::kernels::run(&arch, ptx_only),
         Command::Inspect { file } => {
-            print!("{}", crate::inspect::render(&file)?);
+            print!("{}", crate::cmd::inspect::render(&file)?);
             Ok(Outcome::Passed)
         }
         Command::Goldens { action } => goldens(action),
@@ -547,11 +547,11 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
             })
         }
         Command::Bench(cmd) => {
-            crate::bench::run(cmd)?;
+            crate::cmd::bench::run(cmd)?;
             Ok(Outcome::Passed)
         }
         Command::Compare { a, b, atol, rtol } => {
-            let c = crate::compare_files::compare_files(&a, &b, atol, rtol)?;
+            let c = crate::cmd::compare::compare_files(&a, &b, atol, rtol)?;
             print!("{}", c.text);
             Ok(if c.passed { Outcome::Passed } else { Outcome::Failed })
         }
@@ -559,7 +559,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
 }
 
 fn goldens(action: GoldensAction) -> Result<Outcome> {
-    use crate::goldens::{jobs, pending, refs, regen, repo_root};
+    use crate::cmd::goldens::{jobs, pending, refs, regen, repo_root};
     match action {
         GoldensAction::Regen { specs, source, python } => {
             // Refuse before reading anything, so CI cannot write even a cache file.

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
 use crate::model::{self, LoadOptions, ModelConfig};
 use crate::spec::{RunCheck, Spec, StageCheck};
+use crate::stage::shape::canonical_shape;
 use crate::stage::{BlockStage, Stage, Step};
 
 /// The source name of the spec's `oracle:` in check ids and messages.
@@ -34,7 +35,7 @@ pub enum StageCheckKind {
     Causal,
     Rope {
         input: Stage,
-        style: crate::checks::invariants::RopeStyle,
+        style: crate::stage::RopeStyle,
         tol: f64,
     },
     Golden {
@@ -96,7 +97,7 @@ impl Plan {
             .unwrap_or_else(|| spec.model.clone());
         if !model.exists() {
             let why = match (&spec.cached_model, model_override) {
-                (Some(name), None) => format!("model not found: {}", crate::cache::fetch_hint(name)),
+                (Some(name), None) => format!("model not found: {}", crate::model::cache::fetch_hint(name)),
                 _ => "model not found (no such file or folder)".to_string(),
             };
             return Err(Error::model(&model, why));
@@ -173,7 +174,7 @@ impl Plan {
         if let Some(o) = &oracle {
             recorded.insert(ORACLE.to_string(), o.clone());
         }
-        crate::provenance::check_fresh(&model, &config, &recorded, spec.prompt.tokens.as_deref())?;
+        crate::golden::provenance::check_fresh(&model, &config, &recorded, spec.prompt.tokens.as_deref())?;
         // ... and it must have been fed the tokens the references were.
         if let Some(o) = &oracle {
             for (src, g) in &goldens {
@@ -348,31 +349,6 @@ impl Plan {
     pub fn positions(&self, step: Step) -> Vec<usize> {
         let (t, s) = self.step_dims(step);
         (s - t..s).collect()
-    }
-}
-
-/// The canonical shape of `stage` for a step of `t` tokens after which the KV
-/// cache holds `s` positions (the README's stage table).
-pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec<usize> {
-    match stage {
-        Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
-        Stage::Logits => vec![t, c.vocab],
-        Stage::SampleProbs => vec![1, c.vocab],
-        Stage::Block(_, b) => match b {
-            BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
-            BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
-                vec![t, c.kv_heads, c.head_dim]
-            }
-            BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
-            BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
-            BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
-            BlockStage::AttnNorm
-            | BlockStage::AttnOut
-            | BlockStage::FfnInp
-            | BlockStage::FfnNorm
-            | BlockStage::FfnOut
-            | BlockStage::Out => vec![t, c.hidden],
-        },
     }
 }
 

@@ -124,7 +124,10 @@ fn run_plan_to(
         // An external engine that cannot start fails its own checks; the other
         // engines' results are still reported.
         Err(e) if !sel.is_builtin() => {
-            return Ok(all_with(Verdict::fail(format!("the engine could not be loaded: {e}")), None))
+            return Ok(all_with(
+                Verdict::fail(format!("the engine could not be loaded: {e}")),
+                None,
+            ))
         }
         Err(e) => return Err(e),
     };
@@ -559,7 +562,14 @@ fn scaled_golden_verdict(
     // references of the same arithmetic as `source` (the same unit roundoff),
     // each a correct implementation whose spread is the honest error scale.
     // A reference coarser by design has another unit, so it never widens this.
-    let unit = |src: &str| plan.spec.scaled.unit_roundoff.get(src).copied().unwrap_or(scaled::U_F32);
+    let unit = |src: &str| {
+        plan.spec
+            .scaled
+            .unit_roundoff
+            .get(src)
+            .copied()
+            .unwrap_or(scaled::U_F32)
+    };
     let mut r = 0.0f64;
     let mut peers = Vec::new();
     for (name, g) in plan.goldens.iter().filter(|(n, _)| unit(n) == unit(source)) {
@@ -583,7 +593,9 @@ fn scaled_golden_verdict(
     let u_store = scaled::storage_unit(plan.load_options.storage);
     let e = match scaled::max_error(actual, &o) {
         Ok((e, _)) => e,
-        Err(e) => return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0),
+        Err(e) => {
+            return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0)
+        }
     };
     let j = scaled::judge_engine(policy(plan), e, r, &fm, u_store);
     // The comparator at the allowance gives the failure its count, worst

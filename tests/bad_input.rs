@@ -326,7 +326,10 @@ fn unbounded_counts_are_refused_before_anything_runs() {
     let (_d, s, _) = edited_spec("decode_steps: 4}}", "decode_steps: 1020}}");
     expect_exit2(
         &["run", &s],
-        &["kv_cache.decode_steps reach 1034 positions", "context is 1024 positions"],
+        &[
+            "kv_cache.decode_steps reach 1034 positions",
+            "context is 1024 positions",
+        ],
     );
 }
 

@@ -99,12 +99,20 @@ fn cuda_emu_runs_the_default_spec_and_is_in_all() {
     assert!(o.stdout.contains("touchstone: PASSED"), "{}", o.stdout);
     let o = touchstone(&["list", "--engine", "all"]);
     assert_eq!(o.code, 0, "{}", o.all());
-    assert!(o.stdout.lines().any(|l| l == "cuda-emu::qwen2-tiny::run::determinism"), "{}", o.stdout);
+    assert!(
+        o.stdout.lines().any(|l| l == "cuda-emu::qwen2-tiny::run::determinism"),
+        "{}",
+        o.stdout
+    );
     let real = root().join("specs/qwen2.5-0.5b.yaml");
     if touchstone::spec::Spec::load(&real).is_ok_and(|s| s.model.exists()) {
         let o = touchstone(&["list", "--engine", "all", &real.display().to_string()]);
         assert_eq!(o.code, 0, "{}", o.all());
-        assert!(o.stdout.lines().any(|l| l.starts_with("cpu::qwen2.5-0.5b::")), "{}", o.stdout);
+        assert!(
+            o.stdout.lines().any(|l| l.starts_with("cpu::qwen2.5-0.5b::")),
+            "{}",
+            o.stdout
+        );
         assert!(!o.stdout.contains("cuda-emu::"), "emulate: false, yet: {}", o.stdout);
     }
     let spec = touchstone::spec::Spec::load(&real).unwrap();

@@ -37,7 +37,7 @@ fn main() {
         if let Ok(spec) = Spec::load(&path) {
             if let Some(name) = spec.cached_model.as_ref().filter(|_| !spec.model.exists()) {
                 for sel in EngineSel::resolve("all", &spec).unwrap_or_default() {
-                    let reason = touchstone::cache::fetch_hint(name);
+                    let reason = touchstone::model::cache::fetch_hint(name);
                     trials.push(Trial::ignorable_test(
                         format!("{}::{}::*", sel.name(), spec.name),
                         move || Ok(Completion::ignored_with(reason)),

@@ -20,8 +20,8 @@
 use std::path::{Path, PathBuf};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use touchstone::engine::{cuda, Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
 use touchstone::engine::cuda::CudaEngine;
+use touchstone::engine::{cuda, Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
 use touchstone::model::LoadOptions;
 use touchstone::sampling::Sampling;
 use touchstone::tensor::DType;
@@ -162,7 +162,13 @@ fn sampling_matches_cpu(kind: EngineKind, seed: u64) -> Result<(), Failed> {
     let req = request(random(), seed, 16);
     let (g, c) = (run(&*gpu, &req, &TapSet::none())?, run(&*cpu, &req, &TapSet::none())?);
     if g.sampled != c.sampled {
-        return Err(format!("seed {seed}: {} sampled {:?}, cpu {:?}", kind.name(), g.sampled, c.sampled).into());
+        return Err(format!(
+            "seed {seed}: {} sampled {:?}, cpu {:?}",
+            kind.name(),
+            g.sampled,
+            c.sampled
+        )
+        .into());
     }
     Ok(())
 }

@@ -18,7 +18,11 @@ fn s(p: &Path) -> String {
 /// golden's `references_agree` that fails, which `--only golden` leaves out).
 fn per_element_spec_text(golden: &Path) -> String {
     let t = spec_text(&model_dir(), golden);
-    let out: String = t.lines().filter(|l| !l.starts_with("oracle:")).map(|l| format!("{l}\n")).collect();
+    let out: String = t
+        .lines()
+        .filter(|l| !l.starts_with("oracle:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     assert!(out.len() < t.len(), "the default spec has an oracle line");
     out
 }

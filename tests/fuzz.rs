@@ -157,14 +157,14 @@ fn spec_parser() {
 #[test]
 fn safetensors_reader() {
     fuzz("safetensors_reader", |input| {
-        let _ = touchstone::tensor_io::parse_safetensors(input, Path::new("fuzz.safetensors"));
+        let _ = touchstone::tensor::io::parse_safetensors(input, Path::new("fuzz.safetensors"));
     });
 }
 
 #[test]
 fn npy_reader() {
     fuzz("npy_reader", |input| {
-        let _ = touchstone::tensor_io::parse_npy(input, Path::new("fuzz.npy"));
+        let _ = touchstone::tensor::io::parse_npy(input, Path::new("fuzz.npy"));
     });
 }
 
@@ -177,8 +177,8 @@ fn gguf_reader() {
             for info in &f.tensors {
                 let _ = f.read_tensor(info);
             }
-            if let Ok(cfg) = touchstone::gguf::model::config(&f) {
-                let _ = touchstone::gguf::model::weights(&f, &cfg, &Default::default());
+            if let Ok(cfg) = touchstone::model::gguf::config(&f) {
+                let _ = touchstone::model::gguf::weights(&f, &cfg, &Default::default());
             }
         }
     });

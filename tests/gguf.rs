@@ -9,10 +9,11 @@ use common::*;
 
 use std::path::{Path, PathBuf};
 
-use touchstone::gguf::writer::{model_writer, GgufWriter};
+use touchstone::gguf::writer::GgufWriter;
 use touchstone::gguf::GgmlType;
+use touchstone::model::gguf::model_writer;
 use touchstone::model::ModelConfig;
-use touchstone::tensor_io::read_safetensors;
+use touchstone::tensor::io::read_safetensors;
 
 /// The tiny Qwen2 as a GGUF of `arch` (written the way llama.cpp converts it).
 fn tiny_writer(arch: &str) -> GgufWriter {

@@ -378,11 +378,11 @@ fn a_golden_recorded_for_another_model_is_stale() {
         let f = f.unwrap();
         std::fs::copy(f.path(), model.join(f.file_name())).unwrap();
     }
-    let w = touchstone::tensor_io::read_safetensors(&model.join("model.safetensors")).unwrap();
+    let w = touchstone::tensor::io::read_safetensors(&model.join("model.safetensors")).unwrap();
     let mut floats = w.floats;
     let first = floats.keys().next().unwrap().clone();
     floats.get_mut(&first).unwrap().data_mut()[0] += 0.5;
-    touchstone::tensor_io::write_safetensors(&model.join("model.safetensors"), &floats, &w.ints, &w.metadata).unwrap();
+    touchstone::tensor::io::write_safetensors(&model.join("model.safetensors"), &floats, &w.ints, &w.metadata).unwrap();
     let o = touchstone(&["run", "--model", &s(&model)]);
     assert_eq!(o.code, 2, "{}", o.all());
     for needle in [

@@ -6,8 +6,8 @@
 //! passed; `bash ci/kernels.sh` runs them with NVRTC present.
 
 use libtest_mimic::{Arguments, Completion, Trial};
+use touchstone::cmd::kernels::DEFAULT_ARCHS;
 use touchstone::engine::cuda::compile::{self, FILES};
-use touchstone::kernels::DEFAULT_ARCHS;
 
 fn main() {
     let args = Arguments::from_args();

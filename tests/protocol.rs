@@ -12,7 +12,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn fixture() -> String {
-    root().join("tests/fixtures/protocol/misbehaving_engine.py").display().to_string()
+    root()
+        .join("tests/fixtures/protocol/misbehaving_engine.py")
+        .display()
+        .to_string()
 }
 
 /// The default spec with one declared engine `bad` running the misbehaving
@@ -23,7 +26,10 @@ fn spec_with(dir: &Path, mode: &str) -> String {
     assert!(text.contains("\nengines:\n"), "the default spec has an engines: map");
     let text = text.replacen(
         "\nengines:\n",
-        &format!("\nengines:\n  bad: {{exec: [python3, \"{}\", {mode}], timeout_s: 3}}\n", fixture()),
+        &format!(
+            "\nengines:\n  bad: {{exec: [python3, \"{}\", {mode}], timeout_s: 3}}\n",
+            fixture()
+        ),
         1,
     );
     write(dir, "s.yaml", &text).display().to_string()
@@ -83,7 +89,10 @@ fn a_truncated_output_file_is_a_clear_failure() {
     let (o, r, _) = run("truncated", "bad");
     assert_eq!(o.code, 1, "{}", o.all());
     let m = all_failed(&r, "bad");
-    assert!(m.contains("answered `run` with ok, but its output is not usable"), "{m}");
+    assert!(
+        m.contains("answered `run` with ok, but its output is not usable"),
+        "{m}"
+    );
     assert!(m.contains("not a valid safetensors file"), "{m}");
 }
 
@@ -108,7 +117,10 @@ fn an_engine_that_refuses_the_model_or_dies_at_once_fails_its_checks() {
     let (o, r, _) = run("refuse", "bad");
     assert_eq!(o.code, 1, "{}", o.all());
     let m = all_failed(&r, "bad");
-    assert!(m.contains("could not be loaded") && m.contains("does not support the model's architecture"), "{m}");
+    assert!(
+        m.contains("could not be loaded") && m.contains("does not support the model's architecture"),
+        "{m}"
+    );
     let (o, r, _) = run("silent", "bad");
     assert_eq!(o.code, 1, "{}", o.all());
     let m = all_failed(&r, "bad");
@@ -121,7 +133,11 @@ fn the_other_engines_results_are_still_reported() {
     let (o, r, _) = run("crash", "all");
     assert_eq!(o.code, 1, "{}", o.all());
     let runs = r["runs"].as_array().unwrap();
-    let by = |e: &str| runs.iter().find(|x| x["engine"] == e).unwrap_or_else(|| panic!("no {e} run"));
+    let by = |e: &str| {
+        runs.iter()
+            .find(|x| x["engine"] == e)
+            .unwrap_or_else(|| panic!("no {e} run"))
+    };
     assert_eq!(by("cpu")["passed"], true);
     assert_eq!(by("bad")["passed"], false);
 }
@@ -130,9 +146,19 @@ fn the_other_engines_results_are_still_reported() {
 fn a_command_that_does_not_exist_is_a_clear_failure() {
     let d = tempfile::tempdir().unwrap();
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &hf_golden()));
-    let o = touchstone(&["run", &s.display().to_string(), "--engine", "exec:/no/such/engine --flag", "-q"]);
+    let o = touchstone(&[
+        "run",
+        &s.display().to_string(),
+        "--engine",
+        "exec:/no/such/engine --flag",
+        "-q",
+    ]);
     assert_eq!(o.code, 1, "{}", o.all());
-    assert!(o.stdout.contains("cannot start `/no/such/engine --flag`"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("cannot start `/no/such/engine --flag`"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]
@@ -141,14 +167,22 @@ fn an_unknown_engine_name_is_a_usage_error_with_a_suggestion() {
     let s = spec_with(d.path(), "crash");
     let o = touchstone(&["run", &s, "--engine", "bda"]);
     assert_eq!(o.code, 2, "{}", o.all());
-    assert!(o.stderr.contains("unknown engine `bda`") && o.stderr.contains("bad"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("unknown engine `bda`") && o.stderr.contains("bad"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]
 fn saved_captures_checked_as_dumps_give_the_same_stage_verdicts() {
     let d = tempfile::tempdir().unwrap();
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &hf_golden()));
-    let (cap, j1, j2) = (d.path().join("cap.safetensors"), d.path().join("1.json"), d.path().join("2.json"));
+    let (cap, j1, j2) = (
+        d.path().join("cap.safetensors"),
+        d.path().join("1.json"),
+        d.path().join("2.json"),
+    );
     let p = |x: &Path| x.display().to_string();
     let o = touchstone(&["run", &p(&s), "-q", "--save-captures", &p(&cap), "--json", &p(&j1)]);
     assert_eq!(o.code, 0, "{}", o.all());
@@ -158,7 +192,12 @@ fn saved_captures_checked_as_dumps_give_the_same_stage_verdicts() {
     let (a, b) = (json(&j1), json(&j2));
     assert_eq!(stage_verdicts(&a), stage_verdicts(&b));
     // Checks that need a second run are skipped, with the reason.
-    let det = b["checks"].as_array().unwrap().iter().find(|c| c["id"] == "run::determinism").unwrap();
+    let det = b["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "run::determinism")
+        .unwrap();
     assert_eq!(det["status"], "skip");
     assert!(det["message"].as_str().unwrap().contains("dumps are one recorded run"));
 }
@@ -171,9 +210,17 @@ fn dumps_with_engine_names_are_mapped_by_the_spec() {
     let s = write(d.path(), "s.yaml", &spec_text(&model_dir(), &hf_golden()));
     let cap = d.path().join("cap.safetensors");
     let p = |x: &Path| x.display().to_string();
-    let o = touchstone(&["run", &p(&s), "-q", "--only", "prefill/blk.*.q::*", "--save-captures", &p(&cap)]);
+    let o = touchstone(&[
+        "run",
+        &p(&s),
+        "-q",
+        "--only",
+        "prefill/blk.*.q::*",
+        "--save-captures",
+        &p(&cap),
+    ]);
     assert_eq!(o.code, 0, "{}", o.all());
-    let f = touchstone::tensor_io::read_safetensors(&cap).unwrap();
+    let f = touchstone::tensor::io::read_safetensors(&cap).unwrap();
     let dump = d.path().join("dump");
     for (k, t) in &f.floats {
         let (step, stage) = k.split_once('/').unwrap();
@@ -181,7 +228,10 @@ fn dumps_with_engine_names_are_mapped_by_the_spec() {
         let layer = stage.strip_prefix("blk.").and_then(|r| r.strip_suffix(".q")).unwrap();
         let sh = t.shape();
         let flat = touchstone::tensor::Tensor::new(vec![sh[0], sh[1] * sh[2]], t.data().to_vec());
-        write_npy(&dump.join(step).join(format!("layers.{layer}.attn.q_proj.out.npy")), &flat);
+        write_npy(
+            &dump.join(step).join(format!("layers.{layer}.attn.q_proj.out.npy")),
+            &flat,
+        );
     }
     let (shape, ids) = &f.ints["tokens"];
     write_npy_i64(&dump.join("tokens.npy"), shape, ids);
@@ -212,7 +262,11 @@ fn dumps_with_engine_names_are_mapped_by_the_spec() {
     ]);
     assert_eq!(o.code, 1, "{}", o.all());
     assert!(o.stdout.contains("did not capture prefill/blk.0.q"), "{}", o.stdout);
-    assert!(o.stdout.contains("prefill/layers.0.attn.q_proj.out") && o.stdout.contains("`names:`"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("prefill/layers.0.attn.q_proj.out") && o.stdout.contains("`names:`"),
+        "{}",
+        o.stdout
+    );
 }
 
 /// A little-endian f4 `.npy` file.
@@ -228,7 +282,11 @@ fn write_npy_i64(path: &Path, shape: &[usize], v: &[i64]) {
 
 fn npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');

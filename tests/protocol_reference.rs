@@ -9,7 +9,10 @@ mod common;
 use common::*;
 
 fn exec(script: &str) -> String {
-    format!("exec:python3 {}", root().join("examples/protocol").join(script).display())
+    format!(
+        "exec:python3 {}",
+        root().join("examples/protocol").join(script).display()
+    )
 }
 
 fn spec(name: &str) -> String {
@@ -50,7 +53,11 @@ fn the_engine_without_rope_in_decode_diverges_at_decode1_q_rope() {
     assert_eq!(o.code, 1, "{}", o.all());
     let r = json(&j);
     let fd = &r["runs"][0]["first_divergence"];
-    assert_eq!((fd["step"].as_str(), fd["stage"].as_str()), (Some("decode1"), Some("blk.0.q_rope")), "{fd}");
+    assert_eq!(
+        (fd["step"].as_str(), fd["stage"].as_str()),
+        (Some("decode1"), Some("blk.0.q_rope")),
+        "{fd}"
+    );
     assert!(r["runs"][0]["suspect_golden"].is_null());
     assert!(o.stdout.contains("FIRST DIVERGENCE"), "{}", o.stdout);
 }
@@ -59,7 +66,11 @@ fn the_engine_without_rope_in_decode_diverges_at_decode1_q_rope() {
 fn its_captures_as_dumps_get_the_same_stage_verdicts() {
     let d = tempfile::tempdir().unwrap();
     let p = |x: &std::path::Path| x.display().to_string();
-    let (cap, j1, j2) = (d.path().join("cap.safetensors"), d.path().join("1.json"), d.path().join("2.json"));
+    let (cap, j1, j2) = (
+        d.path().join("cap.safetensors"),
+        d.path().join("1.json"),
+        d.path().join("2.json"),
+    );
     for (script, code) in [("numpy_engine.py", 0), ("numpy_engine_rope_bug.py", 1)] {
         let o = touchstone(&[
             "run",
@@ -85,7 +96,10 @@ fn its_captures_as_dumps_get_the_same_stage_verdicts() {
         assert_eq!(o.code, code, "{script} as dumps: {}", o.all());
         let (a, b) = (json(&j1), json(&j2));
         assert_eq!(stage_verdicts(&a), stage_verdicts(&b), "{script}");
-        assert_eq!(a["runs"][0]["first_divergence"], b["runs"][0]["first_divergence"], "{script}");
+        assert_eq!(
+            a["runs"][0]["first_divergence"], b["runs"][0]["first_divergence"],
+            "{script}"
+        );
     }
 }
 
@@ -95,5 +109,9 @@ fn the_spec_declared_engine_is_selected_by_name() {
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.stdout.contains("== qwen2-tiny on engine numpy"), "{}", o.stdout);
     let l = touchstone(&["list", &spec("qwen2-tiny.yaml"), "--engine", "numpy"]);
-    assert!(l.stdout.lines().all(|x| x.starts_with("numpy::qwen2-tiny::")), "{}", l.stdout);
+    assert!(
+        l.stdout.lines().all(|x| x.starts_with("numpy::qwen2-tiny::")),
+        "{}",
+        l.stdout
+    );
 }

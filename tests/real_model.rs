@@ -32,7 +32,7 @@ use touchstone::model::{self, LoadOptions};
 use touchstone::plan::Plan;
 use touchstone::runner::{run_plan_on, Filter};
 use touchstone::spec::Spec;
-use touchstone::tensor_io::{read_safetensors, write_safetensors};
+use touchstone::tensor::io::{read_safetensors, write_safetensors};
 
 const NAME: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const SIZE: u64 = 491_400_064;
@@ -104,7 +104,7 @@ fn config(p: &Path) -> Result<(), Failed> {
 }
 
 fn inspect(p: &Path) -> Result<(), Failed> {
-    let out = touchstone::inspect::render(p).map_err(|e| e.to_string())?;
+    let out = touchstone::cmd::inspect::render(p).map_err(|e| e.to_string())?;
     let lines: Vec<&str> = out.lines().collect();
     let header = lines
         .iter()
@@ -161,7 +161,7 @@ fn load(p: &Path) -> Result<(), Failed> {
     let mut taken = Vec::new();
     for t in fx["tensors"].as_array().ok_or("fixture: tensors")? {
         let gguf = t["name"].as_str().ok_or("fixture: name")?;
-        let hf = touchstone::gguf::model::hf_name(gguf).ok_or_else(|| format!("no HF name for {gguf}"))?;
+        let hf = touchstone::model::gguf::hf_name(gguf).ok_or_else(|| format!("no HF name for {gguf}"))?;
         let shape: Vec<usize> = t["shape"]
             .as_array()
             .ok_or("fixture: shape")?
@@ -192,8 +192,8 @@ fn load(p: &Path) -> Result<(), Failed> {
         taken.push(hf);
     }
     // Every other weight is there with its expected shape, and finite.
-    for (name, shape, required) in touchstone::gguf::model::expected_tensors(&cfg) {
-        let hf = touchstone::gguf::model::hf_name(&name).unwrap_or_default();
+    for (name, shape, required) in touchstone::model::gguf::expected_tensors(&cfg) {
+        let hf = touchstone::model::gguf::hf_name(&name).unwrap_or_default();
         if taken.contains(&hf) {
             continue;
         }
@@ -256,7 +256,12 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
     // Stage checks only: one engine run serves every golden copy.
     let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));
     let base = run_plan_on(&plan, &engine, &filter, &|id| id.to_string());
-    let failed: Vec<&str> = base.outcomes.iter().filter(|o| o.status == Status::Fail).map(|o| o.id.as_str()).collect();
+    let failed: Vec<&str> = base
+        .outcomes
+        .iter()
+        .filter(|o| o.status == Status::Fail)
+        .map(|o| o.id.as_str())
+        .collect();
     check(failed.is_empty(), || format!("the untampered goldens fail: {failed:?}"))?;
     eprintln!("untampered: {} checks pass", base.outcomes.len());
 
@@ -264,14 +269,20 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     type Block = Box<dyn Fn(&[usize]) -> bool>;
     let cases: [(&str, &str, Block); 3] = [
-        ("prefill/blk.0.q_rope", "head 3 at every position", Box::new(|i| i[1] == 3)),
+        (
+            "prefill/blk.0.q_rope",
+            "head 3 at every position",
+            Box::new(|i| i[1] == 3),
+        ),
         ("prefill/blk.0.attn_out", "row 7", Box::new(|i| i[0] == 7)),
         ("decode4/blk.0.ffn_out", "the step's row", Box::new(|_| true)),
     ];
     for (key, what, block) in cases {
         let f = read_safetensors(&hf).map_err(|e| e.to_string())?;
         let mut floats = f.floats;
-        let t = floats.get_mut(key).ok_or_else(|| format!("the HF golden has no {key}"))?;
+        let t = floats
+            .get_mut(key)
+            .ok_or_else(|| format!("the HF golden has no {key}"))?;
         let n = perturb(t, 1e-3, block.as_ref());
         let copy = tmp.path().join("hf.safetensors");
         write_safetensors(&copy, &floats, &f.ints, &f.metadata).map_err(|e| e.to_string())?;
@@ -284,14 +295,24 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
         let (step, stage) = key.split_once('/').unwrap();
         let suspect = r.suspect_golden.as_ref().map(|d| (d.step.as_str(), d.stage.as_str()));
         check(suspect == Some((step, stage)), || {
-            format!("{key} ({what}, {n} values) x1.001: suspect golden {suspect:?}, failures {:?}",
-                failed.iter().map(|o| &o.id).collect::<Vec<_>>())
+            format!(
+                "{key} ({what}, {n} values) x1.001: suspect golden {suspect:?}, failures {:?}",
+                failed.iter().map(|o| &o.id).collect::<Vec<_>>()
+            )
         })?;
-        check(r.first_divergence.is_none(), || format!("{key}: the engine is blamed: {:?}", r.first_divergence))?;
+        check(r.first_divergence.is_none(), || {
+            format!("{key}: the engine is blamed: {:?}", r.first_divergence)
+        })?;
         check(failed.iter().all(|o| o.id.starts_with(&format!("{key}::"))), || {
-            format!("{key}: failures elsewhere: {:?}", failed.iter().map(|o| &o.id).collect::<Vec<_>>())
+            format!(
+                "{key}: failures elsewhere: {:?}",
+                failed.iter().map(|o| &o.id).collect::<Vec<_>>()
+            )
         })?;
-        let ra = failed.iter().find(|o| o.check == "references_agree:oracle~hf").ok_or("no references_agree failure")?;
+        let ra = failed
+            .iter()
+            .find(|o| o.check == "references_agree:oracle~hf")
+            .ok_or("no references_agree failure")?;
         eprintln!(
             "{key} ({what}, {n} values) x1.001: earliest failure {key}::{} (golden suspect), hf's error {:.3e} > allowed {:.3e}",
             ra.check, ra.metrics["error_vs_oracle"], ra.metrics["allowed"]

@@ -196,7 +196,12 @@ fn scaled_fixture() -> Report {
             verdict(
                 status,
                 "engine error …",
-                &[("ratio", ratio), ("factor", 4.0), ("error_vs_oracle", ratio * 1e-6), ("allowed", 4e-6)],
+                &[
+                    ("ratio", ratio),
+                    ("factor", 4.0),
+                    ("error_vs_oracle", ratio * 1e-6),
+                    ("allowed", 4e-6),
+                ],
             ),
         )
     };

@@ -57,7 +57,11 @@ fn assert_suspect(key: &str, in_block: &dyn Fn(&[usize]) -> bool) {
     assert_eq!(o.code, 1, "{}", o.all());
     let run = &j["runs"][0];
     assert_eq!(at(&run["suspect_golden"]), (Some(step), Some(stage)), "{}", o.stdout);
-    assert!(run["first_divergence"].is_null(), "the engine is blamed: {}", run["first_divergence"]);
+    assert!(
+        run["first_divergence"].is_null(),
+        "the engine is blamed: {}",
+        run["first_divergence"]
+    );
     let ids = failing(&j);
     assert!(!ids.is_empty());
     for id in &ids {
@@ -101,7 +105,11 @@ fn with_one_reference_the_moved_stage_is_the_first_divergence() {
     }
     assert!(o.stdout.contains("FIRST DIVERGENCE"), "{}", o.stdout);
     assert!(o.stdout.contains("Greatest absolute difference"), "{}", o.stdout);
-    assert!(o.stdout.contains("--only 'prefill/blk.0.q_rope::golden:hf'"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("--only 'prefill/blk.0.q_rope::golden:hf'"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """numpy and torch, the peers of `touchstone bench compare`: the metrics of
-touchstone's comparator (src/compare.rs) on the same two tensors, in GB/s of
+touchstone's comparator (src/compare/mod.rs) on the same two tensors, in GB/s of
 input read, with the same JSON lines.
 
 usage: peer_compare.py {numpy,torch} A.npy B.npy --threads T [--reps R] [--once]

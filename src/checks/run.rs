@@ -40,9 +40,12 @@ fn determinism(plan: &Plan, engine: &dyn Engine, d: &DeterminismSpec) -> Result<
     };
     // Every stage the model has (no q_norm on a model without it), so any
     // engine can be asked for exactly what it computes.
-    let taps: TapSet = crate::stage::Stage::of_model(&plan.config, d.sampling.to_sampling() != crate::sampling::Sampling::Greedy)
-        .into_iter()
-        .collect();
+    let taps: TapSet = crate::stage::Stage::of_model(
+        &plan.config,
+        d.sampling.to_sampling() != crate::sampling::Sampling::Greedy,
+    )
+    .into_iter()
+    .collect();
     let first = run_engine(engine, &req(seed), &taps)?;
     for run in 2..=d.runs {
         let again = run_engine(engine, &req(seed), &taps)?;

@@ -237,7 +237,10 @@ pub fn judge_reference(policy: Policy, r: f64, fm: &FloorModel, u_ref: f64) -> J
 mod tests {
     use super::*;
 
-    const P: Policy = Policy { factor: 4.0, floor: 1.0 };
+    const P: Policy = Policy {
+        factor: 4.0,
+        floor: 1.0,
+    };
 
     #[test]
     fn the_floor_grows_with_the_reduction_and_the_magnitude() {
@@ -251,7 +254,12 @@ mod tests {
     #[test]
     fn the_engine_is_judged_against_the_larger_of_reference_error_and_floor() {
         // Reference error dominates.
-        let fm = |k, m| FloorModel { k, m, softmax_input: None, rope_position: None };
+        let fm = |k, m| FloorModel {
+            k,
+            m,
+            softmax_input: None,
+            rope_position: None,
+        };
         let j = judge_engine(P, 3.9e-5, 1e-5, &fm(64, 1.0), U_F32);
         assert!(j.passed() && (j.ratio() - 3.9).abs() < 1e-9);
         let j = judge_engine(P, 4.1e-5, 1e-5, &fm(64, 1.0), U_F32);
@@ -266,7 +274,12 @@ mod tests {
 
     #[test]
     fn a_reference_is_judged_by_its_own_unit_roundoff() {
-        let fm = FloorModel { k: 896, m: 10.0, softmax_input: None, rope_position: None };
+        let fm = FloorModel {
+            k: 896,
+            m: 10.0,
+            softmax_input: None,
+            rope_position: None,
+        };
         let r = 5e-3; // an 8-bit-activation reference's error
         assert!(!judge_reference(P, r, &fm, U_F32).passed());
         assert!(judge_reference(P, r, &fm, 1.0 / 256.0).passed());
@@ -274,14 +287,25 @@ mod tests {
 
     #[test]
     fn a_softmax_inherits_the_rounding_of_large_scores() {
-        let plain = FloorModel { k: 24, m: 1.0, softmax_input: None, rope_position: None };
-        let probs = FloorModel { softmax_input: Some((64, 1000.0)), ..plain };
+        let plain = FloorModel {
+            k: 24,
+            m: 1.0,
+            softmax_input: None,
+            rope_position: None,
+        };
+        let probs = FloorModel {
+            softmax_input: Some((64, 1000.0)),
+            ..plain
+        };
         // Scores of 1000 rounded in f32 move probabilities by ~2·u·9·1000 ≈ 1e-3.
         let f = probs.floor(1.0, U_F32, U_F32);
         assert!(f > 1e-3 && f < 1.2e-3, "{f}");
         assert!(plain.floor(1.0, U_F32, U_F32) < 1e-6);
         // A rotation at position 350 carries 350 roundings of the angle.
-        let rope = FloorModel { rope_position: Some(350), ..plain };
+        let rope = FloorModel {
+            rope_position: Some(350),
+            ..plain
+        };
         assert!((rope.floor(1.0, U_F32, U_F32) - plain.floor(1.0, U_F32, U_F32) - 350.0 * U_F32).abs() < 1e-12);
     }
 

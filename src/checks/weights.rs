@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::checks::Verdict;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gguf::{self, GgufFile};
+use crate::gguf::GgufFile;
 use crate::model::{fused, ModelConfig};
 use crate::tensor::{DType, Tensor};
 
@@ -79,7 +79,7 @@ fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTree
             .collect();
         files.sort();
         for f in files {
-            let tf = crate::tensor_io::read_safetensors(&f)?;
+            let tf = crate::tensor::io::read_safetensors(&f)?;
             for (name, t) in &tf.floats {
                 if !is_buffer(name) {
                     add(name.clone(), t);
@@ -96,9 +96,9 @@ fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTree
                 _ => None,
             };
             if let Some(h) = heads {
-                t = gguf::model::unpermute_rows(t, h);
+                t = crate::model::gguf::unpermute_rows(t, h);
             }
-            let mut name = gguf::model::hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+            let mut name = crate::model::gguf::hf_name(&info.name).unwrap_or_else(|| info.name.clone());
             if cfg.arch == "phi3" && name.ends_with(".mlp.up_proj.weight") {
                 name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
             }

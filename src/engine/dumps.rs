@@ -14,7 +14,7 @@ use super::output::read_run;
 use super::{Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
-use crate::tensor_io::TensorFile;
+use crate::tensor::io::TensorFile;
 
 const NAME: &str = "dumps";
 
@@ -44,7 +44,7 @@ impl DumpsEngine {
 fn read_dumps(path: &Path) -> Result<TensorFile> {
     let fail = |msg: String| Error::engine(NAME, format!("{}: {msg}", path.display()));
     if path.is_file() {
-        return crate::tensor_io::read_safetensors(path);
+        return crate::tensor::io::read_safetensors(path);
     }
     if !path.is_dir() {
         return Err(fail("no such file or folder".into()));
@@ -63,13 +63,16 @@ fn read_dumps(path: &Path) -> Result<TensorFile> {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     match st.as_slice() {
-        [one] => return crate::tensor_io::read_safetensors(one),
+        [one] => return crate::tensor::io::read_safetensors(one),
         [] => {}
         many => {
             return Err(fail(format!(
                 "{} safetensors files; give the one to check: {}",
                 many.len(),
-                many.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                many.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )))
         }
     }
@@ -79,10 +82,17 @@ fn read_dumps(path: &Path) -> Result<TensorFile> {
     };
     let mut floats = BTreeMap::new();
     for step_dir in top.iter().filter(|p| p.is_dir()) {
-        let step = step_dir.file_name().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-        for f in entries(step_dir)?.into_iter().filter(|p| p.extension().is_some_and(|x| x == "npy")) {
+        let step = step_dir
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        for f in entries(step_dir)?
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "npy"))
+        {
             let name = f.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-            let t = crate::tensor_io::read_npy(&f)?;
+            let t = crate::tensor::io::read_npy(&f)?;
             let (_, tensor) = t
                 .floats
                 .into_iter()
@@ -93,7 +103,7 @@ fn read_dumps(path: &Path) -> Result<TensorFile> {
     }
     let tokens = path.join("tokens.npy");
     if tokens.is_file() {
-        let t = crate::tensor_io::read_npy(&tokens)?;
+        let t = crate::tensor::io::read_npy(&tokens)?;
         if let Some((_, v)) = t.ints.into_iter().next() {
             out.ints.insert("tokens".into(), v);
         } else if let Some((_, f)) = t.floats.into_iter().next() {

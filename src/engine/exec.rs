@@ -250,7 +250,9 @@ impl ExecEngine {
     fn kill(&self, p: &mut Proc, what: &str, why: String) -> Error {
         let _ = p.child.kill();
         let _ = p.child.wait();
-        p.dead = Some(format!("the engine is not usable any more: an earlier request failed: {why}"));
+        p.dead = Some(format!(
+            "the engine is not usable any more: an earlier request failed: {why}"
+        ));
         Error::engine(&self.spec.name, format!("{what}: {why}{}", log_note(p)))
     }
 }
@@ -277,7 +279,11 @@ fn log_note(p: &Proc) -> String {
     let text = String::from_utf8_lossy(&log);
     let lines: Vec<&str> = text.lines().collect();
     let tail = &lines[lines.len().saturating_sub(20)..];
-    format!("\nthe engine's stderr (last {} lines):\n  {}", tail.len(), tail.join("\n  "))
+    format!(
+        "\nthe engine's stderr (last {} lines):\n  {}",
+        tail.len(),
+        tail.join("\n  ")
+    )
 }
 
 fn clip(s: &str, n: usize) -> String {
@@ -326,10 +332,13 @@ impl Engine for ExecEngine {
                 "out": out,
             }),
         )?;
-        let file = crate::tensor_io::read_safetensors(&out).map_err(|e| {
+        let file = crate::tensor::io::read_safetensors(&out).map_err(|e| {
             Error::engine(
                 &self.spec.name,
-                format!("`{}` answered `run` with ok, but its output is not usable: {e}", self.spec.name),
+                format!(
+                    "`{}` answered `run` with ok, but its output is not usable: {e}",
+                    self.spec.name
+                ),
             )
         })?;
         let _ = std::fs::remove_file(&out);

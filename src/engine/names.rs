@@ -5,7 +5,7 @@
 //! number of values in another shape (`[T, H·D]` for q) is viewed in the
 //! canonical shape; without it, its shape is checked as it is.
 
-use crate::spec::StageTemplate;
+use crate::stage::pattern::StageTemplate;
 use crate::stage::Stage;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -99,10 +99,21 @@ mod tests {
 
     #[test]
     fn engine_names_map_onto_canonical_stages() {
-        let m = map(&[("layers.{i}.attn.q_proj.out", "blk.{i}.q", true), ("final_norm", "output_norm", false)]).unwrap();
-        assert_eq!(m.resolve("layers.12.attn.q_proj.out"), Some((Stage::Block(12, BlockStage::Q), true)));
+        let m = map(&[
+            ("layers.{i}.attn.q_proj.out", "blk.{i}.q", true),
+            ("final_norm", "output_norm", false),
+        ])
+        .unwrap();
+        assert_eq!(
+            m.resolve("layers.12.attn.q_proj.out"),
+            Some((Stage::Block(12, BlockStage::Q), true))
+        );
         assert_eq!(m.resolve("final_norm"), Some((Stage::OutputNorm, false)));
-        assert_eq!(m.resolve("blk.0.k"), Some((Stage::Block(0, BlockStage::K), false)), "canonical passes");
+        assert_eq!(
+            m.resolve("blk.0.k"),
+            Some((Stage::Block(0, BlockStage::K), false)),
+            "canonical passes"
+        );
         assert_eq!(m.resolve("layers.x.attn.q_proj.out"), None);
         assert_eq!(m.resolve("layers..attn.q_proj.out"), None);
         assert_eq!(m.resolve("something_else"), None);

@@ -11,10 +11,10 @@ use super::names::NameMap;
 use super::{Captures, RunOutput, RunRequest};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
-use crate::plan::canonical_shape;
+use crate::stage::shape::canonical_shape;
 use crate::stage::Step;
+use crate::tensor::io::TensorFile;
 use crate::tensor::Tensor;
-use crate::tensor_io::TensorFile;
 
 /// (T, S) of `step` for a request with a prompt of `prompt_len` tokens.
 fn step_dims(prompt_len: usize, step: Step) -> (usize, usize) {
@@ -79,7 +79,13 @@ pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &Run
         .iter()
         .map(|&v| u32::try_from(v).ok().filter(|&x| (x as usize) < cfg.vocab))
         .collect::<Option<Vec<u32>>>()
-        .ok_or_else(|| bad(format!("`tokens` {:?} holds an id outside the vocabulary of {}", &ids[..n], cfg.vocab)))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "`tokens` {:?} holds an id outside the vocabulary of {}",
+                &ids[..n],
+                cfg.vocab
+            ))
+        })?;
     let positions = Step::sequence(req.decode_steps)
         .into_iter()
         .map(|st| {
@@ -112,5 +118,5 @@ pub fn write_run(path: &Path, out: &RunOutput, metadata: &BTreeMap<String, Strin
     )]
     .into_iter()
     .collect();
-    crate::tensor_io::write_safetensors(path, &floats, &ints, metadata)
+    crate::tensor::io::write_safetensors(path, &floats, &ints, metadata)
 }

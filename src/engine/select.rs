@@ -32,7 +32,9 @@ impl EngineSel {
         }
         if let Some(p) = arg.strip_prefix("dumps:") {
             if p.is_empty() {
-                return Err(usage("dumps: needs a path, e.g. --engine dumps:out/run.safetensors".into()));
+                return Err(usage(
+                    "dumps: needs a path, e.g. --engine dumps:out/run.safetensors".into(),
+                ));
             }
             return Ok(vec![EngineSel::Dumps(PathBuf::from(p))]);
         }
@@ -129,5 +131,7 @@ fn declared(spec: &Spec, name: &str) -> EngineSel {
 }
 
 fn quote(s: &str) -> String {
-    shlex::try_quote(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string())
+    shlex::try_quote(s)
+        .map(|c| c.into_owned())
+        .unwrap_or_else(|_| s.to_string())
 }

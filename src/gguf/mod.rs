@@ -19,10 +19,9 @@
 //!   row permutation for Llama.
 //! - [`writer`] writes small GGUF files (tests and fixtures).
 
-pub mod inspect;
-pub mod model;
 pub mod quant;
 mod reader;
+pub mod summary;
 #[cfg(test)]
 mod tests;
 pub mod writer;

@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::model::{permute_rows, unpermute_rows};
-use super::writer::{model_writer, GgufWriter};
+use super::writer::GgufWriter;
 use super::*;
 use crate::engine::{RunRequest, TapSet};
+use crate::model::gguf::model_writer;
+use crate::model::gguf::{permute_rows, unpermute_rows};
 use crate::model::{self as tmodel, LoadOptions};
 use crate::sampling::Sampling;
 

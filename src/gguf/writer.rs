@@ -1,18 +1,12 @@
 //! A small GGUF writer, for tests and fixtures: metadata and tensors (F32,
 //! F16, BF16, Q8_0, or raw bytes of any type id), laid out with the alignment
-//! `general.alignment` asks for (default 32). `model_writer` turns an HF-named
-//! model into a GGUF the way llama.cpp's converter does (names, metadata, the
-//! Llama Q/K row permutation) — without a tokenizer beyond placeholder tokens.
+//! `general.alignment` asks for (default 32). `crate::model::gguf::model_writer`
+//! turns an HF-named model into a GGUF with it.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use half::{bf16, f16};
 
-use crate::model::ModelConfig;
-use crate::tensor::Tensor;
-
-use super::model::{gguf_name, permute_rows};
 use super::{GgmlType, Value, DEFAULT_ALIGNMENT, MAGIC};
 
 #[derive(Clone, Debug)]
@@ -170,54 +164,4 @@ pub fn quantize_q8_0(data: &[f32]) -> Vec<u8> {
         out.extend(block.iter().map(|x| (x * id).round() as i8 as u8));
     }
     out
-}
-
-/// A GGUF of an HF-named model, as llama.cpp's converter writes it: GGUF names,
-/// `{arch}.*` metadata, placeholder tokens (`<0>`, `<1>`, ...), and for
-/// `cfg.arch == "llama"` the Q/K rows permuted. Tensors with no GGUF name are
-/// skipped; the head is omitted when `cfg.tie_embeddings`.
-pub fn model_writer(cfg: &ModelConfig, tensors: &BTreeMap<String, Tensor>, ty: GgmlType) -> GgufWriter {
-    let mut w = GgufWriter::new();
-    let a = cfg.arch.as_str();
-    w.kv("general.architecture", Value::String(a.into()))
-        .kv("general.name", Value::String(format!("touchstone test {a}")))
-        .kv(&format!("{a}.block_count"), Value::U32(cfg.layers as u32))
-        .kv(&format!("{a}.context_length"), Value::U32(256))
-        .kv(&format!("{a}.embedding_length"), Value::U32(cfg.hidden as u32))
-        .kv(&format!("{a}.feed_forward_length"), Value::U32(cfg.ffn as u32))
-        .kv(&format!("{a}.attention.head_count"), Value::U32(cfg.heads as u32))
-        .kv(&format!("{a}.attention.head_count_kv"), Value::U32(cfg.kv_heads as u32))
-        .kv(&format!("{a}.attention.key_length"), Value::U32(cfg.head_dim as u32))
-        .kv(&format!("{a}.attention.value_length"), Value::U32(cfg.head_dim as u32))
-        .kv(&format!("{a}.rope.freq_base"), Value::F32(cfg.rope_theta as f32))
-        .kv(
-            &format!("{a}.attention.layer_norm_rms_epsilon"),
-            Value::F32(cfg.rms_eps as f32),
-        )
-        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv(
-            "tokenizer.ggml.tokens",
-            Value::Array(
-                super::ValueType::String,
-                (0..cfg.vocab).map(|i| Value::String(format!("<{i}>"))).collect(),
-            ),
-        );
-    for (hf, t) in tensors {
-        if hf == "lm_head.weight" && cfg.tie_embeddings {
-            continue;
-        }
-        let Some(name) = gguf_name(hf) else { continue };
-        let mut t = t.clone();
-        if a == "llama" {
-            if name.contains(".attn_q.") {
-                t = permute_rows(t, cfg.heads);
-            } else if name.contains(".attn_k.") {
-                t = permute_rows(t, cfg.kv_heads);
-            }
-        }
-        // Norms and biases stay F32, as llama.cpp keeps 1-D tensors.
-        let ty = if t.shape().len() == 1 { GgmlType::F32 } else { ty };
-        w.tensor(&name, ty, t.shape(), t.data());
-    }
-    w
 }

@@ -1,8 +1,10 @@
 //! Model description and weights, independent of any engine, and the one entry
 //! point for reading a model: an HF folder (`config.json` + `*.safetensors`) or
 //! a `.gguf` file.
+pub mod cache;
 pub mod config;
 pub mod fused;
+pub mod gguf;
 pub mod weights;
 
 use std::path::Path;
@@ -11,7 +13,7 @@ pub use config::ModelConfig;
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
-use crate::gguf::{self, GgufFile};
+use crate::gguf::GgufFile;
 
 /// How a model is loaded.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -83,7 +85,7 @@ fn format_of(path: &Path) -> Result<Format> {
     })?;
     if meta.is_dir() {
         Ok(Format::HfDir)
-    } else if gguf::is_gguf_path(path) {
+    } else if crate::gguf::is_gguf_path(path) {
         Ok(Format::Gguf)
     } else {
         Err(Error::model(
@@ -97,7 +99,7 @@ fn format_of(path: &Path) -> Result<Format> {
 pub fn read_config(path: &Path) -> Result<ModelConfig> {
     match format_of(path)? {
         Format::HfDir => ModelConfig::from_hf_dir(path),
-        Format::Gguf => gguf::model::config(&GgufFile::open(path)?),
+        Format::Gguf => gguf::config(&GgufFile::open(path)?),
     }
 }
 
@@ -108,8 +110,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
         Format::HfDir => (ModelConfig::from_hf_dir(path)?, Weights::from_hf_dir(path)?),
         Format::Gguf => {
             let f = GgufFile::open(path)?;
-            let cfg = gguf::model::config(&f)?;
-            let ws = gguf::model::weights(&f, &cfg, opts)?;
+            let cfg = gguf::config(&f)?;
+            let ws = gguf::weights(&f, &cfg, opts)?;
             (cfg, ws)
         }
     };

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::tensor::io::read_safetensors;
 use crate::tensor::Tensor;
-use crate::tensor_io::read_safetensors;
 
 #[derive(Debug)]
 pub struct Weights {

@@ -235,7 +235,10 @@ fn ratio_plot(
         .map(|(k, check)| Series {
             name: match check.strip_prefix("references_agree:oracle~") {
                 Some(r) => format!("{r} vs oracle / its floor"),
-                None => format!("engine error / {}'s error ({check})", check.trim_start_matches("golden:")),
+                None => format!(
+                    "engine error / {}'s error ({check})",
+                    check.trim_start_matches("golden:")
+                ),
             },
             color: PALETTE[k % PALETTE.len()],
             points: stages

@@ -137,8 +137,9 @@ impl SuiteRun {
             .filter_map(|o| o.at)
             .collect();
         for o in outcomes.iter_mut() {
-            o.at_suspect_golden =
-                o.status == Status::Fail && (o.is_golden() || o.is_references_agree()) && o.at.is_some_and(|a| suspect_at.contains(&a));
+            o.at_suspect_golden = o.status == Status::Fail
+                && (o.is_golden() || o.is_references_agree())
+                && o.at.is_some_and(|a| suspect_at.contains(&a));
         }
         let suspect_golden = outcomes
             .iter()
@@ -160,7 +161,10 @@ impl SuiteRun {
         if let Some((at, i)) = first {
             outcomes[i].first_divergence = true;
             let label = format!("{}/{}", at.0, at.1);
-            for o in outcomes.iter_mut().filter(|o| o.status == Status::Fail && !o.at_suspect_golden) {
+            for o in outcomes
+                .iter_mut()
+                .filter(|o| o.status == Status::Fail && !o.at_suspect_golden)
+            {
                 if o.at.is_some_and(|a| a > at) {
                     o.downstream_of = Some(label.clone());
                 }

@@ -171,7 +171,9 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
                 format!("{passed}/{}", outs.len())
             );
             if scaled {
-                let e = outs.iter().find_map(|o| o.metrics.get("error_vs_oracle").filter(|_| o.is_golden()));
+                let e = outs
+                    .iter()
+                    .find_map(|o| o.metrics.get("error_vs_oracle").filter(|_| o.is_golden()));
                 let _ = write!(line, "  {:>10}", e.map_or("-".to_string(), |v| format!("{v:.2e}")));
             }
             for s in &sources {

@@ -9,9 +9,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::pattern::StageTemplate;
 use super::SamplingSpec;
-use crate::checks::invariants::RopeStyle;
+use crate::stage::pattern::StageTemplate;
+use crate::stage::RopeStyle;
 use crate::suggest;
 
 pub const STAGE_CHECKS: [&str; 7] = [

@@ -5,7 +5,6 @@
 
 pub mod checks;
 pub mod limits;
-pub mod pattern;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,8 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+pub use crate::stage::pattern::{StagePattern, StageTemplate};
 pub use checks::{DeterminismSpec, KvCacheSpec, RunCheck, StageCheck};
-pub use pattern::{StagePattern, StageTemplate};
 
 use crate::error::{Error, Result};
 use crate::sampling::Sampling;
@@ -29,7 +28,7 @@ pub struct Spec {
     pub name: String,
     pub model: PathBuf,
     /// The name after `cache:` when the spec's model lives in touchstone's
-    /// cache (`crate::cache`), for the "how to fetch it" hint.
+    /// cache (`crate::model::cache`), for the "how to fetch it" hint.
     pub cached_model: Option<String>,
     /// Golden source name (`hf`, `llama.cpp`, ...) → golden file.
     pub goldens: BTreeMap<String, PathBuf>,
@@ -427,15 +426,15 @@ impl Spec {
             model: match raw
                 .model
                 .to_str()
-                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+                .and_then(|m| m.strip_prefix(crate::model::cache::MODEL_PREFIX))
             {
-                Some(name) => crate::cache::model_path(name),
+                Some(name) => crate::model::cache::model_path(name),
                 None => dir.join(&raw.model),
             },
             cached_model: raw
                 .model
                 .to_str()
-                .and_then(|m| m.strip_prefix(crate::cache::MODEL_PREFIX))
+                .and_then(|m| m.strip_prefix(crate::model::cache::MODEL_PREFIX))
                 .map(str::to_string),
             goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
             oracle: raw.oracle.map(|o| dir.join(o)),
@@ -482,13 +481,17 @@ impl Spec {
     fn validate_engines(&self, text: &str) -> Result<()> {
         for (name, d) in &self.engines {
             let ok_chars = !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
             let why = if matches!(name.as_str(), "cpu" | "cuda" | "cuda-emu" | "all" | "exec" | "dumps") {
                 Some(format!("`{name}` is a built-in engine name; choose another"))
             } else if !ok_chars {
                 Some(format!("engine name `{name}`: use letters, digits, `_`, `-` and `.`"))
             } else if d.exec.is_empty() || d.exec[0].is_empty() {
-                Some(format!("engines.{name}.exec needs a command, e.g. [python3, my_engine.py]"))
+                Some(format!(
+                    "engines.{name}.exec needs a command, e.g. [python3, my_engine.py]"
+                ))
             } else if d.timeout_s == Some(0.0) {
                 Some(format!("engines.{name}.timeout_s is 0: every request would time out"))
             } else {

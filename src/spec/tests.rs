@@ -131,13 +131,24 @@ fn err_text(text: &str) -> String {
 #[test]
 fn oracle_and_scaled_are_validated() {
     let with = |extra: &str| format!("{GOOD}{extra}");
-    let s = parse(&with("oracle: ../goldens/qwen2-tiny/oracle.safetensors\nscaled: {factor: 3}\n")).unwrap();
-    assert_eq!(s.oracle.as_deref(), Some(Path::new("specs/../goldens/qwen2-tiny/oracle.safetensors")));
-    assert_eq!((s.scaled.factor, s.scaled.floor), (3.0, crate::checks::scaled::DEFAULT_FLOOR));
+    let s = parse(&with(
+        "oracle: ../goldens/qwen2-tiny/oracle.safetensors\nscaled: {factor: 3}\n",
+    ))
+    .unwrap();
+    assert_eq!(
+        s.oracle.as_deref(),
+        Some(Path::new("specs/../goldens/qwen2-tiny/oracle.safetensors"))
+    );
+    assert_eq!(
+        (s.scaled.factor, s.scaled.floor),
+        (3.0, crate::checks::scaled::DEFAULT_FLOOR)
+    );
     assert!(err_text(&with("scaled: {factor: 3}\n")).contains("no `oracle:`"));
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {factor: 0.5}\n")).contains("below 1"));
-    assert!(err_text(&with("oracle: o.safetensors\nscaled: {unit_roundoff: {llama: 0.004}}\n"))
-        .contains("not declared under `goldens:`"));
+    assert!(err_text(&with(
+        "oracle: o.safetensors\nscaled: {unit_roundoff: {llama: 0.004}}\n"
+    ))
+    .contains("not declared under `goldens:`"));
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {unit_roundoff: {hf: 2}}\n")).contains("in (0, 1)"));
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {factr: 3}\n")).contains("unknown field"));
     let renamed = GOOD.replace("  hf: ../goldens/qwen2-tiny/hf.safetensors", "  hf: a\n  oracle: b");
@@ -152,7 +163,10 @@ fn engines_and_names_are_validated() {
     ))
     .unwrap();
     assert_eq!(s.engines["mine"].exec, ["python3", "e.py"]);
-    assert_eq!(s.names.resolve("layers.3.q"), Some((Stage::Block(3, BlockStage::Q), false)));
+    assert_eq!(
+        s.names.resolve("layers.3.q"),
+        Some((Stage::Block(3, BlockStage::Q), false))
+    );
     assert_eq!(s.names.resolve("final"), Some((Stage::OutputNorm, true)));
     assert!(err_text(&with("engines:\n  cpu: {exec: [x]}\n")).contains("built-in engine name"));
     assert!(err_text(&with("engines:\n  \"a b\": {exec: [x]}\n")).contains("use letters"));

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use touchstone::tensor::io::{read_safetensors, write_safetensors};
 use touchstone::tensor::Tensor;
-use touchstone::tensor_io::{read_safetensors, write_safetensors};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -138,6 +138,11 @@ pub fn stage_verdicts(j: &serde_json::Value) -> Vec<(String, String)> {
         .unwrap()
         .iter()
         .filter(|c| !c["id"].as_str().unwrap().starts_with("run::"))
-        .map(|c| (c["id"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["status"].as_str().unwrap().to_string(),
+            )
+        })
         .collect()
 }

@@ -99,7 +99,7 @@ impl TinyEngine {
         if !matches!(cfg.arch.as_str(), "qwen2" | "llama") || cfg.qk_norm {
             return Err(bad(format!("supports qwen2 and llama, not {}", cfg.arch)));
         }
-        let file = touchstone::tensor_io::read_safetensors(&model.join("model.safetensors"))?;
+        let file = touchstone::tensor::io::read_safetensors(&model.join("model.safetensors"))?;
         let mut w: BTreeMap<String, Tensor> = file.floats;
         let mut take = |name: &str| -> Result<Vec<f32>> {
             w.remove(name)
@@ -109,7 +109,11 @@ impl TinyEngine {
         let (e, d) = (cfg.hidden, cfg.head_dim);
         let mut lin = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
             let w = take(&format!("{name}.weight"))?;
-            let b = if bias { Some(take(&format!("{name}.bias"))?) } else { None };
+            let b = if bias {
+                Some(take(&format!("{name}.bias"))?)
+            } else {
+                None
+            };
             Ok(Linear { w, b, rows, cols })
         };
         let bias = cfg.arch == "qwen2";
@@ -282,7 +286,8 @@ struct Tap<'a> {
 impl Tap<'_> {
     fn put(&mut self, stage: Stage, shape: &[usize], data: &[f32]) {
         if self.taps.contains(stage) {
-            self.caps.insert(self.step, stage, Tensor::new(shape.to_vec(), data.to_vec()));
+            self.caps
+                .insert(self.step, stage, Tensor::new(shape.to_vec(), data.to_vec()));
         }
     }
 }

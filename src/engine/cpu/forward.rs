@@ -19,8 +19,8 @@ use crate::tensor::{DType, Tensor};
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::{Linear, ModelWeights};
-use super::mutants::{Mutant, Mutants};
 use super::matmul::matmul_wt;
+use super::mutants::{Mutant, Mutants};
 use super::ops::{add, rmsnorm_over, silu_mul, Rope};
 use crate::model::ModelConfig;
 

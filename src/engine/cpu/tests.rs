@@ -55,7 +55,10 @@ fn runs_with_all_taps_in_canonical_shapes() {
         assert_eq!(out.sampled[i], crate::sampling::argmax(last));
     }
     let fed = out.captures.get(Step::Decode(1), Stage::Embed).unwrap();
-    assert_eq!(fed.data(), &eng.weights.embed.data()[out.sampled[0] as usize * E..][..E]);
+    assert_eq!(
+        fed.data(),
+        &eng.weights.embed.data()[out.sampled[0] as usize * E..][..E]
+    );
 }
 
 #[test]
@@ -189,7 +192,9 @@ fn tied_head_uses_embeddings_and_untied_head_differs() {
     let lg = a.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
     // logits[t, v] = output_norm[t] · embed[v]
     for (t, vv) in [(0, 0), (2, V - 1), (1, 17)] {
-        let want: f32 = (0..E).map(|i| xn[t * E + i] * tied.weights.embed.data()[vv * E + i]).sum();
+        let want: f32 = (0..E)
+            .map(|i| xn[t * E + i] * tied.weights.embed.data()[vv * E + i])
+            .sum();
         assert!((lg[t * V + vv] - want).abs() < 1e-5);
     }
     let b = untied.run(&r, &taps).unwrap();

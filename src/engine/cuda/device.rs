@@ -153,7 +153,8 @@ where
         let f = load_funcs::<T>(&dev)?;
         let up = |v: &[f32]| {
             let h: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-            dev.upload("weight", &h).map_err(|e| dev.err(format!("weight upload: {e}")))
+            dev.upload("weight", &h)
+                .map_err(|e| dev.err(format!("weight upload: {e}")))
         };
         let lin = |l: &Linear| -> Result<DevLinear<T>> {
             Ok(DevLinear {
@@ -217,7 +218,10 @@ where
         let dst = buf.arg_mut().as_bits(wide);
         // SAFETY: fill_u32(unsigned* x, unsigned bits, long long n) or fill_u16(unsigned
         // short* x, unsigned short bits, long long n) over the n elements of buf, by S's width.
-        unsafe { self.dev.launch(k, launch::elementwise(g.total()), &mut [dst, bits, n.into()]) }?;
+        unsafe {
+            self.dev
+                .launch(k, launch::elementwise(g.total()), &mut [dst, bits, n.into()])
+        }?;
         Ok(GBuf { buf, g })
     }
 
@@ -633,7 +637,8 @@ where
 
             // Append this step's keys (after RoPE) and values to the cache.
             let span = pos0 * kvd..s * kvd;
-            self.dev.copy(k_rope.view(), &mut st.k_cache[l].view_mut(span.clone()))?;
+            self.dev
+                .copy(k_rope.view(), &mut st.k_cache[l].view_mut(span.clone()))?;
             self.dev.copy(vv.view(), &mut st.v_cache[l].view_mut(span))?;
 
             let want_probs = tc.taps.contains(stg(B::AttnProbs));
@@ -744,8 +749,11 @@ where
             None => {
                 // SAFETY: argmax_T(x [n], n, out [1]).
                 unsafe {
-                    self.dev
-                        .launch(&self.f.argmax, launch::argmax(), &mut [last.arg(), n.into(), tok.arg_mut()])
+                    self.dev.launch(
+                        &self.f.argmax,
+                        launch::argmax(),
+                        &mut [last.arg(), n.into(), tok.arg_mut()],
+                    )
                 }?;
             }
             Some(r) => {

@@ -61,7 +61,9 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
     let names: HashMap<String, String> = kernel_names().into_iter().collect();
     for f in compile::FILES {
         for k in f.kernels {
-            let sig = names.get(*k).unwrap_or_else(|| panic!("{k} ({}) is not emulated", f.name));
+            let sig = names
+                .get(*k)
+                .unwrap_or_else(|| panic!("{k} ({}) is not emulated", f.name));
             assert!(!sig.is_empty(), "{k}");
         }
     }
@@ -70,7 +72,12 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
         names["attention_decode_f16"],
         "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32"
     );
-    for v in ["planted_softmax_max", "planted_gqa_modulo", "planted_rope_pair", "planted_oob_store"] {
+    for v in [
+        "planted_softmax_max",
+        "planted_gqa_modulo",
+        "planted_rope_pair",
+        "planted_oob_store",
+    ] {
         assert!(names.keys().any(|k| k.starts_with(&format!("{v}/"))), "{v}");
     }
 }
@@ -110,10 +117,18 @@ fn embedding_is_a_bitwise_gather() {
         let (table, _) = stored::<S>(&data(v * e, 1, 2.0));
         let tokens: Vec<u32> = vec![3, 0, 10, 3, 7];
         let emu = Emu::new();
-        let (tb, tk, out) = (emu.upload("table", &table), emu.upload("tokens", &tokens), emu.alloc::<S>("out", 5 * e));
+        let (tb, tk, out) = (
+            emu.upload("table", &table),
+            emu.upload("tokens", &tokens),
+            emu.alloc::<S>("out", 5 * e),
+        );
         let args = [tb.arg(), tk.arg(), out.arg(), 5i32.into(), (e as i32).into()];
-        emu.launch(&emu_kernel::<S>("embedding"), launch::elementwise(5 * e).into(), &args).unwrap();
-        let want: Vec<S> = tokens.iter().flat_map(|&t| table[t as usize * e..][..e].to_vec()).collect();
+        emu.launch(&emu_kernel::<S>("embedding"), launch::elementwise(5 * e).into(), &args)
+            .unwrap();
+        let want: Vec<S> = tokens
+            .iter()
+            .flat_map(|&t| table[t as usize * e..][..e].to_vec())
+            .collect();
         assert!(bits_eq(&out.to_vec(), &want), "embedding_{}", S::SUFFIX);
     }
     run::<f32>();
@@ -133,16 +148,24 @@ fn rmsnorm_matches_the_cpu_engine_within_the_summation_order() {
         let (w, ww) = stored::<S>(&data(width, 3, 1.5));
         let cpu = ops::rmsnorm_over(&xw, width, &ww, 1e-6, width);
         let emu = Emu::new();
-        let (xb, wb, ob) = (emu.upload("x", &x), emu.upload("w", &w), emu.alloc::<S>("out", rows * width));
+        let (xb, wb, ob) = (
+            emu.upload("x", &x),
+            emu.upload("w", &w),
+            emu.alloc::<S>("out", rows * width),
+        );
         let args = [xb.arg(), wb.arg(), ob.arg(), (width as i32).into(), 1e-6f32.into()];
-        emu.launch(&emu_kernel::<S>("rmsnorm"), launch::per_row(rows, width).into(), &args).unwrap();
+        emu.launch(&emu_kernel::<S>("rmsnorm"), launch::per_row(rows, width).into(), &args)
+            .unwrap();
         let got = ob.to_vec();
         let mut worst = 0.0f64;
         for (i, (&g, &c)) in got.iter().zip(&cpu).enumerate() {
             if S::DTYPE == crate::tensor::DType::F32 {
                 let (g, c) = (g.to_f32() as f64, c as f64);
                 let bound = ((width - 1) as f64 * U + 8.0 * U) * c.abs();
-                assert!((g - c).abs() <= bound, "rmsnorm_f32 w={width} [{i}]: {g:e} vs {c:e} (bound {bound:e})");
+                assert!(
+                    (g - c).abs() <= bound,
+                    "rmsnorm_f32 w={width} [{i}]: {g:e} vs {c:e} (bound {bound:e})"
+                );
                 worst = worst.max((g - c).abs() / c.abs().max(1e-30));
             } else {
                 let d = ulps(g, S::from_f32(c));
@@ -187,7 +210,8 @@ fn run_rope<S: Storage + EmuType>(kernel: &str, x: &[S], rows: usize, heads: usi
         (d as i32).into(),
         (pos0 as i32).into(),
     ];
-    emu.launch(kernel, launch::elementwise(rows * heads * d / 2).into(), &args).unwrap();
+    emu.launch(kernel, launch::elementwise(rows * heads * d / 2).into(), &args)
+        .unwrap();
     ob.to_vec()
 }
 
@@ -204,7 +228,11 @@ fn rope_is_bitwise_the_cpu_engines() {
         let (rows, heads, d, pos0) = (5, 3, 16, 4);
         let (x, xw) = stored::<S>(&data(rows * heads * d, 4, 2.0));
         let got = run_rope::<S>(&emu_kernel::<S>("rope_neox"), &x, rows, heads, d, pos0);
-        assert!(bits_eq(&got, &cpu_rope::<S>(&xw, rows, heads, d, pos0)), "rope_neox_{}", S::SUFFIX);
+        assert!(
+            bits_eq(&got, &cpu_rope::<S>(&xw, rows, heads, d, pos0)),
+            "rope_neox_{}",
+            S::SUFFIX
+        );
         // Interleaved pairs (2j, 2j+1) = NEOX pairs (j, j + D/2) of the
         // de-interleaved head: permute in, run, permute back.
         let half = d / 2;
@@ -224,8 +252,19 @@ fn rope_is_bitwise_the_cpu_engines() {
             }
             o
         };
-        let got = run_rope::<S>(&emu_kernel::<S>("rope_interleaved"), &perm(&x, false), rows, heads, d, pos0);
-        assert!(bits_eq(&perm(&got, true), &cpu_rope::<S>(&xw, rows, heads, d, pos0)), "rope_interleaved_{}", S::SUFFIX);
+        let got = run_rope::<S>(
+            &emu_kernel::<S>("rope_interleaved"),
+            &perm(&x, false),
+            rows,
+            heads,
+            d,
+            pos0,
+        );
+        assert!(
+            bits_eq(&perm(&got, true), &cpu_rope::<S>(&xw, rows, heads, d, pos0)),
+            "rope_interleaved_{}",
+            S::SUFFIX
+        );
     }
     run::<f32>();
     run::<f16>();
@@ -246,16 +285,34 @@ fn elementwise_kernels_are_bitwise_the_cpu_engines() {
         let cfg: LaunchConfig = launch::elementwise(n).into();
         // add
         let out = emu.alloc::<S>("out", n);
-        emu.launch(&emu_kernel::<S>("add"), cfg, &[ab.arg(), bb.arg(), out.arg(), (n as i64).into()]).unwrap();
+        emu.launch(
+            &emu_kernel::<S>("add"),
+            cfg,
+            &[ab.arg(), bb.arg(), out.arg(), (n as i64).into()],
+        )
+        .unwrap();
         assert!(bits_eq(&out.to_vec(), &round(ops::add(&aw, &bw))), "add_{}", S::SUFFIX);
         // silu_mul (the same libm expf on both sides)
-        emu.launch(&emu_kernel::<S>("silu_mul"), cfg, &[ab.arg(), bb.arg(), out.arg(), (n as i64).into()]).unwrap();
-        assert!(bits_eq(&out.to_vec(), &round(ops::silu_mul(&aw, &bw))), "silu_mul_{}", S::SUFFIX);
+        emu.launch(
+            &emu_kernel::<S>("silu_mul"),
+            cfg,
+            &[ab.arg(), bb.arg(), out.arg(), (n as i64).into()],
+        )
+        .unwrap();
+        assert!(
+            bits_eq(&out.to_vec(), &round(ops::silu_mul(&aw, &bw))),
+            "silu_mul_{}",
+            S::SUFFIX
+        );
         // bias_add, in place (CPU: Linear::forward's `*v += bb` per row)
         let y = emu.upload("y", &a);
         let bias_b = emu.upload("bias", &bias);
-        emu.launch(&emu_kernel::<S>("bias_add"), cfg, &[y.arg(), bias_b.arg(), (rows as i32).into(), (cols as i32).into()])
-            .unwrap();
+        emu.launch(
+            &emu_kernel::<S>("bias_add"),
+            cfg,
+            &[y.arg(), bias_b.arg(), (rows as i32).into(), (cols as i32).into()],
+        )
+        .unwrap();
         let want: Vec<f32> = aw.iter().enumerate().map(|(i, &v)| v + biasw[i % cols]).collect();
         assert!(bits_eq(&y.to_vec(), &round(want)), "bias_add_{}", S::SUFFIX);
     }
@@ -266,8 +323,10 @@ fn elementwise_kernels_are_bitwise_the_cpu_engines() {
     let emu = Emu::new();
     let (w, h) = (emu.alloc::<u32>("w", 1000), emu.alloc::<u16>("h", 999));
     let cfg: LaunchConfig = launch::elementwise(1000).into();
-    emu.launch("fill_u32", cfg, &[w.arg(), 0x7fba_d5edu32.into(), 1000i64.into()]).unwrap();
-    emu.launch("fill_u16", cfg, &[h.arg(), 0x7d5eu16.into(), 999i64.into()]).unwrap();
+    emu.launch("fill_u32", cfg, &[w.arg(), 0x7fba_d5edu32.into(), 1000i64.into()])
+        .unwrap();
+    emu.launch("fill_u16", cfg, &[h.arg(), 0x7d5eu16.into(), 999i64.into()])
+        .unwrap();
     assert!(w.to_vec().iter().all(|&v| v == 0x7fba_d5ed) && h.to_vec().iter().all(|&v| v == 0x7d5e));
 }
 
@@ -334,7 +393,13 @@ fn run_attention<S: Storage + EmuType>(kernel: &str, c: &AttnCase, q: &[S], k: &
 /// S u Σ p_j |v_j| and the probability errors Σ |Δp_j| |v_j|.
 /// Returns the worst (|Δ|/bound) seen, asserting it is <= 1; at 16-bit storage
 /// ctx is compared within 1 ulp of S instead (one rounding of each f32 result).
-fn compare_attention<S: Storage>(c: &AttnCase, q: &[f32], k: &[f32], v: &[f32], got: &AttnOut<S>) -> Vec<(usize, usize)> {
+fn compare_attention<S: Storage>(
+    c: &AttnCase,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    got: &AttnOut<S>,
+) -> Vec<(usize, usize)> {
     let s = c.pos0 + c.t;
     let shape = AttnShape {
         heads: c.heads,
@@ -356,8 +421,11 @@ fn compare_attention<S: Storage>(c: &AttnCase, q: &[f32], k: &[f32], v: &[f32], 
             let mut delta: f64 = 0.0;
             let mut ok = true;
             for j in 0..s {
-                let mag: f64 =
-                    qrow.iter().zip(&k[j * kv_row + kvh * c.d..][..c.d]).map(|(a, b)| (a * b).abs() as f64).sum();
+                let mag: f64 = qrow
+                    .iter()
+                    .zip(&k[j * kv_row + kvh * c.d..][..c.d])
+                    .map(|(a, b)| (a * b).abs() as f64)
+                    .sum();
                 let ds = (c.d as f64 * U * mag + 2.0 * U * mag) * scale;
                 delta = delta.max(ds);
                 if j < visible && (got.scores[at + j] as f64 - cpu_scores[at + j] as f64).abs() > ds + 1e-30 {
@@ -402,9 +470,27 @@ fn compare_attention<S: Storage>(c: &AttnCase, q: &[f32], k: &[f32], v: &[f32], 
 }
 
 const ATTN_CASES: [AttnCase; 3] = [
-    AttnCase { t: 5, pos0: 3, heads: 4, kv: 2, d: 16 },
-    AttnCase { t: 3, pos0: 150, heads: 6, kv: 2, d: 8 }, // S > blockDim
-    AttnCase { t: 2, pos0: 0, heads: 2, kv: 2, d: 136 }, // D > blockDim
+    AttnCase {
+        t: 5,
+        pos0: 3,
+        heads: 4,
+        kv: 2,
+        d: 16,
+    },
+    AttnCase {
+        t: 3,
+        pos0: 150,
+        heads: 6,
+        kv: 2,
+        d: 8,
+    }, // S > blockDim
+    AttnCase {
+        t: 2,
+        pos0: 0,
+        heads: 2,
+        kv: 2,
+        d: 136,
+    }, // D > blockDim
 ];
 
 #[test]
@@ -414,9 +500,18 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
             let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<S>(c, 10 + ci as u64);
             let got = run_attention::<S>(&emu_kernel::<S>("attention_prefill"), c, &q, &k, &v);
             let bad = compare_attention::<S>(c, &qw, &kw, &vw, &got);
-            assert!(bad.is_empty(), "attention_prefill_{} case {ci}: (head, row) {bad:?} outside the bound", S::SUFFIX);
+            assert!(
+                bad.is_empty(),
+                "attention_prefill_{} case {ci}: (head, row) {bad:?} outside the bound",
+                S::SUFFIX
+            );
             {
-                let shape = AttnShape { heads: c.heads, kv_heads: c.kv, head_dim: c.d, mutants: Mutants::default() };
+                let shape = AttnShape {
+                    heads: c.heads,
+                    kv_heads: c.kv,
+                    head_dim: c.d,
+                    mutants: Mutants::default(),
+                };
                 let cpu = attend(&qw, c.t, c.pos0, &kw, &vw, shape, false);
                 let rel = |g: &[f32], r: &[f32]| {
                     let m = r.iter().fold(0.0f32, |a, &b| a.max(b.abs()));
@@ -432,12 +527,23 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
             }
             // Decode of the last row: one query at position pos0 + T - 1, the
             // same bits as that prefill row.
-            let last = AttnCase { t: 1, pos0: c.pos0 + c.t - 1, ..*c };
+            let last = AttnCase {
+                t: 1,
+                pos0: c.pos0 + c.t - 1,
+                ..*c
+            };
             let qd = &q[(c.t - 1) * c.heads * c.d..];
             let dec = run_attention::<S>(&emu_kernel::<S>("attention_decode"), &last, qd, &k, &v);
             let bad = compare_attention::<S>(&last, &qw[(c.t - 1) * c.heads * c.d..], &kw, &vw, &dec);
-            assert!(bad.is_empty(), "attention_decode_{} case {ci}: heads {bad:?} outside the bound", S::SUFFIX);
-            assert!(bits_eq(&dec.ctx, &got.ctx[(c.t - 1) * c.heads * c.d..]), "decode ctx = last prefill row");
+            assert!(
+                bad.is_empty(),
+                "attention_decode_{} case {ci}: heads {bad:?} outside the bound",
+                S::SUFFIX
+            );
+            assert!(
+                bits_eq(&dec.ctx, &got.ctx[(c.t - 1) * c.heads * c.d..]),
+                "decode ctx = last prefill row"
+            );
         }
     }
     run::<f32>();
@@ -474,8 +580,12 @@ fn argmax_draws_the_host_samplers_token() {
         for (ri, row) in logit_rows().into_iter().enumerate() {
             let (x, xw) = stored::<S>(&row);
             let (xb, tok) = (emu.upload("logits", &x), emu.alloc::<u32>("token", 1));
-            emu.launch(&emu_kernel::<S>("argmax"), launch::argmax().into(), &[xb.arg(), (x.len() as i32).into(), tok.arg()])
-                .unwrap();
+            emu.launch(
+                &emu_kernel::<S>("argmax"),
+                launch::argmax().into(),
+                &[xb.arg(), (x.len() as i32).into(), tok.arg()],
+            )
+            .unwrap();
             assert_eq!(tok.to_vec()[0], sampling::argmax(&xw), "argmax_{} row {ri}", S::SUFFIX);
         }
     }
@@ -491,8 +601,13 @@ fn sampling_draws_the_host_samplers_tokens() {
     // same code, 16x fewer fiber switches) at every storage type.
     fn run<S: Storage + EmuType>(threads: u32, nparams: usize, draws: u64) {
         let emu = Emu::new();
-        let params: [(f32, Option<usize>, Option<f32>); 5] =
-            [(1.0, None, None), (0.7, Some(5), None), (1.3, None, Some(0.8)), (0.9, Some(40), Some(0.95)), (2.0, Some(1), None)];
+        let params: [(f32, Option<usize>, Option<f32>); 5] = [
+            (1.0, None, None),
+            (0.7, Some(5), None),
+            (1.3, None, Some(0.8)),
+            (0.9, Some(40), Some(0.95)),
+            (2.0, Some(1), None),
+        ];
         for (ri, row) in logit_rows().into_iter().enumerate() {
             let (x, xw) = stored::<S>(&row);
             let n = x.len();
@@ -504,7 +619,14 @@ fn sampling_draws_the_host_samplers_tokens() {
                 let seed = 1000 + pi as u64;
                 let key = sampling::chacha_key(seed);
                 let kb = emu.upload("key", &key);
-                let mut host = sampling::Sampler::new(sampling::Sampling::Random { temperature: temp, top_k, top_p }, seed);
+                let mut host = sampling::Sampler::new(
+                    sampling::Sampling::Random {
+                        temperature: temp,
+                        top_k,
+                        top_p,
+                    },
+                    seed,
+                );
                 let top_k_arg = top_k.map_or(0, |k| k.max(1) as i64);
                 for draw in 0..draws {
                     let args = [
@@ -519,7 +641,10 @@ fn sampling_draws_the_host_samplers_tokens() {
                         scratch.arg(),
                         tok.arg(),
                     ];
-                    let cfg = LaunchConfig { block: (threads, 1, 1), ..launch::sample().into() };
+                    let cfg = LaunchConfig {
+                        block: (threads, 1, 1),
+                        ..launch::sample().into()
+                    };
                     emu.launch(&emu_kernel::<S>("sample"), cfg, &args).unwrap();
                     let got = tok.to_vec()[0];
                     let mirror = reference::sample(
@@ -532,8 +657,18 @@ fn sampling_draws_the_host_samplers_tokens() {
                         draw,
                         threads as usize,
                     );
-                    assert_eq!(got, mirror, "sample_{} row {ri} params {pi} draw {draw}: kernel vs its host mirror", S::SUFFIX);
-                    assert_eq!(got, host.sample(&xw), "sample_{} row {ri} params {pi} draw {draw}: vs Sampler", S::SUFFIX);
+                    assert_eq!(
+                        got,
+                        mirror,
+                        "sample_{} row {ri} params {pi} draw {draw}: kernel vs its host mirror",
+                        S::SUFFIX
+                    );
+                    assert_eq!(
+                        got,
+                        host.sample(&xw),
+                        "sample_{} row {ri} params {pi} draw {draw}: vs Sampler",
+                        S::SUFFIX
+                    );
                 }
             }
         }
@@ -553,7 +688,11 @@ fn launches_on_parallel_threads_have_their_own_shared_memory() {
     let w = data(width, 21, 1.0);
     let one = || {
         let emu = Emu::new();
-        let (xb, wb, ob) = (emu.upload("x", &x), emu.upload("w", &w), emu.alloc::<f32>("out", rows * width));
+        let (xb, wb, ob) = (
+            emu.upload("x", &x),
+            emu.upload("w", &w),
+            emu.alloc::<f32>("out", rows * width),
+        );
         for _ in 0..10 {
             emu.launch(
                 "rmsnorm_f32",
@@ -578,11 +717,30 @@ fn launches_on_parallel_threads_have_their_own_shared_memory() {
 fn arguments_are_checked_against_the_signature() {
     let emu = Emu::new();
     let (x, o) = (emu.alloc::<f32>("x", 4), emu.alloc::<f16>("o", 4));
-    let e = emu.launch("add_f32", launch::elementwise(4).into(), &[x.arg(), x.arg(), o.arg(), 4i64.into()]).unwrap_err();
-    assert!(e.to_string().contains("argument 2 is a f16 buffer, declared `*mut f32`"), "{e}");
-    let e = emu.launch("add_f32", launch::elementwise(4).into(), &[x.arg(), x.arg(), x.arg(), 4i32.into()]).unwrap_err();
+    let e = emu
+        .launch(
+            "add_f32",
+            launch::elementwise(4).into(),
+            &[x.arg(), x.arg(), o.arg(), 4i64.into()],
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("argument 2 is a f16 buffer, declared `*mut f32`"),
+        "{e}"
+    );
+    let e = emu
+        .launch(
+            "add_f32",
+            launch::elementwise(4).into(),
+            &[x.arg(), x.arg(), x.arg(), 4i32.into()],
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("argument 3 is i32, declared `i64`"), "{e}");
-    assert!(matches!(emu.launch("nope", launch::argmax().into(), &[]), Err(EmuError::UnknownKernel(_))));
+    assert!(matches!(
+        emu.launch("nope", launch::argmax().into(), &[]),
+        Err(EmuError::UnknownKernel(_))
+    ));
 }
 
 // ---- planted kernel bugs ----
@@ -591,20 +749,35 @@ fn arguments_are_checked_against_the_signature() {
 fn planted_softmax_max_is_caught_at_the_rows_it_affects() {
     // The warp-only max differs from the block's only when a row's visible
     // keys span more than one warp (> 32 keys): exactly those rows mismatch.
-    let c = AttnCase { t: 40, pos0: 0, heads: 2, kv: 1, d: 8 };
+    let c = AttnCase {
+        t: 40,
+        pos0: 0,
+        heads: 2,
+        kv: 1,
+        d: 8,
+    };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 30);
     let good = run_attention::<f32>("attention_prefill_f32", &c, &q, &k, &v);
     assert!(compare_attention(&c, &qw, &kw, &vw, &good).is_empty());
     let bug = run_attention::<f32>("planted_softmax_max/attention_prefill_f32", &c, &q, &k, &v);
     let bad = compare_attention(&c, &qw, &kw, &vw, &bug);
     let want: Vec<(usize, usize)> = (0..c.heads).flat_map(|h| (32..c.t).map(move |t| (h, t))).collect();
-    assert_eq!(bad, want, "mismatching (head, row): those with more than 32 visible keys");
+    assert_eq!(
+        bad, want,
+        "mismatching (head, row): those with more than 32 visible keys"
+    );
 }
 
 #[test]
 fn planted_gqa_modulo_is_caught_at_the_heads_it_remaps() {
     // H = 4, KV = 2: h / 2 = (0, 0, 1, 1), h % 2 = (0, 1, 0, 1): heads 1 and 2.
-    let c = AttnCase { t: 3, pos0: 2, heads: 4, kv: 2, d: 8 };
+    let c = AttnCase {
+        t: 3,
+        pos0: 2,
+        heads: 4,
+        kv: 2,
+        d: 8,
+    };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 31);
     let bug = run_attention::<f32>("planted_gqa_modulo/attention_prefill_f32", &c, &q, &k, &v);
     let bad = compare_attention(&c, &qw, &kw, &vw, &bug);
@@ -617,11 +790,16 @@ fn planted_rope_pair_is_caught() {
     let (x, xw) = stored::<f32>(&data(rows * heads * d, 32, 2.0));
     let want = cpu_rope::<f32>(&xw, rows, heads, d, pos0);
     let got = run_rope::<f32>("planted_rope_pair/rope_neox_f32", &x, rows, heads, d, pos0);
-    let bad: Vec<usize> = (0..x.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+    let bad: Vec<usize> = (0..x.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
     // Position 0 rotates by angle 0 (the identity whatever the pairing), so
     // row 0 matches; every later row mismatches.
     assert!(!bad.is_empty());
-    assert!(bad.iter().all(|&i| i >= heads * d), "row 0 (position 0) is the identity: {bad:?}");
+    assert!(
+        bad.iter().all(|&i| i >= heads * d),
+        "row 0 (position 0) is the identity: {bad:?}"
+    );
     for r in 1..rows {
         assert!(bad.iter().any(|&i| i / (heads * d) == r), "row {r} mismatches");
     }
@@ -634,10 +812,23 @@ fn planted_oob_store_is_reported_with_kernel_thread_and_offset() {
     let table = emu.upload("table", &data(v * e, 33, 1.0));
     let tokens = emu.upload("tokens", &(0..t as u32).map(|i| i % v as u32).collect::<Vec<_>>());
     let out = emu.alloc::<f32>("embed_out", t * e);
-    let args = [table.arg(), tokens.arg(), out.arg(), (t as i32).into(), (e as i32).into()];
+    let args = [
+        table.arg(),
+        tokens.arg(),
+        out.arg(),
+        (t as i32).into(),
+        (e as i32).into(),
+    ];
     // The production kernel is clean.
-    emu.launch("embedding_f32", launch::elementwise(t * e).into(), &args).unwrap();
-    let err = emu.launch("planted_oob_store/embedding_f32", launch::elementwise(t * e).into(), &args).unwrap_err();
+    emu.launch("embedding_f32", launch::elementwise(t * e).into(), &args)
+        .unwrap();
+    let err = emu
+        .launch(
+            "planted_oob_store/embedding_f32",
+            launch::elementwise(t * e).into(),
+            &args,
+        )
+        .unwrap_err();
     eprintln!("{err}");
     let n = t * e;
     assert_eq!(
@@ -670,8 +861,20 @@ fn planted_underflow_store_is_found_in_the_canary() {
     let table = emu.upload("table", &data(v * e, 34, 1.0));
     let tokens = emu.upload("tokens", &[1u32, 2, 3, 4]);
     let out = emu.alloc::<f32>("embed_out", t * e);
-    let args = [table.arg(), tokens.arg(), out.arg(), (t as i32).into(), (e as i32).into()];
-    let err = emu.launch("planted_oob_underflow/embedding_f32", launch::elementwise(t * e).into(), &args).unwrap_err();
+    let args = [
+        table.arg(),
+        tokens.arg(),
+        out.arg(),
+        (t as i32).into(),
+        (e as i32).into(),
+    ];
+    let err = emu
+        .launch(
+            "planted_oob_underflow/embedding_f32",
+            launch::elementwise(t * e).into(),
+            &args,
+        )
+        .unwrap_err();
     eprintln!("{err}");
     assert_eq!(
         err,

@@ -43,8 +43,14 @@ where
         .iter()
         .enumerate()
     {
-        let xs: Vec<T> = data(rows * in_f, 10 + i as u64, 1.0).into_iter().map(T::from_f32).collect();
-        let ws: Vec<T> = data(out_f * in_f, 20 + i as u64, 0.5).into_iter().map(T::from_f32).collect();
+        let xs: Vec<T> = data(rows * in_f, 10 + i as u64, 1.0)
+            .into_iter()
+            .map(T::from_f32)
+            .collect();
+        let ws: Vec<T> = data(out_f * in_f, 20 + i as u64, 0.5)
+            .into_iter()
+            .map(T::from_f32)
+            .collect();
         let lin = Linear {
             w: crate::tensor::Tensor::new(vec![out_f, in_f], ws.iter().map(|v| v.to_f32()).collect()),
             bias: None,
@@ -61,7 +67,9 @@ where
             // the dot product (the bound below), then one rounding to T.
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (r, o) = (j / out_f, j % out_f);
-                let abs: f32 = (0..in_f).map(|p| (xw[r * in_f + p] * lin.w.data()[o * in_f + p]).abs()).sum();
+                let abs: f32 = (0..in_f)
+                    .map(|p| (xw[r * in_f + p] * lin.w.data()[o * in_f + p]).abs())
+                    .sum();
                 let f32_bound = in_f as f32 * f32::EPSILON * abs;
                 let t_ulp = match T::DTYPE {
                     crate::tensor::DType::F32 => 0.0,
@@ -130,7 +138,10 @@ fn copies_and_windows() {
     let src = dev.upload("src", &[1.0f32, 2.0, 3.0, 4.0, 5.0]).unwrap();
     let mut dst = dev.alloc_zeros::<f32>("dst", 8).unwrap();
     dev.copy(src.view(1..4), &mut dst.view_mut(5..8)).unwrap();
-    assert_eq!(dev.download(dst.view(..)).unwrap(), [0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 3.0, 4.0]);
+    assert_eq!(
+        dev.download(dst.view(..)).unwrap(),
+        [0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 3.0, 4.0]
+    );
     let v = src.view(1..).slice(2..3);
     assert_eq!(dev.download(v).unwrap(), [4.0]);
     assert_eq!(dev.engine_name(), "cuda-emu");
@@ -150,12 +161,25 @@ fn launch_through_the_seam_checks_the_signature() {
     let b = dev.upload("b", &[10.0f32, 20.0, 30.0]).unwrap();
     let mut c = dev.alloc::<f32>("c", 3).unwrap();
     // SAFETY: add_f32(a, b, out, n), all 3 long.
-    unsafe { dev.launch(&k, launch::elementwise(3), &mut [a.arg(), b.arg(), c.arg_mut(), 3i64.into()]) }.unwrap();
+    unsafe {
+        dev.launch(
+            &k,
+            launch::elementwise(3),
+            &mut [a.arg(), b.arg(), c.arg_mut(), 3i64.into()],
+        )
+    }
+    .unwrap();
     assert_eq!(dev.download(c.view(..)).unwrap(), [11.0, 22.0, 33.0]);
     // n as i32 where the kernel declares a 64-bit count: refused before running.
-    let e = unsafe { dev.launch(&k, launch::elementwise(3), &mut [a.arg(), b.arg(), c.arg_mut(), 3i32.into()]) }
-        .unwrap_err()
-        .to_string();
+    let e = unsafe {
+        dev.launch(
+            &k,
+            launch::elementwise(3),
+            &mut [a.arg(), b.arg(), c.arg_mut(), 3i32.into()],
+        )
+    }
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("add_f32") && e.contains("argument 3"), "{e}");
     assert!(dev.kernel("no_such_kernel").is_err());
 }

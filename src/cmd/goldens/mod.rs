@@ -106,11 +106,7 @@ fn record_args(spec: &Spec) -> RecordArgs {
                 temperature,
                 top_k,
                 top_p,
-            } => Some(format!(
-                "{temperature},{},{}",
-                top_k.unwrap_or(0),
-                top_p.unwrap_or(1.0)
-            )),
+            } => Some(format!("{temperature},{},{}", top_k.unwrap_or(0), top_p.unwrap_or(1.0))),
             crate::spec::SamplingSpec::Greedy => None,
         },
         hf_golden: spec

@@ -7,12 +7,12 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::tensor::Tensor;
-use crate::tensor_io::TensorFile;
+use crate::tensor::io::TensorFile;
+use crate::tensor::stats::Stats;
 
 pub fn render(path: &Path) -> Result<String> {
     if crate::gguf::is_gguf_path(path) {
-        return crate::gguf::inspect::render(path);
+        return crate::gguf::summary::render(path);
     }
     let file = TensorFile::read(path)?;
     let mut out = String::new();
@@ -74,43 +74,4 @@ pub fn render(path: &Path) -> Result<String> {
         );
     }
     Ok(out)
-}
-
-/// Statistics over the finite values; `non_finite` counts the rest.
-pub(crate) struct Stats {
-    pub min: f64,
-    pub max: f64,
-    pub mean: f64,
-    pub std: f64,
-    pub non_finite: usize,
-}
-
-impl Stats {
-    pub(crate) fn of(t: &Tensor) -> Stats {
-        let (mut n, mut sum, mut sq) = (0usize, 0f64, 0f64);
-        let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
-        for &x in t.data() {
-            if x.is_finite() {
-                let x = x as f64;
-                n += 1;
-                sum += x;
-                sq += x * x;
-                min = min.min(x);
-                max = max.max(x);
-            }
-        }
-        let mean = if n > 0 { sum / n as f64 } else { f64::NAN };
-        let var = if n > 0 {
-            (sq / n as f64 - mean * mean).max(0.0)
-        } else {
-            f64::NAN
-        };
-        Stats {
-            min,
-            max,
-            mean,
-            std: var.sqrt(),
-            non_finite: t.numel() - n,
-        }
-    }
 }

@@ -124,7 +124,11 @@ impl<T: EmuType> DevBuf<T> {
     }
     /// A pointer to element `offset` (a view, as cudarc's `slice(offset..)`).
     pub fn arg_at(&self, offset: usize) -> Arg<'_> {
-        assert!(offset <= self.len, "arg_at({offset}) past the end of a buffer of {} elements", self.len);
+        assert!(
+            offset <= self.len,
+            "arg_at({offset}) past the end of a buffer of {} elements",
+            self.len
+        );
         Arg::Ptr {
             addr: self.raw.ptr as u64 + (offset * std::mem::size_of::<T>()) as u64,
             elem: T::NAME,
@@ -143,7 +147,11 @@ impl<T: EmuType> DevBuf<T> {
     }
     /// A copy of elements `range`.
     pub fn read_range(&self, range: std::ops::Range<usize>) -> Vec<T> {
-        assert!(range.start <= range.end && range.end <= self.len, "read_range {range:?} of {} elements", self.len);
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "read_range {range:?} of {} elements",
+            self.len
+        );
         let n = range.len();
         let mut v = Vec::with_capacity(n);
         // SAFETY: range is inside the len initialised elements (asserted).
@@ -155,7 +163,12 @@ impl<T: EmuType> DevBuf<T> {
     }
     /// Overwrites elements `offset..offset + data.len()`.
     pub fn write_at(&self, offset: usize, data: &[T]) {
-        assert!(offset + data.len() <= self.len, "write_at({offset}, {} elements) past the end of {}", data.len(), self.len);
+        assert!(
+            offset + data.len() <= self.len,
+            "write_at({offset}, {} elements) past the end of {}",
+            data.len(),
+            self.len
+        );
         // SAFETY: in bounds (asserted); no launch runs on this thread now.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.raw.ptr as *mut T).add(offset), data.len()) }
     }
@@ -296,7 +309,11 @@ pub enum EmuError {
     #[error("no emulated kernel `{0}` (build.rs compiles those listed in compile.rs, and the planted variants)")]
     UnknownKernel(String),
     #[error("kernel `{kernel}` takes ({signature}): {msg}")]
-    Arguments { kernel: String, signature: String, msg: String },
+    Arguments {
+        kernel: String,
+        signature: String,
+        msg: String,
+    },
     #[error("kernel `{kernel}`: block ({},{},{}) thread ({},{},{}) {} out of bounds at {location}",
             block.0, block.1, block.2, thread.0, thread.1, thread.2,
             match access { Access::Read => "read", Access::Write => "wrote", Access::Unknown => "accessed" })]
@@ -329,8 +346,19 @@ fn kernels() -> &'static HashMap<String, KernelInfo> {
             .map(|i| {
                 let name = cstr(unsafe { ffi::ts_emu_kernel_name(i) });
                 let signature = cstr(unsafe { ffi::ts_emu_kernel_signature(i) });
-                let params = signature.split(", ").filter(|s| !s.is_empty()).map(str::to_string).collect();
-                (name, KernelInfo { index: i, params, signature })
+                let params = signature
+                    .split(", ")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                (
+                    name,
+                    KernelInfo {
+                        index: i,
+                        params,
+                        signature,
+                    },
+                )
             })
             .collect()
     })
@@ -339,7 +367,10 @@ fn kernels() -> &'static HashMap<String, KernelInfo> {
 /// Every emulated kernel's name (production kernels as in compile.rs, planted
 /// variants as `planted_<bug>/<kernel>`) and C++ signature.
 pub fn kernel_names() -> Vec<(String, String)> {
-    let mut v: Vec<_> = kernels().iter().map(|(k, i)| (k.clone(), i.signature.clone())).collect();
+    let mut v: Vec<_> = kernels()
+        .iter()
+        .map(|(k, i)| (k.clone(), i.signature.clone()))
+        .collect();
     v.sort();
     v
 }
@@ -393,7 +424,13 @@ impl Emu {
 
     /// Bytes requested by this device's live allocations (guards not counted).
     pub fn live_bytes(&self) -> usize {
-        registry().lock().unwrap().iter().filter(|r| r.emu == self.id).map(|r| r.raw.bytes).sum()
+        registry()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.emu == self.id)
+            .map(|r| r.raw.bytes)
+            .sum()
     }
 
     /// A buffer holding a copy of `data`.
@@ -406,18 +443,27 @@ impl Emu {
     /// Runs `kernel` over the grid, synchronously, then checks the canaries of
     /// this device's allocations.
     pub fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[Arg<'_>]) -> Result<(), EmuError> {
-        let info = kernels().get(kernel).ok_or_else(|| EmuError::UnknownKernel(kernel.into()))?;
+        let info = kernels()
+            .get(kernel)
+            .ok_or_else(|| EmuError::UnknownKernel(kernel.into()))?;
         let bad = |msg: String| EmuError::Arguments {
             kernel: kernel.into(),
             signature: info.signature.clone(),
             msg,
         };
         if args.len() != info.params.len() {
-            return Err(bad(format!("{} arguments given, {} declared", args.len(), info.params.len())));
+            return Err(bad(format!(
+                "{} arguments given, {} declared",
+                args.len(),
+                info.params.len()
+            )));
         }
         let mut slots: Vec<[u8; 8]> = Vec::with_capacity(args.len());
         for (i, (a, p)) in args.iter().zip(&info.params).enumerate() {
-            slots.push(a.slot(p).ok_or_else(|| bad(format!("argument {i} is {}, declared `{p}`", a.describe())))?);
+            slots.push(
+                a.slot(p)
+                    .ok_or_else(|| bad(format!("argument {i} is {}, declared `{p}`", a.describe())))?,
+            );
         }
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
         let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
@@ -459,7 +505,9 @@ impl Emu {
                 })
             }
             _ => {
-                let msg = unsafe { CStr::from_ptr(res.msg.as_ptr()) }.to_string_lossy().into_owned();
+                let msg = unsafe { CStr::from_ptr(res.msg.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned();
                 return Err(EmuError::Kernel {
                     kernel: kernel.into(),
                     msg,

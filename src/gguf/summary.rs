@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::inspect::Stats;
+use crate::tensor::stats::Stats;
 
 use super::{GgmlType, GgufFile};
 

@@ -11,7 +11,7 @@
 //!   of input read, beside the bandwidth measured in the same process.
 
 pub mod bandwidth;
-pub mod compare;
+pub mod comparator;
 pub mod engine;
 pub mod proc_stats;
 pub mod stats;
@@ -36,14 +36,14 @@ pub enum BenchCmd {
     /// The comparator behind every golden check on two f32 tensors, in GB/s of
     /// input read (both tensors), and its fraction of the bandwidth measured in
     /// the same process.
-    Compare(compare::CompareArgs),
+    Compare(comparator::CompareArgs),
 }
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Engine(a) => engine::run(&a),
         BenchCmd::Bandwidth(a) => bandwidth::run(&a),
-        BenchCmd::Compare(a) => compare::run(&a),
+        BenchCmd::Compare(a) => comparator::run(&a),
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::compare::{compare, sci, Tolerance};
 use crate::error::Result;
-use crate::tensor_io::TensorFile;
+use crate::tensor::io::TensorFile;
 
 pub struct FileComparison {
     pub text: String,

@@ -2,6 +2,9 @@
 //! comparison and invariant is computed in f32/f64, and `dtype` remembers the
 //! storage precision because it decides the default tolerance.
 
+pub mod io;
+pub mod stats;
+
 use std::fmt;
 use std::sync::Arc;
 

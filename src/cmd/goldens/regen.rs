@@ -291,7 +291,7 @@ fn pins_ok(python: &Path, reqs: &Path) -> std::result::Result<(), String> {
 /// Finds or builds the recorders' interpreter (see the module comment).
 fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> Result<PathBuf> {
     let reqs = root.join("goldens/recorders/requirements.txt");
-    let cache_venv = crate::cache::dir().join("recorders-venv");
+    let cache_venv = crate::model::cache::dir().join("recorders-venv");
     progress.start("checking the recorders' Python environment");
     if let Some(p) = explicit {
         return match pins_ok(p, &reqs) {

@@ -4,6 +4,8 @@
 //! and missing provenance are errors naming the file — so a check never compares
 //! against a broken reference.
 
+pub mod provenance;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -11,8 +13,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::stage::{parse_key, Stage, Step};
+use crate::tensor::io::read_safetensors;
 use crate::tensor::Tensor;
-use crate::tensor_io::read_safetensors;
 
 /// The format tag the recorders write into the safetensors metadata.
 pub const FORMAT: &str = "touchstone-golden/1";
@@ -122,7 +124,7 @@ impl GoldenSet {
             Some(items) => items.iter().filter_map(Value::as_str).any(hit),
         };
         let step_name = step.to_string();
-        let pattern_hit = |p: &str| crate::spec::StagePattern::parse(p).is_ok_and(|p| p.matches(stage));
+        let pattern_hit = |p: &str| crate::stage::pattern::StagePattern::parse(p).is_ok_and(|p| p.matches(stage));
         // `record.stages_at`: extra stage patterns recorded at one step only
         // (`record_hf.py --stages-at decode2=blk.*.attn_scores`).
         let extra = rec

@@ -73,7 +73,7 @@ struct Entry {
 impl HashCache {
     /// The cache under touchstone's cache folder (`cache::dir()/hashes`).
     pub fn in_cache_dir() -> HashCache {
-        HashCache::at(crate::cache::dir().join("hashes"))
+        HashCache::at(crate::model::cache::dir().join("hashes"))
     }
 
     /// A cache kept in `dir` (created when first written).

@@ -67,7 +67,7 @@ fn generated(mib: usize) -> Result<(Tensor, Tensor)> {
 
 /// The one float tensor of a file.
 fn single_tensor(path: &Path) -> Result<Tensor> {
-    let mut f = crate::tensor_io::TensorFile::read(path)?;
+    let mut f = crate::tensor::io::TensorFile::read(path)?;
     if f.floats.len() != 1 {
         return Err(Error::tensor_file(
             path,

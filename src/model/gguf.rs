@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::model::{LoadOptions, ModelConfig, Weights};
 use crate::tensor::Tensor;
 
-use super::{quant, GgmlType, GgufFile, Value};
+use crate::gguf::writer::GgufWriter;
+use crate::gguf::{quant, GgmlType, GgufFile, Value, ValueType};
 
 /// `general.architecture` values this loader accepts.
 pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "qwen3", "llama", "phi3"];
@@ -113,7 +114,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         .as_str()
         .ok_or_else(|| bad(wrong_type(f, "tokenizer.ggml.model", "a string")))?;
     let vocab = match req(f, "tokenizer.ggml.tokens")?.as_array() {
-        Some((super::ValueType::String, items)) => items.len(),
+        Some((ValueType::String, items)) => items.len(),
         _ => return Err(bad(wrong_type(f, "tokenizer.ggml.tokens", "an array of strings"))),
     };
     let embd = f.tensor("token_embd.weight").ok_or_else(|| {
@@ -409,4 +410,54 @@ fn reorder_rows(t: Tensor, n_head: usize, inverse: bool) -> Tensor {
         }
     }
     Tensor::new(shape, dst).with_dtype(dtype)
+}
+
+/// A GGUF of an HF-named model, as llama.cpp's converter writes it: GGUF names,
+/// `{arch}.*` metadata, placeholder tokens (`<0>`, `<1>`, ...), and for
+/// `cfg.arch == "llama"` the Q/K rows permuted. Tensors with no GGUF name are
+/// skipped; the head is omitted when `cfg.tie_embeddings`.
+pub fn model_writer(cfg: &ModelConfig, tensors: &BTreeMap<String, Tensor>, ty: GgmlType) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    let a = cfg.arch.as_str();
+    w.kv("general.architecture", Value::String(a.into()))
+        .kv("general.name", Value::String(format!("touchstone test {a}")))
+        .kv(&format!("{a}.block_count"), Value::U32(cfg.layers as u32))
+        .kv(&format!("{a}.context_length"), Value::U32(256))
+        .kv(&format!("{a}.embedding_length"), Value::U32(cfg.hidden as u32))
+        .kv(&format!("{a}.feed_forward_length"), Value::U32(cfg.ffn as u32))
+        .kv(&format!("{a}.attention.head_count"), Value::U32(cfg.heads as u32))
+        .kv(&format!("{a}.attention.head_count_kv"), Value::U32(cfg.kv_heads as u32))
+        .kv(&format!("{a}.attention.key_length"), Value::U32(cfg.head_dim as u32))
+        .kv(&format!("{a}.attention.value_length"), Value::U32(cfg.head_dim as u32))
+        .kv(&format!("{a}.rope.freq_base"), Value::F32(cfg.rope_theta as f32))
+        .kv(
+            &format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_eps as f32),
+        )
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(
+                ValueType::String,
+                (0..cfg.vocab).map(|i| Value::String(format!("<{i}>"))).collect(),
+            ),
+        );
+    for (hf, t) in tensors {
+        if hf == "lm_head.weight" && cfg.tie_embeddings {
+            continue;
+        }
+        let Some(name) = gguf_name(hf) else { continue };
+        let mut t = t.clone();
+        if a == "llama" {
+            if name.contains(".attn_q.") {
+                t = permute_rows(t, cfg.heads);
+            } else if name.contains(".attn_k.") {
+                t = permute_rows(t, cfg.kv_heads);
+            }
+        }
+        // Norms and biases stay F32, as llama.cpp keeps 1-D tensors.
+        let ty = if t.shape().len() == 1 { GgmlType::F32 } else { ty };
+        w.tensor(&name, ty, t.shape(), t.data());
+    }
+    w
 }

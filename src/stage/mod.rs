@@ -3,7 +3,13 @@
 //! Keys in captures and golden files are `<step>/<stage>`. The order defined
 //! here is what "first divergence" means, so it lives in one place.
 
+pub mod pattern;
+mod rope;
+pub mod shape;
+
 use std::fmt;
+
+pub use rope::RopeStyle;
 
 /// Per-block stages in execution order, with their canonical suffix.
 pub const BLOCK_STAGES: [(&str, BlockStage); 19] = [

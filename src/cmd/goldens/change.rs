@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::compare::{compare, sci, Tolerance};
 use crate::error::Result;
 use crate::stage::parse_key;
-use crate::tensor_io::read_safetensors;
+use crate::tensor::io::read_safetensors;
 
 /// The review text for `pending` against `current` (absent for a new golden).
 /// Returns the text and whether anything changed (bytes differ).

@@ -10,6 +10,7 @@
 
 use crate::checks::Verdict;
 use crate::compare::sci;
+use crate::stage::RopeStyle;
 use crate::tensor::Tensor;
 
 /// Row-major multi-index of `flat` within `shape` (for row indices of a prefix shape).
@@ -213,31 +214,6 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
     v.metric("future_entries", future as f64)
         .metric("future_nonzero", nonzero as f64)
         .metric("future_max_abs", max_abs as f64)
-}
-
-/// How a head's D dims are paired for rotation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RopeStyle {
-    /// GPT-NeoX / HF "rotate_half": pairs (j, j + D/2).
-    Neox,
-    /// GPT-J / llama.cpp "normal" mode: pairs (2j, 2j + 1).
-    Interleaved,
-}
-
-impl RopeStyle {
-    fn pair(self, j: usize, d: usize) -> (usize, usize) {
-        match self {
-            RopeStyle::Neox => (j, j + d / 2),
-            RopeStyle::Interleaved => (2 * j, 2 * j + 1),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            RopeStyle::Neox => "neox",
-            RopeStyle::Interleaved => "interleaved",
-        }
-    }
 }
 
 /// RoPE is a rotation of each dim pair by position·θ_j. Without knowing θ (base,

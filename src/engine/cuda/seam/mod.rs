@@ -106,7 +106,10 @@ fn sub(len: usize, range: impl RangeBounds<usize>) -> Range<usize> {
         Bound::Excluded(&e) => e,
         Bound::Unbounded => len,
     };
-    assert!(start <= end && end <= len, "view {start}..{end} out of a window of {len}");
+    assert!(
+        start <= end && end <= len,
+        "view {start}..{end} out of a window of {len}"
+    );
     start..end
 }
 
@@ -262,8 +265,15 @@ impl<'a> KArg<'a> {
     pub fn as_bits(self, wide: bool) -> KArg<'a> {
         match self {
             KArg::Emu(emu::Arg::Ptr { addr, elem, _l }) => {
-                let (bits, width) = if wide { ("u32", ["f32", "u32"]) } else { ("u16", ["f16", "bf16"]) };
-                assert!(width.contains(&elem) || elem == bits, "as_bits: a {elem} buffer is not {bits} wide");
+                let (bits, width) = if wide {
+                    ("u32", ["f32", "u32"])
+                } else {
+                    ("u16", ["f16", "bf16"])
+                };
+                assert!(
+                    width.contains(&elem) || elem == bits,
+                    "as_bits: a {elem} buffer is not {bits} wide"
+                );
                 KArg::Emu(emu::Arg::Ptr { addr, elem: bits, _l })
             }
             other => other,
@@ -337,7 +347,9 @@ impl Dev {
                     .iter()
                     .find(|(f, _)| f.kernels.contains(&name))
                     .ok_or_else(|| self.err(format!("kernel {name} is in no kernel file")))?;
-                let f = m.load_function(name).map_err(|e| self.err(format!("kernel {name}: {e}")))?;
+                let f = m
+                    .load_function(name)
+                    .map_err(|e| self.err(format!("kernel {name}: {e}")))?;
                 Ok(Kernel {
                     name: name.into(),
                     cuda: Some(f),
@@ -361,7 +373,9 @@ impl Dev {
         match self {
             // SAFETY: callers write every element before reading it (the guarded
             // buffers are filled with their sentinel by a kernel at once).
-            Dev::Cuda(c) => Ok(DBuf::Cuda(unsafe { c.stream.alloc::<S>(len) }.map_err(|e| self.err(e))?)),
+            Dev::Cuda(c) => Ok(DBuf::Cuda(
+                unsafe { c.stream.alloc::<S>(len) }.map_err(|e| self.err(e))?,
+            )),
             Dev::Emu(m) => Ok(DBuf::Emu(m.alloc(label, len))),
         }
     }
@@ -402,7 +416,10 @@ impl Dev {
     pub fn copy<S: Elem>(&self, src: View<'_, S>, dst: &mut ViewMut<'_, S>) -> Result<()> {
         assert_eq!(src.len, dst.len, "device copy: length mismatch");
         match self {
-            Dev::Cuda(c) => c.stream.memcpy_dtod(&src.cuda(), &mut dst.cuda()).map_err(|e| self.err(e)),
+            Dev::Cuda(c) => c
+                .stream
+                .memcpy_dtod(&src.cuda(), &mut dst.cuda())
+                .map_err(|e| self.err(e)),
             Dev::Emu(_) => match (src.buf, &*dst.buf) {
                 (DBuf::Emu(s), DBuf::Emu(d)) => {
                     d.write_at(dst.off, &s.read_range(src.off..src.off + src.len));
@@ -569,8 +586,16 @@ pub fn emu_gemm<T: Storage>(g: GemmShape, a: &[T], b: &[T]) -> Vec<T> {
             (rows - 1) * rs + (cols - 1) * cs + 1
         }
     };
-    assert!(a.len() >= extent(g.m, g.k, rsa, csa), "emu_gemm: A holds {} elements, op(A) needs more", a.len());
-    assert!(b.len() >= extent(g.k, g.n, rsb, csb), "emu_gemm: B holds {} elements, op(B) needs more", b.len());
+    assert!(
+        a.len() >= extent(g.m, g.k, rsa, csa),
+        "emu_gemm: A holds {} elements, op(A) needs more",
+        a.len()
+    );
+    assert!(
+        b.len() >= extent(g.k, g.n, rsb, csb),
+        "emu_gemm: B holds {} elements, op(B) needs more",
+        b.len()
+    );
     let widen = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
     let (a, b) = (widen(a), widen(b));
     let mut c = vec![0.0f32; g.ldc * g.n];
