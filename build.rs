@@ -1,5 +1,5 @@
 //! Compiles the CUDA kernels in `cuda/` for the host (the device emulation of
-//! `src/engine/cuda/emu.rs`; see `cuda/emu/emu.hpp`): one C++ translation unit
+//! `src/engine/cuda/emu/mod.rs`; see `cuda/emu/emu.hpp`): one C++ translation unit
 //! per kernel file listed in `src/engine/cuda/compile.rs` (the list NVRTC
 //! compiles, so both paths build the same kernels), one per planted-bug
 //! variant (a copy of a kernel file with one exact substitution, for the tests

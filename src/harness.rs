@@ -43,7 +43,7 @@ use crate::error::Result;
 use crate::model::LoadOptions;
 use crate::plan::Plan;
 use crate::report::SuiteRun;
-use crate::runner::{run_plan_on, Filter};
+use crate::runner::{self, EngineSource, Filter, RunOptions};
 use crate::spec::Spec;
 
 /// Loads a model into an engine.
@@ -101,11 +101,18 @@ impl Harness {
                     continue;
                 }
             };
-            let (loader, name) = (self.loader.clone(), self.name.clone());
+            let source = Loaded {
+                name: self.name.clone(),
+                loader: self.loader.clone(),
+            };
             let run: Arc<PlanRunner> = Arc::new(move |plan: &Plan| {
-                let engine = loader(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
-                let rerun = |id: &str| rerun_hint(&format!("{name}::{}::{id}", plan.spec.name));
-                Ok(run_plan_on(plan, engine.as_ref(), &Filter::default(), &rerun))
+                let rerun = |id: &str| rerun_hint(&format!("{}::{}::{id}", source.name, plan.spec.name));
+                let opts = RunOptions {
+                    filter: &Filter::default(),
+                    rerun: &rerun,
+                    save: None,
+                };
+                runner::run(plan, &source, &opts).map_err(|e| e.to_string())
             });
             trials.extend(plan_trials(&self.name, plan, Availability::Available, run));
         }
@@ -117,6 +124,28 @@ impl Harness {
     pub fn run(self) -> ! {
         let args = Arguments::from_args();
         libtest_mimic::run(&args, self.trials()).exit()
+    }
+}
+
+/// An engine crate's loader as the runner's engine source: always available;
+/// a model it cannot load stops the spec (every trial says why).
+struct Loaded {
+    name: String,
+    loader: Arc<Loader>,
+}
+
+impl EngineSource for Loaded {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn availability(&self) -> Availability {
+        Availability::Available
+    }
+    fn load(&self, plan: &Plan) -> Result<Box<dyn Engine>> {
+        (self.loader)(&plan.model, &plan.load_options)
+    }
+    fn owns_load_failures(&self) -> bool {
+        false
     }
 }
 

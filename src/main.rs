@@ -2,7 +2,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use touchstone::cli::{execute, Cli, Outcome};
+use touchstone::cli::Cli;
+use touchstone::cmd::{execute, Outcome};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -16,6 +16,56 @@ pub enum Sampling {
     },
 }
 
+/// A spec writes sampling as `greedy` or `{temperature: 0.8, top_k: 40, top_p: 0.95}`.
+impl<'de> serde::Deserialize<'de> for Sampling {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+        use serde::Deserialize;
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Random {
+            temperature: f32,
+            top_k: Option<usize>,
+            top_p: Option<f32>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Sampling;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`greedy` or a map {temperature, top_k, top_p}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Sampling, E> {
+                match s {
+                    "greedy" => Ok(Sampling::Greedy),
+                    other => Err(E::custom(format!(
+                        "unknown sampling `{other}`: use `greedy` or {{temperature, top_k, top_p}}"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Sampling, A::Error> {
+                let r = Random::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                if !(r.temperature.is_finite() && r.temperature >= 0.0) {
+                    return Err(de::Error::custom("temperature must be a finite number >= 0"));
+                }
+                if let Some(p) = r.top_p {
+                    if !(p > 0.0 && p <= 1.0) {
+                        return Err(de::Error::custom("top_p must be in (0, 1]"));
+                    }
+                }
+                if r.top_k == Some(0) {
+                    return Err(de::Error::custom("top_k must be at least 1"));
+                }
+                Ok(Sampling::Random {
+                    temperature: r.temperature,
+                    top_k: r.top_k,
+                    top_p: r.top_p,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 pub struct Sampler {
     sampling: Sampling,
     rng: ChaCha8Rng,

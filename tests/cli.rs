@@ -117,18 +117,19 @@ fn cuda_emu_runs_the_default_spec_and_is_in_all() {
     }
     let spec = touchstone::spec::Spec::load(&real).unwrap();
     assert!(!spec.emulate);
-    let sels = touchstone::engine::select::EngineSel::resolve("all", &spec).unwrap();
+    let sels = touchstone::engine::registry::EngineSel::resolve("all", &spec.declared()).unwrap();
     assert!(!sels.iter().any(|s| s.name() == "cuda-emu"));
     assert_eq!(
-        touchstone::engine::select::EngineSel::resolve("cuda-emu", &spec).unwrap()[0].name(),
+        touchstone::engine::registry::EngineSel::resolve("cuda-emu", &spec.declared()).unwrap()[0].name(),
         "cuda-emu"
     );
 }
 
 #[test]
 fn cuda_is_skipped_with_a_reason_not_passed() {
-    use touchstone::engine::{Availability, EngineKind};
-    let Availability::Unavailable(reason) = EngineKind::Cuda.availability() else {
+    use touchstone::engine::registry::EngineSel;
+    use touchstone::engine::Availability;
+    let Availability::Unavailable(reason) = EngineSel::Cuda.availability() else {
         return; // a machine with a GPU runs the CUDA trials for real
     };
     // A run that checked nothing is not a pass: exit 1, saying so...

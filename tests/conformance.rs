@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Completion, Trial};
-use touchstone::engine::select::EngineSel;
+use touchstone::engine::registry::EngineSel;
 use touchstone::harness;
 use touchstone::plan::Plan;
-use touchstone::runner::{run_plan, Filter};
+use touchstone::runner::{self, rerun_command, Filter, RunOptions};
 use touchstone::spec::Spec;
 
 fn spec_files() -> Vec<PathBuf> {
@@ -36,7 +36,7 @@ fn main() {
         // config is in the file): one trial per engine, ignored with the reason.
         if let Ok(spec) = Spec::load(&path) {
             if let Some(name) = spec.cached_model.as_ref().filter(|_| !spec.model.exists()) {
-                for sel in EngineSel::resolve("all", &spec).unwrap_or_default() {
+                for sel in EngineSel::resolve("all", &spec.declared()).unwrap_or_default() {
                     let reason = touchstone::model::cache::fetch_hint(name);
                     trials.push(Trial::ignorable_test(
                         format!("{}::{}::*", sel.name(), spec.name),
@@ -55,7 +55,7 @@ fn main() {
             }
         };
         // The built-in engines and every engine the spec declares (`engines:`).
-        let sels = match EngineSel::resolve("all", &plan.spec) {
+        let sels = match EngineSel::resolve("all", &plan.spec.declared()) {
             Ok(s) => s,
             Err(e) => {
                 trials.push(harness::broken_spec(&path, e.to_string()));
@@ -65,8 +65,15 @@ fn main() {
         for sel in sels {
             let name = sel.name();
             let availability = sel.availability();
-            let run: Arc<harness::PlanRunner> =
-                Arc::new(move |plan: &Plan| run_plan(plan, &sel, &Filter::default(), None).map_err(|e| e.to_string()));
+            let run: Arc<harness::PlanRunner> = Arc::new(move |plan: &Plan| {
+                let rerun = |id: &str| rerun_command(plan, &sel, id, None);
+                let opts = RunOptions {
+                    filter: &Filter::default(),
+                    rerun: &rerun,
+                    save: None,
+                };
+                runner::run(plan, &sel, &opts).map_err(|e| e.to_string())
+            });
             trials.extend(harness::plan_trials(&name, plan.clone(), availability, run));
         }
     }

@@ -21,10 +21,36 @@ use std::path::{Path, PathBuf};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use touchstone::engine::cuda::CudaEngine;
-use touchstone::engine::{cuda, Availability, Engine, EngineKind, RunOutput, RunRequest, TapSet};
+use touchstone::engine::names::NameMap;
+use touchstone::engine::registry::EngineSel;
+use touchstone::engine::{cuda, Availability, Engine, RunOutput, RunRequest, TapSet};
 use touchstone::model::LoadOptions;
 use touchstone::sampling::Sampling;
 use touchstone::tensor::DType;
+
+/// The built-in engines these trials run, as a `Copy` handle on the registry's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum EngineKind {
+    Cpu,
+    Cuda,
+    CudaEmu,
+}
+
+impl EngineKind {
+    fn sel(self) -> EngineSel {
+        match self {
+            EngineKind::Cpu => EngineSel::Cpu,
+            EngineKind::Cuda => EngineSel::Cuda,
+            EngineKind::CudaEmu => EngineSel::CudaEmu,
+        }
+    }
+    fn availability(self) -> Availability {
+        self.sel().availability()
+    }
+    fn name(self) -> String {
+        self.sel().name()
+    }
+}
 
 fn model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/qwen2-tiny/model")
@@ -35,7 +61,9 @@ fn load(kind: EngineKind, storage: DType) -> Result<Box<dyn Engine>, Failed> {
         storage,
         ..LoadOptions::default()
     };
-    kind.load(&model(), &opts).map_err(|e| Failed::from(e.to_string()))
+    kind.sel()
+        .load(&model(), &opts, &NameMap::default())
+        .map_err(|e| Failed::from(e.to_string()))
 }
 
 fn random() -> Sampling {

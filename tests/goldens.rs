@@ -592,3 +592,73 @@ fn a_llama_cpp_regen_is_fed_the_specs_own_hf_golden() {
     );
     let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }
+
+/// Copies of the default spec's three goldens (HF, llama.cpp, the oracle)
+/// without any `blk.*.attn_scores` tensor — as goldens recorded before that
+/// stage existed — and the default spec pointing at them, `extra` appended
+/// to its `stages:` rules.
+fn goldens_without_attn_scores(dir: &Path, extra: &str) -> PathBuf {
+    let root = common::root();
+    let mut text = spec_text(&model_dir(), &dir.join("hf.safetensors"));
+    for (src, name) in [
+        (hf_golden(), "hf.safetensors"),
+        (
+            root.join("goldens/qwen2-tiny/llamacpp.safetensors"),
+            "llamacpp.safetensors",
+        ),
+        (root.join("goldens/qwen2-tiny/oracle.safetensors"), "oracle.safetensors"),
+    ] {
+        let f = touchstone::tensor::io::read_safetensors(&src).unwrap();
+        let floats = f
+            .floats
+            .into_iter()
+            .filter(|(k, _)| !k.ends_with(".attn_scores"))
+            .collect();
+        let dst = dir.join(name);
+        touchstone::tensor::io::write_safetensors(&dst, &floats, &f.ints, &f.metadata).unwrap();
+        text = text.replace(&src.display().to_string(), &dst.display().to_string());
+    }
+    assert_eq!(text.matches(&dir.display().to_string()).count(), 3, "{text}");
+    let text = text.replacen("  \"blk.*.attn_probs\":", &format!("{extra}  \"blk.*.attn_probs\":"), 1);
+    write(dir, "s.yaml", &text)
+}
+
+#[test]
+fn goldens_lacking_a_stage_give_one_message_per_golden_not_a_suspect_per_check() {
+    let d = tempfile::tempdir().unwrap();
+    let spec = goldens_without_attn_scores(d.path(), "");
+    let o = touchstone(&["run", &s(&spec), "-q"]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    let err = o.all();
+    assert!(!err.contains("SUSPECT"), "{err}");
+    for g in ["golden `hf`", "golden `llama.cpp`", "golden `oracle`"] {
+        assert_eq!(err.matches(g).count(), 1, "{g} once:\n{err}");
+    }
+    assert_eq!(err.matches("`blk.*.attn_scores`").count(), 3, "{err}");
+    assert!(err.contains("{exclude: [golden, references_agree]}"), "{err}");
+    assert!(err.contains("touchstone goldens regen"), "{err}");
+}
+
+#[test]
+fn an_exclusion_takes_the_missing_stage_out_of_the_rule_and_the_spec_passes() {
+    let d = tempfile::tempdir().unwrap();
+    let spec = goldens_without_attn_scores(
+        d.path(),
+        "  \"blk.*.attn_scores\": [{exclude: [golden, references_agree]}]\n",
+    );
+    let o = touchstone(&["list", &s(&spec)]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(
+        o.stdout.contains("prefill/blk.0.attn_scores::finite"),
+        "the exclusion keeps the invariants"
+    );
+    assert!(!o.stdout.contains("attn_scores::golden"), "{}", o.stdout);
+    assert!(!o.stdout.contains("attn_scores::references_agree"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("prefill/blk.0.attn_probs::golden:hf"),
+        "other stages keep theirs"
+    );
+    let o = touchstone(&["run", &s(&spec), "-q"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.all().contains("PASSED"), "{}", o.all());
+}

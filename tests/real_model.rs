@@ -30,7 +30,7 @@ use touchstone::engine::cpu::CpuEngine;
 use touchstone::engine::{Engine, RunOutput, RunRequest, TapSet};
 use touchstone::model::{self, LoadOptions};
 use touchstone::plan::Plan;
-use touchstone::runner::{run_plan_on, Filter};
+use touchstone::runner::{run_on, Filter};
 use touchstone::spec::Spec;
 use touchstone::tensor::io::{read_safetensors, write_safetensors};
 
@@ -255,7 +255,7 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
     };
     // Stage checks only: one engine run serves every golden copy.
     let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));
-    let base = run_plan_on(&plan, &engine, &filter, &|id| id.to_string());
+    let base = run_on(&plan, &engine, &filter, &|id| id.to_string());
     let failed: Vec<&str> = base
         .outcomes
         .iter()
@@ -289,7 +289,7 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
         let mut s = spec.clone();
         s.goldens.insert("hf".into(), copy);
         let plan = Plan::build(s, Some(p)).map_err(|e| e.to_string())?;
-        let r = run_plan_on(&plan, &engine, &filter, &|id| id.to_string());
+        let r = run_on(&plan, &engine, &filter, &|id| id.to_string());
         let failed: Vec<&touchstone::report::Outcome> =
             r.outcomes.iter().filter(|o| o.status == Status::Fail).collect();
         let (step, stage) = key.split_once('/').unwrap();

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use touchstone::checks::{Status, Verdict};
+use touchstone::checks::{Family, Status, Verdict};
 use touchstone::report::{html, junit, markdown, terminal, Outcome, Report, SuiteRun};
 use touchstone::stage::{BlockStage, Stage, Step};
 
@@ -29,7 +29,20 @@ fn outcome(at: Option<(Step, Stage)>, check: &str, v: Verdict) -> Outcome {
         None => format!("run::{check}"),
     };
     let rerun = format!("touchstone run specs/fixture.yaml --engine cpu --only '{id}'");
-    Outcome::new("fixture", "cpu", &id, at, v, rerun)
+    // The fixture names its checks; their families are what the runner would give them.
+    let family = match (at, check.split_once(':')) {
+        (None, _) => Family::Run,
+        (_, Some(("golden", source))) => Family::Golden { source: source.into() },
+        (_, Some(("references_agree", pair))) => {
+            let (base, other) = pair.split_once('~').expect("base~other");
+            Family::ReferencesAgree {
+                base: base.into(),
+                other: other.into(),
+            }
+        }
+        _ => Family::Invariant,
+    };
+    Outcome::new("fixture", "cpu", &id, at, family, v, rerun)
 }
 
 /// Two steps, two layers' worth of a few stages; decode1/blk.1.attn_out fails

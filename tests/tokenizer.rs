@@ -371,7 +371,7 @@ fn main() {
 /// (terminal lines and JSON fields), the continuation being the decoding of
 /// the engine's sampled tokens.
 fn report_text(root: &Path) -> Result<(), Failed> {
-    use touchstone::engine::EngineKind;
+    use touchstone::engine::registry::EngineSel;
     use touchstone::plan::Plan;
     use touchstone::report::{json, terminal, Report};
     use touchstone::spec::Spec;
@@ -385,7 +385,7 @@ fn report_text(root: &Path) -> Result<(), Failed> {
     check(plan.prompt == ids, || {
         format!("plan prompt {:?}, tokenizer {ids:?}", plan.prompt)
     })?;
-    let run = touchstone::runner::run_all(&plan, EngineKind::Cpu).map_err(|e| e.to_string())?;
+    let run = touchstone::runner::run_all(&plan, &EngineSel::Cpu).map_err(|e| e.to_string())?;
     check(run.prompt_text.as_deref() == Some("def fib(n):\n"), || {
         format!("prompt_text {:?}", run.prompt_text)
     })?;

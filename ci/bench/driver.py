@@ -45,7 +45,7 @@ def say(msg):
 
 
 def prompt_tokens(n, vocab):
-    """The prompt of `touchstone bench engine` (src/bench/engine.rs
+    """The prompt of `touchstone bench engine` (src/cmd/bench/engine.rs
     prompt_tokens); checked against the ids touchstone prints."""
     return [(17 + 7919 * i) % vocab for i in range(n)]
 

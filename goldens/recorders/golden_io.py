@@ -44,7 +44,7 @@ def save_deterministic(tensors, metadata, path):
 
 
 # ---- stage vocabulary and record subsets (shared by both recorders) --------
-# The canonical block stages in execution order (src/stage.rs). q_norm/k_norm
+# The canonical block stages in execution order (src/stage/mod.rs). q_norm/k_norm
 # exist only for architectures with a per-head RMSNorm of q and k before RoPE
 # (Qwen3); every other stage exists for every supported architecture.
 BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_scores",
@@ -74,7 +74,7 @@ def all_stages(model_type, n_layers, extra=()):
 
 
 def pattern_matches(pattern, stage):
-    """The spec pattern language (src/spec/pattern.rs): dot-separated parts
+    """The spec pattern language (src/stage/pattern.rs): dot-separated parts
     match one for one, `*` matches any single part, a bare `*` everything."""
     if pattern == "*":
         return True

@@ -56,7 +56,7 @@ with --dtype float64). Tokens the filters remove are exactly 0. Provenance:
 names in order). The tokens fed stay the greedy ones.
 
 Keys are `<step>/<stage>` with steps `prefill`, `decode1`, ..., `decodeN`
-(the vocabulary of src/stage.rs). Row-major, batch dimension dropped;
+(the vocabulary of src/stage/mod.rs). Row-major, batch dimension dropped;
 T = tokens fed in this step, S = KV positions after this step, H heads,
 KV kv heads, D head dim, E hidden, F FFN width, V vocab:
 
@@ -476,7 +476,7 @@ def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, s
         "torch_threads": torch.get_num_threads(),
         "cache_vs_full_max_abs_diff": cache_vs_full,
     }
-    # What identifies the weights, by format (src/provenance.rs reads these
+    # What identifies the weights, by format (src/golden/provenance/mod.rs reads these
     # for its stale-golden check). The keys of a single-file HF folder are the
     # ones every golden had before GGUF and sharded inputs were supported, so
     # those goldens stay byte-identical.

@@ -1,69 +1,22 @@
-//! Checks: invariants on captures (`invariants`), comparison with a golden
-//! (`golden`), and whole-run properties (`run`). Each returns a `Verdict`; the
-//! runner turns verdicts into report outcomes.
+//! Checks: what must hold at a stage (`stage/`) or over whole runs (`run/`),
+//! each kind one file registered by one line in its table; the pure maths
+//! they share (`invariants`, `scaled`, `measure`); what a verdict may depend
+//! on (`facts`); and how a run's outcomes are triaged into a first
+//! divergence, suspect goldens and budgets (`divergence`).
 
+pub mod divergence;
+pub mod facts;
+pub mod family;
 pub mod invariants;
+pub mod kind;
+pub mod measure;
+pub mod params;
+mod registry;
 pub mod run;
 pub mod scaled;
-pub mod weights;
+pub mod stage;
+mod verdict;
 
-use std::collections::BTreeMap;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Pass,
-    Fail,
-    Skip,
-}
-
-/// The result of one check instance: pass/fail/skip, the numbers behind it, and a
-/// message a person can act on (on failure: where, by how much, both values).
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Verdict {
-    pub status: Status,
-    pub metrics: BTreeMap<String, f64>,
-    pub message: String,
-}
-
-impl Verdict {
-    pub fn pass(message: impl Into<String>) -> Verdict {
-        Verdict {
-            status: Status::Pass,
-            metrics: BTreeMap::new(),
-            message: message.into(),
-        }
-    }
-    pub fn fail(message: impl Into<String>) -> Verdict {
-        Verdict {
-            status: Status::Fail,
-            metrics: BTreeMap::new(),
-            message: message.into(),
-        }
-    }
-    pub fn skip(reason: impl Into<String>) -> Verdict {
-        Verdict {
-            status: Status::Skip,
-            metrics: BTreeMap::new(),
-            message: reason.into(),
-        }
-    }
-    /// Pass or fail on `ok`, with the same message either way.
-    pub fn check(ok: bool, message: impl Into<String>) -> Verdict {
-        if ok {
-            Verdict::pass(message)
-        } else {
-            Verdict::fail(message)
-        }
-    }
-    pub fn metric(mut self, name: &str, value: f64) -> Verdict {
-        self.metrics.insert(name.to_string(), value);
-        self
-    }
-    pub fn passed(&self) -> bool {
-        self.status == Status::Pass
-    }
-    pub fn failed(&self) -> bool {
-        self.status == Status::Fail
-    }
-}
+pub use facts::Facts;
+pub use family::{Family, Metric};
+pub use verdict::{Status, Verdict};

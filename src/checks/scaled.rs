@@ -26,6 +26,11 @@
 //! The maximum (not a norm) decides, because the bugs worth catching are
 //! local: one head, one position, one block of a tensor.
 
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::params::tol_value;
 use crate::compare::{compare, Comparison, Tolerance};
 use crate::model::ModelConfig;
 use crate::stage::{BlockStage, Stage};
@@ -44,6 +49,46 @@ pub const DEFAULT_FACTOR: f64 = 4.0;
 /// covers those, and a correct engine (same arithmetic class as HF) sits
 /// within 4× of HF's own error. See the spec comments for the measured table.
 pub const DEFAULT_FLOOR: f64 = 2.0;
+
+/// `scaled:` in a spec — how the scaled policy turns errors against the
+/// oracle into verdicts.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaledSpec {
+    /// The engine may be this many times farther from the oracle than the
+    /// closest reference is (or than the floor, where that is larger).
+    #[serde(default = "default_factor", deserialize_with = "tol_value")]
+    pub factor: f64,
+    /// The floor's constant c in c·u·M·(√K + 1): the least error allowed at a
+    /// stage of reduction length K and magnitude M, in rounding units u.
+    #[serde(default = "default_floor", deserialize_with = "tol_value")]
+    pub floor: f64,
+    /// Golden source → the unit roundoff of its arithmetic, for a reference
+    /// that computes in a coarser precision by design (llama.cpp quantising
+    /// activations to 8 bits: 2^-8); default f32's 2^-24. It sets that
+    /// reference's own floor and never widens the engine's allowance against
+    /// another reference.
+    #[serde(default)]
+    pub unit_roundoff: BTreeMap<String, f64>,
+}
+
+impl Default for ScaledSpec {
+    fn default() -> ScaledSpec {
+        ScaledSpec {
+            factor: DEFAULT_FACTOR,
+            floor: DEFAULT_FLOOR,
+            unit_roundoff: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_factor() -> f64 {
+    DEFAULT_FACTOR
+}
+
+fn default_floor() -> f64 {
+    DEFAULT_FLOOR
+}
 
 /// The parameters of one scaled judgement.
 #[derive(Clone, Copy, Debug, PartialEq)]

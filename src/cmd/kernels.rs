@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::cli::Outcome;
+use super::Outcome;
 use crate::engine::cuda::compile::{self, KernelError, FILES};
 use crate::engine::cuda::launch;
 use crate::error::{Error, Result};

@@ -18,11 +18,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::checks::kind::Kind;
+use crate::checks::{Family, Metric};
 use crate::error::{Error, Result};
 use crate::stage::{parse_key, Stage, Step};
-
-/// Error metrics, most specific first; the first one a check has is its error.
-const ERROR_METRICS: &[&str] = &["max_abs", "max_row_err", "future_max_abs", "pos0_max_abs"];
 
 /// One check as the JSON report stores it (only what a diff needs).
 #[derive(Clone, Debug, Deserialize)]
@@ -35,6 +34,12 @@ pub struct JsonCheck {
     #[serde(default)]
     pub stage: Option<String>,
     pub check: String,
+    /// The check's family (`"family": …` in reports since it was recorded).
+    #[serde(flatten, default)]
+    pub family: Option<Family>,
+    /// The metric that is the check's error, as the report recorded it.
+    #[serde(default)]
+    pub error_metric: Option<Metric>,
     pub status: String,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
@@ -48,10 +53,38 @@ struct JsonReport {
 }
 
 impl JsonCheck {
+    /// The check's error: its recorded error metric; for a report written
+    /// before the metric was recorded, the first metric it has, most
+    /// specific first.
     pub fn error(&self) -> Option<(&'static str, f64)> {
-        ERROR_METRICS
-            .iter()
-            .find_map(|k| self.metrics.get(*k).map(|v| (*k, *v)))
+        let value = |m: Metric| self.metrics.get(m.key()).map(|v| (m.key(), *v));
+        match self.error_metric {
+            Some(m) => value(m),
+            None => Metric::ALL.into_iter().find_map(value),
+        }
+    }
+
+    /// The check's family: as recorded, or for a report written before
+    /// families were recorded, read from its id as the check tables write
+    /// ids (`golden:SOURCE`, `references_agree:BASE~OTHER`).
+    pub fn family(&self) -> Family {
+        if let Some(f) = &self.family {
+            return f.clone();
+        }
+        let golden = crate::checks::stage::Golden::NAME;
+        let agree = crate::checks::stage::ReferencesAgree::NAME;
+        match self.check.split_once(':') {
+            _ if self.step.is_none() => Family::Run,
+            Some((k, source)) if k == golden => Family::Golden { source: source.into() },
+            Some((k, pair)) if k == agree => match pair.split_once('~') {
+                Some((base, other)) => Family::ReferencesAgree {
+                    base: base.into(),
+                    other: other.into(),
+                },
+                None => Family::Invariant,
+            },
+            _ => Family::Invariant,
+        }
     }
     fn key(&self) -> String {
         format!("{}::{}::{}", self.engine, self.spec, self.id)
@@ -113,6 +146,13 @@ pub struct Row {
 }
 
 impl Row {
+    /// The check's family (from whichever side has it).
+    pub fn family(&self) -> Family {
+        self.after
+            .as_ref()
+            .or(self.before.as_ref())
+            .map_or(Family::Invariant, JsonCheck::family)
+    }
     pub fn before_error(&self) -> Option<f64> {
         self.before.as_ref().and_then(|c| c.error()).map(|e| e.1)
     }

@@ -209,7 +209,7 @@ pub fn html(d: &DiffReport) -> String {
     );
     // run -> step -> golden rows in stage order (rows are already in execution order)
     let mut runs: BTreeMap<String, BTreeMap<Step, Vec<&Row>>> = BTreeMap::new();
-    for r in d.rows.iter().filter(|r| r.check.starts_with("golden")) {
+    for r in d.rows.iter().filter(|r| r.family().is_golden()) {
         if let Some((step, _)) = r.at {
             runs.entry(r.run.clone()).or_default().entry(step).or_default().push(r);
         }
@@ -238,7 +238,7 @@ pub fn html(d: &DiffReport) -> String {
             let mut highlight = None;
             for r in rows {
                 let i = idx(r);
-                let source = r.check.trim_start_matches("golden:").to_string();
+                let source = r.family().source().unwrap_or_default().to_string();
                 if let Some(e) = r.before_error() {
                     let failed = Row::status(&r.before) == "fail";
                     lines.entry((source.clone(), false)).or_default().push((i, e, failed));

@@ -7,7 +7,7 @@
 //! built-in ones.
 //!
 //! What an engine owes each tapped stage is the canonical tensor of the
-//! README's stage table: row-major, no batch dimension, one tensor per
+//! stage table (`stage::shape`, docs/stages-and-checks.md): row-major, no batch dimension, one tensor per
 //! (step, stage), values as the engine computed them (f32, or rounded to its
 //! storage dtype and tagged with it). The prefill step runs the whole prompt
 //! at positions 0..T; decode step n runs one token at position T + n − 1 with
@@ -19,16 +19,14 @@ pub mod dumps;
 pub mod exec;
 pub mod names;
 pub mod output;
-pub mod select;
-
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+pub mod registry;
 
 use crate::error::Result;
-use crate::model::{LoadOptions, ModelConfig};
+use crate::model::ModelConfig;
 use crate::sampling::Sampling;
 use crate::stage::{Stage, Step};
 use crate::tensor::Tensor;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether an engine can run on this machine. Trials of an unavailable engine are
 /// reported as skipped with the reason, never as passed.
@@ -36,53 +34,6 @@ use crate::tensor::Tensor;
 pub enum Availability {
     Available,
     Unavailable(String),
-}
-
-/// The engines touchstone knows by name (`--engine`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EngineKind {
-    Cpu,
-    Cuda,
-    /// The CUDA engine's host code on the emulated device (`cuda::emu`):
-    /// every kernel and launch of `cuda` run on the CPU, always available.
-    CudaEmu,
-}
-
-impl EngineKind {
-    pub const ALL: [EngineKind; 3] = [EngineKind::Cpu, EngineKind::Cuda, EngineKind::CudaEmu];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Cpu => "cpu",
-            EngineKind::Cuda => "cuda",
-            EngineKind::CudaEmu => "cuda-emu",
-        }
-    }
-
-    /// The built-in engine called `name`.
-    pub fn from_name(name: &str) -> Option<EngineKind> {
-        EngineKind::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// Checked before loading anything, so an unavailable engine costs nothing.
-    pub fn availability(self) -> Availability {
-        match self {
-            EngineKind::Cpu | EngineKind::CudaEmu => Availability::Available,
-            EngineKind::Cuda => cuda::availability(),
-        }
-    }
-
-    /// Loads `model` (an HF folder or a `.gguf` file) into this engine.
-    pub fn load(self, model: &Path, opts: &LoadOptions) -> Result<Box<dyn Engine>> {
-        match self {
-            EngineKind::Cpu => Ok(Box::new(cpu::CpuEngine::load_with(model, opts)?)),
-            EngineKind::Cuda => match self.availability() {
-                Availability::Unavailable(r) => Err(crate::error::Error::engine("cuda", r)),
-                Availability::Available => cuda::load(model, opts),
-            },
-            EngineKind::CudaEmu => cuda::load_emu(model, opts),
-        }
-    }
 }
 
 /// What to run.
@@ -182,7 +133,7 @@ impl FromIterator<Stage> for TapSet {
 }
 
 /// Tapped tensors of one run, keyed by (step, stage), in canonical layouts
-/// (see DESIGN.md: row-major, no batch dimension).
+/// (`stage::shape`, docs/stages-and-checks.md: row-major, no batch dimension).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Captures {
     map: BTreeMap<(Step, Stage), Tensor>,

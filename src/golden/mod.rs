@@ -16,6 +16,9 @@ use crate::stage::{parse_key, Stage, Step};
 use crate::tensor::io::read_safetensors;
 use crate::tensor::Tensor;
 
+/// The source name of a spec's `oracle:` in check ids and messages.
+pub const ORACLE: &str = "oracle";
+
 /// The format tag the recorders write into the safetensors metadata.
 pub const FORMAT: &str = "touchstone-golden/1";
 
@@ -139,6 +142,11 @@ impl GoldenSet {
     /// (`record.logits: last`): a `[1, V]` tensor compared with the last row.
     pub fn logits_last_row(&self) -> bool {
         self.provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last")
+    }
+
+    /// The (step, stage) of every tensor held.
+    pub fn keys(&self) -> impl Iterator<Item = &(Step, Stage)> {
+        self.tensors.keys()
     }
 
     pub fn get(&self, step: Step, stage: Stage) -> Option<&Tensor> {

@@ -13,7 +13,7 @@ use plotters::prelude::*;
 
 use super::junit::escape;
 use super::{Outcome, Report};
-use crate::checks::Status;
+use crate::checks::{Family, Status};
 use crate::stage::{Stage, Step};
 
 /// Errors of exactly zero are drawn on this floor (a log axis has no zero).
@@ -218,11 +218,11 @@ fn ratio_plot(
     x_labels: Vec<String>,
     highlight: Option<(usize, String)>,
 ) -> Option<Plot> {
-    let mut checks: Vec<&str> = stages
+    let mut checks: Vec<(&str, &Family)> = stages
         .values()
         .flatten()
         .filter(|o| o.metrics.contains_key("ratio"))
-        .map(|o| o.check.as_str())
+        .map(|o| (o.check.as_str(), &o.family))
         .collect();
     checks.sort();
     checks.dedup();
@@ -232,13 +232,11 @@ fn ratio_plot(
     let series = checks
         .iter()
         .enumerate()
-        .map(|(k, check)| Series {
-            name: match check.strip_prefix("references_agree:oracle~") {
-                Some(r) => format!("{r} vs oracle / its floor"),
-                None => format!(
-                    "engine error / {}'s error ({check})",
-                    check.trim_start_matches("golden:")
-                ),
+        .map(|(k, (check, family))| Series {
+            name: match family {
+                Family::ReferencesAgree { base, other } => format!("{other} vs {base} / its floor"),
+                Family::Golden { source } => format!("engine error / {source}'s error ({check})"),
+                _ => check.to_string(),
             },
             color: PALETTE[k % PALETTE.len()],
             points: stages

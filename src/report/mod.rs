@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::checks::{Status, Verdict};
+use crate::checks::divergence::{self, Mark};
+use crate::checks::{Family, Metric, Status, Verdict};
 use crate::stage::{Stage, Step};
 use crate::tensor::DType;
 
@@ -27,6 +28,11 @@ pub struct Outcome {
     pub step: Option<String>,
     pub stage: Option<String>,
     pub check: String,
+    /// What kind of evidence the check is (`"family": "golden", "source": "hf"`).
+    #[serde(flatten)]
+    pub family: Family,
+    /// The metric that is the check's error, if it has one.
+    pub error_metric: Option<Metric>,
     pub status: Status,
     pub metrics: BTreeMap<String, f64>,
     pub message: String,
@@ -50,6 +56,7 @@ impl Outcome {
         engine: &str,
         id: &str,
         at: Option<(Step, Stage)>,
+        family: Family,
         verdict: Verdict,
         rerun: String,
     ) -> Outcome {
@@ -60,6 +67,8 @@ impl Outcome {
             step: at.map(|(s, _)| s.to_string()),
             stage: at.map(|(_, s)| s.to_string()),
             check: id.rsplit("::").next().unwrap_or(id).to_string(),
+            family,
+            error_metric: None,
             status: verdict.status,
             metrics: verdict.metrics,
             message: verdict.message,
@@ -76,12 +85,18 @@ impl Outcome {
         format!("{}::{}::{}", self.engine, self.spec, self.id)
     }
 
+    /// The outcome with the metric that is its error.
+    pub fn with_error_metric(mut self, metric: Option<Metric>) -> Outcome {
+        self.error_metric = metric;
+        self
+    }
+
     pub fn is_golden(&self) -> bool {
-        self.check.starts_with("golden")
+        self.family.is_golden()
     }
 
     pub fn is_references_agree(&self) -> bool {
-        self.check.starts_with("references_agree")
+        self.family.is_references_agree()
     }
 }
 
@@ -131,50 +146,31 @@ impl SuiteRun {
         mut outcomes: Vec<Outcome>,
         skipped: Option<String>,
     ) -> SuiteRun {
-        let suspect_at: std::collections::BTreeSet<(Step, Stage)> = outcomes
+        let marks: Vec<Mark> = outcomes
             .iter()
-            .filter(|o| o.status == Status::Fail && o.is_references_agree())
-            .filter_map(|o| o.at)
+            .map(|o| Mark {
+                at: o.at,
+                family: &o.family,
+                status: o.status,
+                check: &o.check,
+            })
             .collect();
-        for o in outcomes.iter_mut() {
-            o.at_suspect_golden = o.status == Status::Fail
-                && (o.is_golden() || o.is_references_agree())
-                && o.at.is_some_and(|a| suspect_at.contains(&a));
-        }
-        let suspect_golden = outcomes
-            .iter()
-            .filter(|o| o.status == Status::Fail && o.is_references_agree())
-            .filter_map(|o| o.at.map(|at| (at, o.check.clone())))
-            .min()
-            .map(|(at, check)| Divergence {
-                step: at.0.to_string(),
-                stage: at.1.to_string(),
-                check,
-            });
-        let first = outcomes
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.status == Status::Fail && o.is_golden() && !o.at_suspect_golden)
-            .filter_map(|(i, o)| o.at.map(|at| (at, i)))
-            .min();
-        let mut first_divergence = None;
-        if let Some((at, i)) = first {
-            outcomes[i].first_divergence = true;
-            let label = format!("{}/{}", at.0, at.1);
-            for o in outcomes
-                .iter_mut()
-                .filter(|o| o.status == Status::Fail && !o.at_suspect_golden)
-            {
-                if o.at.is_some_and(|a| a > at) {
-                    o.downstream_of = Some(label.clone());
-                }
-            }
-            let o = &outcomes[i];
-            first_divergence = Some(Divergence {
+        let t = divergence::triage(&marks);
+        let at_of = |i: usize, outcomes: &[Outcome]| {
+            let o: &Outcome = &outcomes[i];
+            let at = o.at.expect("triage picks staged outcomes");
+            Divergence {
                 step: at.0.to_string(),
                 stage: at.1.to_string(),
                 check: o.check.clone(),
-            });
+            }
+        };
+        let suspect_golden = t.suspect_golden.map(|i| at_of(i, &outcomes));
+        let first_divergence = t.first.map(|i| at_of(i, &outcomes));
+        for (i, o) in outcomes.iter_mut().enumerate() {
+            o.at_suspect_golden = t.suspect[i];
+            o.first_divergence = t.first == Some(i);
+            o.downstream_of = t.downstream[i].map(|(step, stage)| format!("{step}/{stage}"));
         }
         let passed = outcomes.iter().all(|o| o.status != Status::Fail);
         SuiteRun {
@@ -247,11 +243,16 @@ mod tests {
             metrics: BTreeMap::new(),
             message: String::new(),
         };
+        let family = match check.strip_prefix("golden:") {
+            Some(source) => Family::Golden { source: source.into() },
+            None => Family::Invariant,
+        };
         Outcome::new(
             "s",
             "cpu",
             &format!("{step}/{stage}::{check}"),
             Some((step, stage)),
+            family,
             v,
             String::new(),
         )

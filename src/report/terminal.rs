@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::{Outcome, Report, SuiteRun};
-use crate::checks::Status;
+use crate::checks::{Family, Status};
 use crate::stage::{Stage, Step};
 
 /// Failures printed in full beyond the first divergence; the rest are listed by id.
@@ -92,12 +92,12 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         let _ = writeln!(out, "skipped: {reason}\n");
         return;
     }
-    let sources: Vec<String> = {
-        let mut s: Vec<String> = run
+    // (check, source) of every golden check, one column each.
+    let sources: Vec<(String, String)> = {
+        let mut s: Vec<(String, String)> = run
             .outcomes
             .iter()
-            .filter(|o| o.is_golden())
-            .map(|o| o.check.clone())
+            .filter_map(|o| o.family.source().map(|src| (o.check.clone(), src.to_string())))
             .collect();
         s.sort();
         s.dedup();
@@ -110,12 +110,10 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         .iter()
         .any(|o| o.is_golden() && o.metrics.contains_key("ratio"));
     // The references' distance from each other, shown as the error budget.
-    let budget_label: Option<String> = run
-        .outcomes
-        .iter()
-        .filter(|_| !scaled)
-        .find_map(|o| o.check.strip_prefix("references_agree:"))
-        .map(|pair| format!("budget {}", pair.replace('~', "↔")));
+    let budget_label: Option<String> = run.outcomes.iter().filter(|_| !scaled).find_map(|o| match &o.family {
+        Family::ReferencesAgree { base, other } => Some(format!("budget {base}↔{other}")),
+        _ => None,
+    });
     let mut rows: BTreeMap<(Step, Stage), Vec<&Outcome>> = BTreeMap::new();
     for o in &run.outcomes {
         if let Some(at) = o.at {
@@ -140,8 +138,7 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         if scaled {
             let _ = write!(header, "  {:>10}", "err/oracle");
         }
-        for s in &sources {
-            let src = s.trim_start_matches("golden:");
+        for (_, src) in &sources {
             if scaled {
                 let _ = write!(header, "  {:>10}", format!("ratio {src}"));
             } else {
@@ -176,8 +173,8 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
                     .find_map(|o| o.metrics.get("error_vs_oracle").filter(|_| o.is_golden()));
                 let _ = write!(line, "  {:>10}", e.map_or("-".to_string(), |v| format!("{v:.2e}")));
             }
-            for s in &sources {
-                match outs.iter().find(|o| &o.check == s) {
+            for (check, _) in &sources {
+                match outs.iter().find(|o| &o.check == check) {
                     Some(o) if scaled => {
                         let r = o.metrics.get("ratio").map_or("-".to_string(), |v| format!("{v:.3}"));
                         let _ = write!(line, "  {r:>10}");
@@ -198,7 +195,7 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
             if budget_label.is_some() {
                 let b = outs
                     .iter()
-                    .filter(|o| o.check.starts_with("references_agree"))
+                    .filter(|o| o.is_references_agree())
                     .filter_map(|o| o.metrics.get("max_abs"))
                     .fold(None, |m: Option<f64>, v| Some(m.map_or(*v, |m| m.max(*v))));
                 let _ = write!(line, "  {:>12}", b.map_or("-".to_string(), |v| format!("{v:.2e}")));

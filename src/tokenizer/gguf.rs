@@ -1,5 +1,5 @@
 //! A tokenizer from a GGUF file's own vocabulary, built as llama.cpp builds it
-//! (src/llama-vocab.cpp of the pinned llama.cpp) so that our ids are the ids
+//! (llama-vocab.cpp in the pinned llama.cpp sources) so that our ids are the ids
 //! llama.cpp feeds the model:
 //!
 //! - `tokenizer.ggml.model` must be `gpt2` (byte-level BPE); `tokens` are the

@@ -16,26 +16,8 @@ use rayon::prelude::*;
 
 use super::stats::{best, median};
 use super::{emit, init_threads, GB, MIB};
+use crate::cli::bench::BandwidthArgs;
 use crate::error::{Error, Result};
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct BandwidthArgs {
-    /// Worker threads (rayon's pool), the same number the peers are given.
-    #[arg(long, default_value_t = default_threads(), value_parser = clap::value_parser!(u16).range(1..))]
-    pub threads: u16,
-    /// Buffer size in MiB. Use several times the last-level cache, or the
-    /// cache serves part of it and the figure is too high.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
-    pub mib: u32,
-    /// Timed passes over the buffer (the best is the bandwidth).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub reps: u32,
-}
-
-/// The machine's cores, or 1 when the OS does not say.
-pub fn default_threads() -> u16 {
-    std::thread::available_parallelism().map_or(1, |n| u16::try_from(n.get()).unwrap_or(u16::MAX))
-}
 
 /// One measurement of read bandwidth.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -7,41 +7,17 @@
 //! The tensors come from files (`--a`, `--b`: what `ci/bench.sh` gives every
 //! peer, so numpy and torch see the same bytes) or are generated here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 
 use super::stats::{best, median};
 use super::{bandwidth, emit, init_threads, GB, MIB};
+use crate::cli::bench::CompareArgs;
 use crate::compare::{compare, Comparison, Tolerance};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct CompareArgs {
-    /// Size of each generated tensor in MiB (ignored with --a/--b). Use
-    /// several times the last-level cache, as the golden files of a real model
-    /// are.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
-    pub mib: u32,
-    /// Worker threads (rayon's pool), the same number the peers are given.
-    #[arg(long, default_value_t = bandwidth::default_threads(), value_parser = clap::value_parser!(u16).range(1..))]
-    pub threads: u16,
-    /// Timed comparisons.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub reps: u32,
-    /// The "actual" tensor, from a file holding exactly one float tensor
-    /// (.npy, .safetensors, .npz); needs --b. Default: generated (seeded).
-    #[arg(long, value_name = "FILE", requires = "b")]
-    pub a: Option<PathBuf>,
-    /// The "expected" tensor, the same shape as --a.
-    #[arg(long, value_name = "FILE", requires = "a")]
-    pub b: Option<PathBuf>,
-    /// Buffer of the bandwidth measurement made beside it, in MiB.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
-    pub bandwidth_mib: u32,
-}
 
 /// Golden-check-like data, seeded: `a` uniform in [-4, 4), `b` = `a` plus
 /// noise up to ±1e-5, the scale of the default f32 tolerance (atol 1e-5), so

@@ -1,5 +1,5 @@
 //! `touchstone bench engine`: the CPU engine called as a library, as
-//! `EngineKind::load` gives it to the runner, on a fixed token list: prefill,
+//! `EngineSel::load` gives it to the runner, on a fixed token list: prefill,
 //! then greedy decode steps, with no taps (an untapped run copies nothing).
 //!
 //! The `Engine` trait runs a prefill and its decode steps in one call, and
@@ -10,41 +10,18 @@
 //! first, the decode time the difference. Both runs include picking the
 //! token after each step (argmax over the logits), as the peers' loops do.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use super::proc_stats::{model_file_bytes, peak_rss_bytes};
 use super::stats::{median, rate};
 use super::{emit, init_threads};
-use crate::engine::{EngineKind, RunRequest, TapSet};
+use crate::cli::bench::EngineArgs;
+use crate::engine::names::NameMap;
+use crate::engine::registry::EngineSel;
+use crate::engine::{RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::model::LoadOptions;
 use crate::sampling::Sampling;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct EngineArgs {
-    /// The model: an HF folder (config.json + *.safetensors) or a .gguf file.
-    #[arg(long, value_name = "PATH")]
-    pub model: PathBuf,
-    /// Prompt length: token ids (17 + 7919·i) mod vocab, i = 0..N, fed as one
-    /// prefill (the ids are printed in the summary line so the peers can be
-    /// fed the same ones).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
-    pub prompt_tokens: u32,
-    /// Greedy decode steps after the prefill, one token each.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
-    pub decode: u32,
-    /// Worker threads (rayon's pool), the same number the peers are given.
-    #[arg(long, default_value_t = super::bandwidth::default_threads(), value_parser = clap::value_parser!(u16).range(1..))]
-    pub threads: u16,
-    /// Timed repetitions (each: a prefill run, then a prefill + decode run).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub reps: u32,
-    /// Untimed runs first (prefill + 1 decode step each): the first run of a
-    /// process pays for page faults and thread start-up.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=100))]
-    pub warmup: u32,
-}
 
 /// The prompt every engine of the bench is fed: deterministic, spread over
 /// the vocabulary (7919 is prime, so consecutive ids differ), all < `vocab`.
@@ -85,7 +62,7 @@ pub fn run(a: &EngineArgs) -> Result<()> {
     let model_bytes = model_file_bytes(&a.model)?;
 
     let t0 = Instant::now();
-    let engine = EngineKind::Cpu.load(&a.model, &LoadOptions::default())?;
+    let engine = EngineSel::Cpu.load(&a.model, &LoadOptions::default(), &NameMap::default())?;
     let load_s = t0.elapsed().as_secs_f64();
     let mut weight_elems = 0usize;
     engine.visit_weights(&mut |_, _, w| weight_elems += w.len())?;

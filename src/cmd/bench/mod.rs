@@ -16,28 +16,13 @@ pub mod engine;
 pub mod proc_stats;
 pub mod stats;
 
-use clap::Subcommand;
-
+use crate::cli::bench::BenchCmd;
 use crate::error::{Error, Result};
 
 /// Bytes in a GB as this module reports them: decimal, as bandwidths are quoted.
 pub const GB: f64 = 1e9;
 /// Bytes in a MiB (buffer sizes are given in MiB).
 pub const MIB: usize = 1 << 20;
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCmd {
-    /// The CPU engine on a model: prefill of a fixed token list, then greedy
-    /// decode steps, no taps; tok/s per repetition, load time, peak RSS.
-    Engine(engine::EngineArgs),
-    /// Memory read bandwidth: a parallel sum over a buffer much larger than
-    /// the last-level cache, best of the repetitions, in GB/s (1e9 bytes/s).
-    Bandwidth(bandwidth::BandwidthArgs),
-    /// The comparator behind every golden check on two f32 tensors, in GB/s of
-    /// input read (both tensors), and its fraction of the bandwidth measured in
-    /// the same process.
-    Compare(comparator::CompareArgs),
-}
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
@@ -74,7 +59,7 @@ pub fn emit(json: &serde_json::Value, human: &str) {
 mod tests {
     use clap::Parser;
 
-    use super::BenchCmd;
+    use crate::cli::bench::BenchCmd;
     use crate::cli::{Cli, Command};
 
     fn parse(args: &[&str]) -> Result<BenchCmd, clap::Error> {

@@ -5,11 +5,17 @@
 
 pub mod change;
 pub mod pending;
+mod progress;
 pub mod regen;
+mod venv;
 
 use std::path::{Path, PathBuf};
 
+use super::specs::specs_or_default;
+use super::Outcome;
+use crate::cli::{GoldensAction, SourceArg};
 use crate::error::{Error, Result};
+use crate::plan::Plan;
 use crate::spec::Spec;
 use pending::GoldenRef;
 use regen::{Job, RecordArgs, Recorder};
@@ -49,7 +55,10 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
     let mut jobs = Vec::new();
     for p in specs {
         let spec = Spec::load(p)?;
-        let oracle = spec.oracle.iter().map(|o| (crate::plan::ORACLE.to_string(), o.clone()));
+        let oracle = spec
+            .oracle
+            .iter()
+            .map(|o| (crate::golden::ORACLE.to_string(), o.clone()));
         let sources: Vec<(String, PathBuf)> = spec
             .goldens
             .iter()
@@ -102,12 +111,12 @@ fn record_args(spec: &Spec) -> RecordArgs {
         stages: spec.record.stages.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
         sample_probs: match spec.sampling {
-            crate::spec::SamplingSpec::Random {
+            crate::sampling::Sampling::Random {
                 temperature,
                 top_k,
                 top_p,
             } => Some(format!("{temperature},{},{}", top_k.unwrap_or(0), top_p.unwrap_or(1.0))),
-            crate::spec::SamplingSpec::Greedy => None,
+            crate::sampling::Sampling::Greedy => None,
         },
         hf_golden: spec
             .goldens
@@ -119,4 +128,65 @@ fn record_args(spec: &Spec) -> RecordArgs {
 
 pub fn refs(jobs: &[Job]) -> Vec<GoldenRef> {
     jobs.iter().map(|j| j.golden.clone()).collect()
+}
+
+pub fn execute(action: GoldensAction) -> Result<Outcome> {
+    use crate::cmd::goldens::{jobs, pending, refs, regen, repo_root};
+    match action {
+        GoldensAction::Regen { specs, source, python } => {
+            // Refuse before reading anything, so CI cannot write even a cache file.
+            regen::refuse_on_ci("regenerate")?;
+            let specs = specs_or_default(specs)?;
+            let jobs = jobs(&specs, filter(source))?;
+            let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
+            print!("{}", r.text);
+            Ok(if r.changed { Outcome::Failed } else { Outcome::Passed })
+        }
+        GoldensAction::Status { specs, check } => {
+            let specs = specs_or_default(specs)?;
+            let (text, mut attention) = pending::status_count(&refs(&jobs(&specs, SourceFilter::All)?));
+            print!("{text}");
+            if check {
+                // Stale goldens: the plan's freshness check (model hash, config
+                // dimensions, prompt) is what `run` would stop on.
+                for p in &specs {
+                    if let Err(e) = Spec::load(p).and_then(|s| Plan::build(s, None)) {
+                        attention += 1;
+                        println!("STALE or unusable: {e}");
+                    }
+                }
+                if attention > 0 {
+                    println!("goldens status --check: {attention} item(s) need attention");
+                    return Ok(Outcome::Failed);
+                }
+                println!("goldens status --check: nothing pending, nothing stale");
+            }
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Accept { specs, source } => {
+            regen::refuse_on_ci("accept")?;
+            print!(
+                "{}",
+                pending::accept(&refs(&jobs(&specs_or_default(specs)?, filter(source))?))?
+            );
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Reject { specs, source } => {
+            print!(
+                "{}",
+                pending::reject(&refs(&jobs(&specs_or_default(specs)?, filter(source))?))?
+            );
+            Ok(Outcome::Passed)
+        }
+    }
+}
+
+/// `--source` as a filter.
+fn filter(source: SourceArg) -> SourceFilter {
+    match source {
+        SourceArg::Hf => SourceFilter::Hf,
+        SourceArg::LlamaCpp => SourceFilter::LlamaCpp,
+        SourceArg::Oracle => SourceFilter::Oracle,
+        SourceArg::All => SourceFilter::All,
+    }
 }

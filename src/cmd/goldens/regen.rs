@@ -23,15 +23,14 @@
 //! ends, also on error; only the pending `<golden>.new` files are written,
 //! beside the spec's goldens.
 
-use std::io::{BufRead, BufReader, IsTerminal};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use indicatif::{ProgressBar, ProgressStyle};
+use std::process::Command;
+use std::time::Instant;
 
 use super::change;
 use super::pending::{write_atomic, GoldenRef};
+use super::progress::{run_streaming, tail, Progress};
+use super::venv::python_env;
 use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
 
@@ -50,7 +49,7 @@ impl Recorder {
         match source {
             "hf" => Some(Recorder::Hf),
             "llama.cpp" | "llamacpp" | "llama_cpp" => Some(Recorder::LlamaCpp),
-            crate::plan::ORACLE => Some(Recorder::Oracle),
+            crate::golden::ORACLE => Some(Recorder::Oracle),
             _ => None,
         }
     }
@@ -148,228 +147,6 @@ pub fn refuse_on_ci(what: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Progress: an indicatif bar when stderr is a terminal, plain lines otherwise.
-pub struct Progress {
-    bar: Option<ProgressBar>,
-    step: u64,
-    total: u64,
-}
-
-impl Progress {
-    pub fn new(total: u64) -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = ProgressBar::new(total);
-            b.set_style(
-                ProgressStyle::with_template("{spinner} regen [{pos}/{len}] {wide_msg} {elapsed}")
-                    .expect("valid template"),
-            );
-            b.enable_steady_tick(Duration::from_millis(120));
-            b
-        });
-        Progress { bar, step: 0, total }
-    }
-    /// Starts the next long step.
-    pub fn start(&mut self, msg: &str) {
-        self.step += 1;
-        match &self.bar {
-            Some(b) => {
-                b.set_position(self.step - 1);
-                b.set_message(msg.to_string());
-            }
-            None => eprintln!("regen: [{}/{}] {msg}", self.step, self.total),
-        }
-    }
-    /// Detail inside a step (e.g. pip's progress): the bar's message, or a plain line.
-    pub fn detail(&self, msg: &str) {
-        match &self.bar {
-            Some(b) => b.set_message(msg.to_string()),
-            None => eprintln!("regen:       {msg}"),
-        }
-    }
-    /// A line that stays (printed above the bar).
-    pub fn println(&self, msg: &str) {
-        match &self.bar {
-            Some(b) => b.println(msg),
-            None => eprintln!("regen: {msg}"),
-        }
-    }
-    pub fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
-}
-
-/// Runs `cmd`, streaming its output lines (stdout and stderr, as they come)
-/// to `on_line`; returns the collected output and whether it succeeded.
-fn run_streaming(mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<(bool, String)> {
-    let prog = format!("{:?}", cmd.get_program());
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::Usage(format!("cannot run {prog}: {e}")))?;
-    // One reader thread per pipe so neither can fill up and block the child;
-    // the lines come back here because `on_line` (the progress bar) stays on
-    // this thread.
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let readers: Vec<_> = [
-        Box::new(child.stdout.take().expect("piped")) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().expect("piped")),
-    ]
-    .into_iter()
-    .map(|pipe| {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        })
-    })
-    .collect();
-    drop(tx);
-    let mut all = String::new();
-    for line in rx {
-        on_line(&line);
-        all += &line;
-        all.push('\n');
-    }
-    for r in readers {
-        let _ = r.join();
-    }
-    let status = child.wait().map_err(|e| Error::Usage(format!("{prog}: {e}")))?;
-    Ok((status.success(), all))
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-const PINS_OK: &str = r##"
-import sys
-from importlib.metadata import PackageNotFoundError, version
-bad = []
-for line in open(sys.argv[1]):
-    line = line.split("#", 1)[0].strip()
-    if not line:
-        continue
-    name, _, want = line.partition("==")
-    try:
-        have = version(name.strip())
-    except PackageNotFoundError:
-        have = None
-    if have != want.strip():
-        bad.append(f"{name.strip()} (want {want.strip()}, have {have})")
-if bad:
-    print("pins not satisfied: " + ", ".join(bad))
-    sys.exit(1)
-"##;
-
-/// `Ok(())` when `python` has every pin of `reqs` installed at exactly that version.
-fn pins_ok(python: &Path, reqs: &Path) -> std::result::Result<(), String> {
-    let out = Command::new(python)
-        .arg("-c")
-        .arg(PINS_OK)
-        .arg(reqs)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Finds or builds the recorders' interpreter (see the module comment).
-fn python_env(root: &Path, explicit: Option<&Path>, progress: &mut Progress) -> Result<PathBuf> {
-    let reqs = root.join("goldens/recorders/requirements.txt");
-    let cache_venv = crate::model::cache::dir().join("recorders-venv");
-    progress.start("checking the recorders' Python environment");
-    if let Some(p) = explicit {
-        return match pins_ok(p, &reqs) {
-            Ok(()) => Ok(p.to_path_buf()),
-            Err(why) => Err(Error::Usage(format!(
-                "--python {}: {why}; install {} into it or leave out --python",
-                p.display(),
-                reqs.display()
-            ))),
-        };
-    }
-    let py = cache_venv.join("bin/python");
-    if py.exists() {
-        match pins_ok(&py, &reqs) {
-            Ok(()) => {
-                progress.println(&format!(
-                    "reusing {} (every pin of requirements.txt installed)",
-                    cache_venv.display()
-                ));
-                return Ok(py);
-            }
-            Err(why) => progress.println(&format!("updating {}: {why}", cache_venv.display())),
-        }
-    }
-    if !py.exists() {
-        if let Some(parent) = cache_venv.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        }
-        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        progress.detail(&format!("creating {} with {base}", cache_venv.display()));
-        let out = Command::new(&base)
-            .args(["-m", "venv"])
-            .arg(&cache_venv)
-            .output()
-            .map_err(|e| Error::Usage(format!("cannot run `{base}` (set PYTHON=/path/to/python3.11): {e}")))?;
-        if !out.status.success() {
-            return Err(Error::Usage(format!(
-                "`{base} -m venv {}` failed: {}",
-                cache_venv.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-    }
-    progress.detail(&format!(
-        "pip install -r {} (torch is a large download)",
-        reqs.display()
-    ));
-    let t = Instant::now();
-    let mut cmd = Command::new(&py);
-    cmd.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "-r",
-    ])
-    .arg(&reqs);
-    let (ok, out) = run_streaming(cmd, |l| {
-        if l.starts_with("Collecting") || l.starts_with("Downloading") || l.starts_with("Installing") {
-            progress.detail(l.trim());
-        }
-    })?;
-    if !ok {
-        return Err(Error::Usage(format!(
-            "pip install -r {} failed:\n{}",
-            reqs.display(),
-            tail(&out, 20)
-        )));
-    }
-    pins_ok(&py, &reqs).map_err(|why| Error::Usage(format!("after pip install: {why}")))?;
-    progress.println(&format!(
-        "installed requirements.txt into {} in {:.0} s",
-        cache_venv.display(),
-        t.elapsed().as_secs_f64()
-    ));
-    Ok(py)
 }
 
 /// The prompt arguments of both recorders: the spec's prompt, else the one

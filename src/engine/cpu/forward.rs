@@ -1,6 +1,6 @@
 //! One forward pass (a prefill or a decode step) of the Llama/Qwen2 decoder,
 //! written as straight-line code in the canonical stage order so that each tap
-//! sits exactly where DESIGN.md's stage table says it is. Tapping goes through
+//! sits exactly where the stage table (docs/stages-and-checks.md) says it is. Tapping goes through
 //! `Tap`, which asks the `TapSet` before copying anything: an untapped run pays
 //! for no copies, and the final norm and LM head run on the last row only.
 //!

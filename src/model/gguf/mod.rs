@@ -461,3 +461,6 @@ pub fn model_writer(cfg: &ModelConfig, tensors: &BTreeMap<String, Tensor>, ty: G
     }
     w
 }
+
+#[cfg(test)]
+mod tests;

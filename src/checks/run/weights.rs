@@ -1,8 +1,11 @@
-//! The `weights` run check: the "meta tensor" hunt of every new engine, made a
-//! check. Every tensor the engine holds must be finite, not all zeros (unless
-//! the file's is), and equal — by sha256 of its f32 values after rounding to
-//! the storage dtype — to what the model file says; and every tensor of the
-//! file must be held by the engine (used by some layer).
+//! `weights`: the "meta tensor" hunt of every new engine, made a check. Every
+//! tensor the engine holds must be finite, not all zeros, and equal — by
+//! sha256 of its f32 values after rounding to the storage dtype — to what the
+//! model file says; and every tensor of the file must be held by the engine
+//! (used by some layer). A tensor all zeros in the file itself fails too (a
+//! broken export writes meta tensors as zeros; no trained weight matrix or
+//! norm is zero), except a 1-D `*.bias`, which a model may legitimately
+//! zero: that is reported as a warning in the passing message.
 //!
 //! The file is read here independently of `model::load` (the engine's loader):
 //! safetensors tensors as stored, GGUF tensors dequantised and renamed one at a
@@ -13,15 +16,57 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
+use serde::de::{self, Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
-use crate::checks::Verdict;
+use crate::checks::facts::Facts;
+use crate::checks::kind::{Kind, RuleEnv, RunCheck, RunRule};
+use crate::checks::verdict::Verdict;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::{fused, ModelConfig};
 use crate::tensor::{DType, Tensor};
+
+/// `weights` takes no parameters: written bare, `{weights: null}` or `{weights: {}}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weights;
+
+impl Kind for Weights {
+    const NAME: &'static str = "weights";
+    fn bare() -> Self {
+        Weights
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Option::<BTreeMap<String, serde_yaml::Value>>::deserialize(d)? {
+            Some(m) if !m.is_empty() => Err(de::Error::custom(format!(
+                "weights takes no parameters, got: {}",
+                m.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))),
+            _ => Ok(Weights),
+        }
+    }
+}
+
+impl RunRule for Weights {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    fn expand(&self, _: &RuleEnv) -> Arc<dyn RunCheck> {
+        Arc::new(Weights)
+    }
+}
+
+impl RunCheck for Weights {
+    fn id(&self) -> String {
+        Self::NAME.into()
+    }
+    fn evaluate(&self, facts: &Facts, engine: &dyn Engine) -> Verdict {
+        check(facts.model, facts.storage, engine)
+    }
+}
 
 /// What is known of one tensor: shape, hash, whether it is all zeros.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,6 +94,12 @@ fn digest(shape: &[usize], values: &[f32], storage: DType) -> Digested {
         sha256: h.finalize().into(),
         all_zero,
     }
+}
+
+/// A tensor that may be all zeros in a correct model: a 1-D bias (some
+/// exports zero the biases a model was trained without).
+fn may_be_zero(name: &str, shape: &[usize]) -> bool {
+    shape.len() == 1 && name.ends_with(".bias")
 }
 
 /// Buffers HF checkpoints carry that are not parameters (HF recomputes them).
@@ -128,6 +179,7 @@ pub fn check(model: &Path, storage: DType, engine: &dyn Engine) -> Verdict {
     };
 
     let mut problems: Vec<String> = non_finite;
+    let mut warnings: Vec<String> = Vec::new();
     for (name, h) in &held {
         match file.get(name) {
             None => problems.push(format!(
@@ -139,6 +191,14 @@ pub fn check(model: &Path, storage: DType, engine: &dyn Engine) -> Verdict {
             )),
             Some(f) if h.all_zero && !f.all_zero => problems.push(format!(
                 "`{name}` is all zeros in the engine but not in the file (left unfilled?)"
+            )),
+            Some(f) if f.all_zero && h.all_zero && may_be_zero(name, &f.shape) => {
+                warnings.push(format!("`{name}` is all zeros (in the file too)"))
+            }
+            Some(f) if f.all_zero => problems.push(format!(
+                "`{name}` (shape {:?}) is all zeros in the model file itself: a broken export or an \
+                 unmaterialised (meta) tensor, no trained weight is zero",
+                f.shape
             )),
             Some(f) if f.sha256 != h.sha256 => {
                 let twin = file
@@ -179,12 +239,18 @@ pub fn check(model: &Path, storage: DType, engine: &dyn Engine) -> Verdict {
     }
     let n = held.len();
     if problems.is_empty() {
+        let warned = if warnings.is_empty() {
+            String::new()
+        } else {
+            format!("; warning: {}", warnings.join("; "))
+        };
         Verdict::pass(format!(
             "{n} tensors held by the engine are finite, non-zero and equal to the model file (sha256 of their \
-             values at {storage} storage); all {} tensors of the file are used",
+             values at {storage} storage); all {} tensors of the file are used{warned}",
             file.len()
         ))
         .metric("tensors", n as f64)
+        .metric("warnings", warnings.len() as f64)
     } else {
         let shown = problems.iter().take(12).cloned().collect::<Vec<_>>().join("\n    ");
         let more = if problems.len() > 12 {
@@ -283,6 +349,48 @@ mod tests {
         }
     }
 
+    /// A copy of the tiny model whose file holds `name` as all zeros (a
+    /// broken export), loaded faithfully by the CPU engine: both agree, and
+    /// the check must still fail (or, for a 1-D bias, warn).
+    fn zeroed_in_the_file(name: &str) -> Verdict {
+        let src = model("goldens/qwen2-tiny/model");
+        let d = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+        }
+        let file = d.path().join("model.safetensors");
+        let mut f = crate::tensor::io::read_safetensors(&file).unwrap();
+        f.floats.get_mut(name).expect("the tensor exists").data_mut().fill(0.0);
+        crate::tensor::io::write_safetensors(&file, &f.floats, &f.ints, &f.metadata).unwrap();
+        let eng = CpuEngine::load(d.path()).unwrap();
+        check(d.path(), DType::F32, &eng)
+    }
+
+    #[test]
+    fn a_tensor_all_zeros_in_the_file_itself_fails_naming_it() {
+        let name = "model.layers.1.mlp.up_proj.weight";
+        let v = zeroed_in_the_file(name);
+        assert!(v.failed(), "{}", v.message);
+        assert!(
+            v.message.contains(&format!("`{name}`")) && v.message.contains("all zeros in the model file itself"),
+            "{}",
+            v.message
+        );
+        // A norm weight is no bias: zeros there are broken too.
+        let v = zeroed_in_the_file("model.layers.0.input_layernorm.weight");
+        assert!(v.failed(), "{}", v.message);
+    }
+
+    #[test]
+    fn a_bias_all_zeros_in_the_file_passes_with_a_warning() {
+        let name = "model.layers.0.self_attn.k_proj.bias";
+        let v = zeroed_in_the_file(name);
+        assert!(v.passed(), "{}", v.message);
+        assert!(v.message.contains(&format!("warning: `{name}` is all zeros")), "{}", v.message);
+        assert_eq!(v.metrics["warnings"], 1.0);
+    }
+
     #[test]
     fn an_engine_that_hides_its_weights_is_skipped_with_the_reason() {
         struct Opaque(CpuEngine);
@@ -303,7 +411,7 @@ mod tests {
         }
         let m = model("goldens/qwen2-tiny/model");
         let v = check(&m, DType::F32, &Opaque(CpuEngine::load(&m).unwrap()));
-        assert_eq!(v.status, crate::checks::Status::Skip);
+        assert_eq!(v.status, crate::checks::verdict::Status::Skip);
         assert!(v.message.contains("does not expose"), "{}", v.message);
     }
 }

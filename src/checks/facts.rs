@@ -1,0 +1,76 @@
+//! What a verdict may depend on besides the engine's run: the model, the
+//! prompt and its steps, the references (goldens and the float64 oracle) and
+//! the tolerance policy. A plain borrowed view, so that every judge can be
+//! unit-tested on synthetic goldens without building a plan; the plan lends
+//! one (`Plan::facts`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::params::TolSpec;
+use super::scaled::ScaledSpec;
+use crate::engine::RunOutput;
+use crate::golden::{GoldenSet, ORACLE};
+use crate::model::ModelConfig;
+use crate::stage::shape::canonical_shape;
+use crate::stage::{Stage, Step};
+use crate::tensor::DType;
+
+#[derive(Clone, Copy)]
+pub struct Facts<'a> {
+    /// The model file or folder the engine loaded.
+    pub model: &'a Path,
+    pub config: &'a ModelConfig,
+    pub prompt: &'a [u32],
+    /// Decode steps of the main run.
+    pub decode_steps: usize,
+    /// Tokens fed at decode steps (teacher forcing), when the prompt comes from a golden.
+    pub forced: Option<&'a [u32]>,
+    pub seed: u64,
+    /// The storage dtype the engine runs in.
+    pub storage: DType,
+    pub goldens: &'a BTreeMap<String, Arc<GoldenSet>>,
+    pub oracle: Option<&'a GoldenSet>,
+    /// The spec's per-dtype golden tolerances (`tolerance:`).
+    pub tolerance: &'a BTreeMap<DType, TolSpec>,
+    /// The scaled policy's parameters (`scaled:`).
+    pub scaled: &'a ScaledSpec,
+}
+
+impl<'a> Facts<'a> {
+    /// A golden source by name, the oracle included.
+    pub fn source(&self, name: &str) -> Option<&'a GoldenSet> {
+        match name {
+            ORACLE => self.oracle,
+            _ => self.goldens.get(name).map(|g| g.as_ref()),
+        }
+    }
+
+    /// Tokens in a step and KV positions after it: (T, S).
+    pub fn step_dims(&self, step: Step) -> (usize, usize) {
+        let p = self.prompt.len();
+        match step {
+            Step::Prefill => (p, p),
+            Step::Decode(n) => (1, p + n),
+        }
+    }
+
+    /// The canonical shape of a stage at a step.
+    pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
+        let (t, s) = self.step_dims(step);
+        canonical_shape(self.config, stage, t, s)
+    }
+
+    /// Tokens the engine was fed at `step`: the prompt, or the decode token
+    /// (forced from the golden, or sampled at the previous step).
+    pub fn fed(&self, run: &RunOutput, step: Step) -> Vec<u32> {
+        match step {
+            Step::Prefill => self.prompt.to_vec(),
+            Step::Decode(n) => match self.forced {
+                Some(f) => vec![f[n - 1]],
+                None => vec![run.sampled[n - 1]],
+            },
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Run checks: properties of whole runs of the engine (it runs again as each
+//! needs). The table below is the whole vocabulary; each kind's file holds
+//! its parameters and its evaluation.
+
+super::registry::table!(RunRule;
+    determinism::Determinism,
+    kv_cache::KvCache,
+    greedy_tokens::GreedyTokens,
+    weights::Weights,
+);
+
+use super::facts::Facts;
+use super::kind::RunCheck;
+use super::verdict::Verdict;
+use crate::engine::{Engine, RunOutput, RunRequest, TapSet};
+
+/// Evaluates `check` on `engine`; a check that needs a second run is skipped,
+/// with the engine's reason, on an engine that can run only once (dumps).
+pub fn evaluate(check: &dyn RunCheck, facts: &Facts, engine: &dyn Engine) -> Verdict {
+    if check.reruns() {
+        if let Some(why) = engine.reruns() {
+            return Verdict::skip(format!("skipped: {why}"));
+        }
+    }
+    check.evaluate(facts, engine)
+}
+
+/// One engine run, its error as text for a message.
+fn run_engine(engine: &dyn Engine, req: &RunRequest, taps: &TapSet) -> Result<RunOutput, String> {
+    engine.run(req, taps).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,269 @@
+//! `golden`: the engine's capture against a golden source's tensor at the
+//! same (step, stage), fed the same tokens. With a float64 oracle and no
+//! explicit atol/rtol, an f32 run is judged by the scaled policy (its error
+//! against the oracle within `factor` times the reference's own, or the
+//! floor); otherwise by the allclose rule at the tolerance that applies.
+
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer};
+
+use crate::checks::facts::Facts;
+use crate::checks::family::{Family, Metric};
+use crate::checks::kind::{At, Kind, Located, RuleEnv, StageCheck, StageRule};
+use crate::checks::measure::{self, last_row_if, ratio_text, sci};
+use crate::checks::params::{opt_tol_value, StrOrMap, TolOverride};
+use crate::checks::scaled;
+use crate::checks::verdict::Verdict;
+use crate::compare::{compare, Tolerance};
+use crate::golden::{GoldenSet, ORACLE};
+use crate::stage::{Stage, Step};
+use crate::tensor::{DType, Tensor};
+
+/// The rule as written: `golden` (every declared source), `{golden: hf}`, or
+/// `{golden: {source: hf, atol: 1e-4, rtol: 1e-3}}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Golden {
+    pub source: Option<String>,
+    pub tol: TolOverride,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Full {
+    source: Option<String>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
+    atol: Option<f64>,
+    #[serde(default, deserialize_with = "opt_tol_value")]
+    rtol: Option<f64>,
+}
+
+impl Kind for Golden {
+    const NAME: &'static str = "golden";
+    fn bare() -> Self {
+        Golden {
+            source: None,
+            tol: TolOverride::default(),
+        }
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match StrOrMap::<Full>::deserialize(d)? {
+            StrOrMap::Str(s) => Golden {
+                source: Some(s),
+                tol: TolOverride::default(),
+            },
+            StrOrMap::Map(f) => Golden {
+                source: f.source,
+                tol: TolOverride { atol: f.atol, rtol: f.rtol },
+            },
+        })
+    }
+}
+
+impl StageRule for Golden {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    fn validate(&self, env: &RuleEnv) -> Result<(), Located> {
+        match &self.source {
+            Some(s) => env.require_source("golden check", s),
+            None if env.goldens.is_empty() => Err(Located {
+                needle: "golden".into(),
+                msg: "a `golden` check needs a golden source, but the spec declares no `goldens:`".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+    /// One check per source: the named one, or every declared source.
+    fn expand(&self, _: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        let sources = match &self.source {
+            Some(s) => vec![s.clone()],
+            None => env.goldens.clone(),
+        };
+        Ok(sources
+            .into_iter()
+            .map(|source| {
+                Arc::new(GoldenCheck {
+                    source,
+                    tol: self.tol,
+                }) as Arc<dyn StageCheck>
+            })
+            .collect())
+    }
+}
+
+/// The check against one source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoldenCheck {
+    pub source: String,
+    pub tol: TolOverride,
+}
+
+impl StageCheck for GoldenCheck {
+    fn id(&self) -> String {
+        format!("{}:{}", Golden::NAME, self.source)
+    }
+    fn family(&self) -> Family {
+        Family::Golden {
+            source: self.source.clone(),
+        }
+    }
+    fn metric(&self) -> Option<Metric> {
+        Some(Metric::MaxAbs)
+    }
+    /// A compact golden (`record:`) plans checks only where it recorded; a
+    /// tensor it claims but lacks still fails.
+    fn planned(&self, step: Step, stage: Stage, facts: &Facts) -> bool {
+        facts.goldens.get(&self.source).is_some_and(|g| g.records(step, stage))
+    }
+    /// Its source, and the oracle where the scaled policy judges.
+    fn goldens(&self, facts: &Facts) -> Vec<String> {
+        let mut v = vec![self.source.clone()];
+        if self.scaled(facts) {
+            v.push(ORACLE.to_string());
+        }
+        v
+    }
+    fn judge(&self, facts: &Facts, at: &At) -> Verdict {
+        let actual = match at.capture() {
+            Ok(t) => t,
+            Err(v) => return v,
+        };
+        let run = at.run.expect("a capture implies a run");
+        let (step, stage, source) = (at.step, at.stage, self.source.as_str());
+        let Some(golden) = facts.goldens.get(source) else {
+            return Verdict::fail(format!("golden source `{source}` is not loaded"));
+        };
+        let file = golden.path.display();
+        let Some(expected) = golden.get(step, stage) else {
+            return Verdict::fail(format!("golden `{source}` ({file}) has no tensor `{step}/{stage}`"));
+        };
+        // A comparison is only meaningful if both sides were fed the same tokens.
+        let fed = facts.fed(run, step);
+        if let Some(recorded) = golden.tokens.get(&step) {
+            if *recorded != fed {
+                return Verdict::fail(format!(
+                    "inputs differ at {step}: the engine was fed tokens {fed:?}, golden `{source}` was recorded \
+                     with {recorded:?}"
+                ));
+            }
+        }
+        let actual = &last_row_if(actual, expected, stage, golden.logits_last_row());
+        // The scaled policy is measured for f32 runs (the references'
+        // arithmetic); a 16-bit storage run keeps the per-dtype table
+        // measured for it (`tolerance:`, e.g. specs/qwen2-tiny-bf16.yaml).
+        if self.scaled(facts) {
+            if let Some(o) = facts.oracle.filter(|o| o.records(step, stage)) {
+                return scaled_against(facts, step, stage, actual, source, expected, o, &fed);
+            }
+        }
+        let tol = measure::tolerance(facts, actual, expected, self.tol);
+        match compare(actual, expected, tol) {
+            Err(m) => Verdict::fail(format!("{m} (golden `{source}`: {file})")).metric("shape_mismatch", 1.0),
+            Ok(c) => {
+                let message = if c.passed() {
+                    format!("within tolerance of golden `{source}`: {}", c.summary())
+                } else {
+                    format!("differs from golden `{source}` ({file}):\n{}", c.explain())
+                };
+                measure::compared(c.passed(), message, &c)
+            }
+        }
+    }
+}
+
+impl GoldenCheck {
+    /// Whether the scaled policy judges (an oracle, an f32 run, no explicit
+    /// atol/rtol), where the oracle records the stage.
+    fn scaled(&self, facts: &Facts) -> bool {
+        !self.tol.is_set() && facts.storage == DType::F32 && facts.oracle.is_some()
+    }
+}
+
+/// The engine against reference `source` under the scaled policy: its error
+/// against the oracle within `factor` times the reference's own (or the floor).
+#[allow(clippy::too_many_arguments)]
+fn scaled_against(
+    facts: &Facts,
+    step: Step,
+    stage: Stage,
+    actual: &Tensor,
+    source: &str,
+    reference: &Tensor,
+    oracle: &GoldenSet,
+    fed: &[u32],
+) -> Verdict {
+    if let Some(recorded) = oracle.tokens.get(&step) {
+        if recorded != fed {
+            return Verdict::fail(format!(
+                "inputs differ at {step}: the engine was fed tokens {fed:?}, the oracle ({}) was recorded with \
+                 {recorded:?}",
+                oracle.path.display()
+            ));
+        }
+    }
+    let (o, fm) = match measure::oracle_at(facts, oracle, step, stage, actual) {
+        Ok(x) => x,
+        Err(e) => return Verdict::fail(e),
+    };
+    let actual = &*last_row_if(actual, &o, stage, oracle.logits_last_row());
+    // The reference error the engine is measured by: the largest among the
+    // references of the same arithmetic as `source` (the same unit roundoff),
+    // each a correct implementation whose spread is the honest error scale.
+    // A reference coarser by design has another unit, so it never widens this.
+    let unit = |src: &str| facts.scaled.unit_roundoff.get(src).copied().unwrap_or(scaled::U_F32);
+    let mut r = 0.0f64;
+    let mut peers = Vec::new();
+    for (name, g) in facts.goldens.iter().filter(|(n, _)| unit(n) == unit(source)) {
+        let t = if name == source {
+            Some(reference)
+        } else {
+            g.get(step, stage)
+        };
+        let Some(t) = t else { continue };
+        let t = last_row_if(t, &o, stage, o.shape().first() == Some(&1));
+        match scaled::max_error(&t, &o) {
+            Ok((e, _)) => {
+                r = r.max(e);
+                peers.push(format!("{name} {}", sci(e)));
+            }
+            Err(e) => {
+                return Verdict::fail(format!("golden `{name}` vs the oracle: {e}")).metric("shape_mismatch", 1.0)
+            }
+        }
+    }
+    let u_store = scaled::storage_unit(facts.storage);
+    let e = match scaled::max_error(actual, &o) {
+        Ok((e, _)) => e,
+        Err(e) => {
+            return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0)
+        }
+    };
+    let j = scaled::judge_engine(measure::policy(facts), e, r, &fm, u_store);
+    // The comparator at the allowance gives the failure its count, worst
+    // element with both values, NMSE and cosine (engine vs oracle).
+    let c = compare(actual, &o, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    let head = format!(
+        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}), floor {} \
+         ({}, c {}): ratio {} {} factor {}",
+        sci(j.error),
+        sci(r),
+        peers.join(", "),
+        sci(j.floor),
+        fm.describe(),
+        facts.scaled.floor,
+        ratio_text(j.ratio()),
+        if j.passed() { "<=" } else { ">" },
+        j.factor
+    );
+    let message = if j.passed() {
+        head
+    } else {
+        format!(
+            "further from the exact answer than `{source}` allows (oracle {}):\n{head}\n{}",
+            oracle.path.display(),
+            c.explain()
+        )
+    };
+    measure::scaled_verdict(j.passed() && c.passed(), message, &c, &j)
+}

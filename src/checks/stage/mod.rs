@@ -1,0 +1,13 @@
+//! Stage checks: what must hold at one (step, stage). The table below is the
+//! whole vocabulary; each kind's file holds its parameters, how it expands at
+//! a stage, and its judge.
+
+super::registry::table!(StageRule;
+    finite::Finite,
+    shape::Shape,
+    softmax_rows::SoftmaxRows,
+    causal::Causal,
+    rope::Rope,
+    golden::Golden,
+    references_agree::ReferencesAgree,
+);

@@ -1,0 +1,198 @@
+//! `references_agree`: the golden sources judged, no engine involved. With a
+//! float64 oracle, each reference is measured against it (within `factor`
+//! times its own floor, at its arithmetic's unit roundoff); without one,
+//! every other source against the first. Where this fails the golden is
+//! suspect at that (step, stage), and no failure there is taken as the
+//! engine's (`divergence`).
+
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer};
+
+use crate::checks::facts::Facts;
+use crate::checks::family::{Family, Metric};
+use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
+use crate::checks::measure::{self, last_row_if, ratio_text, sci};
+use crate::checks::params::TolOverride;
+use crate::checks::scaled;
+use crate::checks::verdict::Verdict;
+use crate::compare::{compare, Tolerance};
+use crate::golden::ORACLE;
+use crate::stage::{Stage, Step};
+use crate::tensor::Tensor;
+
+/// The rule as written: `references_agree` or `{references_agree: {atol, rtol}}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReferencesAgree {
+    pub tol: TolOverride,
+}
+
+impl Kind for ReferencesAgree {
+    const NAME: &'static str = "references_agree";
+    fn bare() -> Self {
+        ReferencesAgree {
+            tol: TolOverride::default(),
+        }
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ReferencesAgree {
+            tol: Option::<TolOverride>::deserialize(d)?.unwrap_or_default(),
+        })
+    }
+}
+
+impl StageRule for ReferencesAgree {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    fn expand(&self, _: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        let pair = |base: &str, other: &str| {
+            Arc::new(Agree {
+                base: base.to_string(),
+                other: other.to_string(),
+                tol: self.tol,
+            }) as Arc<dyn StageCheck>
+        };
+        if env.has_oracle {
+            // With an oracle, each reference is measured against the exact answer.
+            if env.goldens.is_empty() {
+                return Err("`references_agree` needs a golden source besides the oracle".into());
+            }
+            return Ok(env.goldens.iter().map(|other| pair(ORACLE, other)).collect());
+        }
+        // Every other source against the first (sources sort by name).
+        let Some((base, others)) = env.goldens.split_first() else {
+            return Err("`references_agree` needs two golden sources; the spec declares none".into());
+        };
+        if others.is_empty() {
+            return Err(format!(
+                "`references_agree` needs two golden sources; the spec declares only `{base}`"
+            ));
+        }
+        Ok(others.iter().map(|other| pair(base, other)).collect())
+    }
+}
+
+/// Golden `other` compared with golden `base` at one stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agree {
+    pub base: String,
+    pub other: String,
+    pub tol: TolOverride,
+}
+
+impl StageCheck for Agree {
+    fn id(&self) -> String {
+        format!("{}:{}~{}", ReferencesAgree::NAME, self.base, self.other)
+    }
+    fn family(&self) -> Family {
+        Family::ReferencesAgree {
+            base: self.base.clone(),
+            other: self.other.clone(),
+        }
+    }
+    fn metric(&self) -> Option<Metric> {
+        Some(Metric::MaxAbs)
+    }
+    /// Reads no engine stage: the references alone.
+    fn reads(&self, _: Stage) -> Vec<Stage> {
+        Vec::new()
+    }
+    fn planned(&self, step: Step, stage: Stage, facts: &Facts) -> bool {
+        let recorded = |src: &str| facts.source(src).is_some_and(|g| g.records(step, stage));
+        recorded(&self.base) && recorded(&self.other)
+    }
+    fn judge(&self, facts: &Facts, at: &At) -> Verdict {
+        let (step, stage, base, other) = (at.step, at.stage, self.base.as_str(), self.other.as_str());
+        let (Some(b), Some(o)) = (facts.source(base), facts.source(other)) else {
+            return Verdict::fail(format!("golden source `{base}` or `{other}` is not loaded"));
+        };
+        let (Some(expected), Some(actual)) = (b.get(step, stage), o.get(step, stage)) else {
+            let missing = if b.get(step, stage).is_none() { b } else { o };
+            return Verdict::fail(format!(
+                "golden `{}` ({}) has no tensor `{step}/{stage}`",
+                missing.source,
+                missing.path.display()
+            ));
+        };
+        if b.tokens.get(&step) != o.tokens.get(&step) {
+            return Verdict::fail(format!(
+                "goldens `{base}` and `{other}` were recorded with different tokens at {step}: {:?} vs {:?}",
+                b.tokens.get(&step),
+                o.tokens.get(&step)
+            ));
+        }
+        let (actual, expected) = (
+            &last_row_if(actual, expected, stage, b.logits_last_row()),
+            &last_row_if(expected, actual, stage, o.logits_last_row()),
+        );
+        if base == ORACLE && !self.tol.is_set() {
+            return against_oracle(facts, step, stage, other, actual, expected);
+        }
+        let tol = measure::tolerance(facts, actual, expected, self.tol);
+        match compare(actual, expected, tol) {
+            Err(m) => Verdict::fail(format!("`{other}` vs `{base}`: {m}")).metric("shape_mismatch", 1.0),
+            Ok(c) => {
+                let message = if c.passed() {
+                    format!("`{other}` agrees with `{base}`: {}", c.summary())
+                } else {
+                    format!(
+                        "the references disagree: `{other}` ({}) vs `{base}` ({}):\n{}",
+                        o.path.display(),
+                        b.path.display(),
+                        c.explain()
+                    )
+                };
+                measure::compared(c.passed(), message, &c)
+            }
+        }
+    }
+}
+
+/// Reference `other` against the oracle under the scaled policy: within
+/// `factor` times its own floor (its arithmetic's unit roundoff), else the
+/// golden is suspect here.
+fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, reference: &Tensor, oracle: &Tensor) -> Verdict {
+    let m = scaled::max_abs_value(oracle);
+    let Some(og) = facts.oracle else {
+        return Verdict::fail("the spec has no oracle".to_string());
+    };
+    let fm = measure::floor_model(facts, og, step, stage, m);
+    let u = facts
+        .scaled
+        .unit_roundoff
+        .get(other)
+        .copied()
+        .unwrap_or(scaled::U_F32);
+    let c = match compare(reference, oracle, Tolerance::new(0.0, 0.0)) {
+        Ok(c) => c,
+        Err(e) => return Verdict::fail(format!("`{other}` vs the oracle: {e}")).metric("shape_mismatch", 1.0),
+    };
+    let r = if c.non_finite() > 0 {
+        f64::INFINITY
+    } else {
+        c.max_abs.as_ref().map_or(0.0, |(v, _)| *v)
+    };
+    let j = scaled::judge_reference(measure::policy(facts), r, &fm, u);
+    let c = compare(reference, oracle, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    let head = format!(
+        "`{other}`'s error {} (max|{other} − oracle|), its floor {} ({}, u = u_store {}, c {}): ratio {} {} factor {}",
+        sci(r),
+        sci(j.floor),
+        fm.describe(),
+        sci(u),
+        facts.scaled.floor,
+        ratio_text(j.ratio()),
+        if j.passed() { "<=" } else { ">" },
+        j.factor
+    );
+    let message = if j.passed() {
+        head
+    } else {
+        format!(
+            "golden `{other}` is suspect here: further from the exact answer than its arithmetic allows:\n{head}\n{}",
+            c.explain()
+        )
+    };
+    measure::scaled_verdict(j.passed(), message, &c, &j)
+}

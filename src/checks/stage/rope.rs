@@ -1,0 +1,145 @@
+//! `rope`: the stage is its input rotated by RoPE — a norm-preserving
+//! rotation by the right angle at every position, the identity at position 0.
+//! The input is the pre-RoPE stage of the same layer (`blk.{i}.q` for
+//! `q_rope`, `blk.{i}.k` for `k_rope`, or `input:`), tapped beside it.
+
+use std::sync::Arc;
+
+use serde::de::{self, Deserialize, Deserializer};
+
+use crate::checks::facts::Facts;
+use crate::checks::family::{Family, Metric};
+use crate::checks::invariants;
+use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
+use crate::checks::params::tol_value;
+use crate::checks::verdict::Verdict;
+use crate::stage::pattern::StageTemplate;
+use crate::stage::{BlockStage, RopeStyle, Stage};
+
+/// The rule as written: `rope` or `{rope: {input: "blk.{i}.q", style: neox, tol: 1e-5}}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub input: Option<StageTemplate>,
+    pub style: RopeStyle,
+    pub tol: f64,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    input: Option<TemplateText>,
+    #[serde(default = "default_style")]
+    style: StyleName,
+    #[serde(default = "default_tol", deserialize_with = "tol_value")]
+    tol: f64,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum StyleName {
+    Neox,
+    Interleaved,
+}
+
+fn default_style() -> StyleName {
+    StyleName::Neox
+}
+
+fn default_tol() -> f64 {
+    1e-5
+}
+
+struct TemplateText(StageTemplate);
+
+impl<'de> Deserialize<'de> for TemplateText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        StageTemplate::parse(&s).map(TemplateText).map_err(de::Error::custom)
+    }
+}
+
+impl Kind for Rope {
+    const NAME: &'static str = "rope";
+    fn bare() -> Self {
+        Rope {
+            input: None,
+            style: RopeStyle::Neox,
+            tol: default_tol(),
+        }
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Option::<Params>::deserialize(d)? {
+            None => Self::bare(),
+            Some(p) => Rope {
+                input: p.input.map(|t| t.0),
+                style: match p.style {
+                    StyleName::Neox => RopeStyle::Neox,
+                    StyleName::Interleaved => RopeStyle::Interleaved,
+                },
+                tol: p.tol,
+            },
+        })
+    }
+}
+
+impl StageRule for Rope {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    /// Without `input:`, q_rope reads q and k_rope reads k.
+    fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        let input = match (&self.input, stage) {
+            (Some(t), Stage::Block(l, _)) => t
+                .resolve(l)
+                .ok_or_else(|| format!("rope input `{}` does not resolve for layer {l}", t.as_str()))?,
+            (None, Stage::Block(l, BlockStage::QRope)) => Stage::Block(l, BlockStage::Q),
+            (None, Stage::Block(l, BlockStage::KRope)) => Stage::Block(l, BlockStage::K),
+            _ => {
+                return Err(format!(
+                    "`rope` on `{stage}` needs `input:` (the pre-RoPE stage, e.g. `blk.{{i}}.q`)"
+                ))
+            }
+        };
+        Ok(vec![Arc::new(RopeCheck {
+            input,
+            style: self.style,
+            tol: self.tol,
+        })])
+    }
+}
+
+/// The check at one stage, its input resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeCheck {
+    pub input: Stage,
+    pub style: RopeStyle,
+    pub tol: f64,
+}
+
+impl StageCheck for RopeCheck {
+    fn id(&self) -> String {
+        Rope::NAME.into()
+    }
+    fn family(&self) -> Family {
+        Family::Invariant
+    }
+    fn metric(&self) -> Option<Metric> {
+        Some(Metric::Pos0MaxAbs)
+    }
+    fn reads(&self, stage: Stage) -> Vec<Stage> {
+        vec![stage, self.input]
+    }
+    fn judge(&self, facts: &Facts, at: &At) -> Verdict {
+        let t = match at.capture() {
+            Ok(t) => t,
+            Err(v) => return v,
+        };
+        let Ok(input) = at.capture_of(self.input) else {
+            return Verdict::fail(format!(
+                "the engine returned no capture for the rope input {}/{}",
+                at.step, self.input
+            ));
+        };
+        invariants::rope(input, t, at.positions(), self.style, self.tol, facts.config.rope_theta)
+    }
+}

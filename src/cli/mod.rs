@@ -1,0 +1,242 @@
+//! The command line's argument types (clap), and nothing else: what each
+//! command does is `cmd`'s. `main` parses, calls `cmd::execute` and maps the
+//! outcome to an exit code: 0 all passed, 1 a check failed, 2 bad input or usage.
+
+pub mod bench;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::tensor::DType;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "touchstone",
+    version,
+    about = "Golden-reference conformance harness for LLM inference engines",
+    long_about = "touchstone runs an inference engine with taps on every canonical stage and checks each \
+                        stage against YAML-declared invariants and golden tensors recorded from reference \
+                        implementations.\n\nExit status: 0 all checks passed, 1 a check failed, 2 bad input or usage."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run specs on an engine and report every check (exit 0 pass, 1 fail, 2 bad input).
+    Run(RunArgs),
+    /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
+    List(ListArgs),
+    /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors, .npy or .gguf
+    /// file (GGUF: version, metadata and the tensor table too).
+    Inspect {
+        /// The file to show: .safetensors, .npy, .npz or .gguf.
+        file: PathBuf,
+    },
+    /// Compile every CUDA kernel with NVRTC and, where ptxas is on PATH, report
+    /// registers, shared memory, stack and spills (exit 1 on a compile error or spill).
+    Kernels {
+        /// GPU architecture (repeatable; default sm_90 and sm_80).
+        #[arg(long, value_name = "SM")]
+        arch: Vec<String>,
+        /// Accept a check without ptxas: compile to PTX only, registers and
+        /// spills unchecked (without this flag a missing ptxas fails, exit 1).
+        #[arg(long)]
+        ptx_only: bool,
+    },
+    /// Regenerate goldens into pending files, review, accept or reject them.
+    Goldens {
+        #[command(subcommand)]
+        action: GoldensAction,
+    },
+    /// Regression report between two `run --json` reports (exit 1 on a regression).
+    Diff(DiffArgs),
+    /// Benchmarks for comparing touchstone with its peers (not checks; not run in CI): one JSON
+    /// line per measurement on stdout, a readable line on stderr. `ci/bench.sh` runs them
+    /// interleaved with llama.cpp, HF transformers, numpy and torch (README "Benchmarks").
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
+    Compare {
+        /// First tensor file (.safetensors, .npy, .npz).
+        a: PathBuf,
+        /// Second tensor file; tensors are matched by name (two single-tensor
+        /// files are compared with each other whatever their names).
+        b: PathBuf,
+        /// Absolute tolerance (default: by dtype, as golden checks).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: by dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Spec files or folders of specs (every *.yaml in a folder). Default:
+    /// the nearest specs/ folder up from the working directory — its
+    /// qwen2-tiny.yaml in a touchstone checkout, else every spec in it.
+    pub specs: Vec<PathBuf>,
+    /// Engine to run: `cpu`, `cuda`, `cuda-emu` (the CUDA engine on the
+    /// emulated device, no GPU needed), `all` (every built-in, and every
+    /// engine the spec declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
+    /// (any program speaking the subprocess protocol, README "Testing your
+    /// own engine"), or `dumps:PATH` (tensors another program wrote).
+    #[arg(long, default_value = "cpu", value_name = "ENGINE")]
+    pub engine: String,
+    /// Model to run instead of the spec's (an HF model folder or a .gguf file).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Also write the tensors of the main run (every tapped stage at every
+    /// step, and the sampled tokens) to this safetensors file: what
+    /// `--engine dumps:FILE` checks again later. One spec and one engine only.
+    #[arg(long, value_name = "FILE")]
+    pub save_captures: Option<PathBuf>,
+    /// Test aid: keep llama.cpp's Q/K row permutation of Llama GGUF weights
+    /// instead of undoing it, to show the failure it causes (first divergence
+    /// at blk.0.q). Hidden: never needed for a real run.
+    #[arg(long, hide = true)]
+    pub keep_gguf_qk_permutation: bool,
+    /// Storage dtype the engine runs in (f32, f16 or bf16): weights and stage
+    /// outputs rounded to it, arithmetic in f32. Overrides the spec's `storage:`
+    /// (default f32); golden tolerances then come from that dtype's entry.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_storage)]
+    pub storage: Option<DType>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Run only checks whose id contains this text, or matches this glob
+    /// (`*` any text, `?` one character), repeatable: e.g.
+    /// `decode2/blk.1.q::golden:hf` or `decode2/blk.1.*`.
+    #[arg(long, value_name = "ID")]
+    pub only: Vec<String>,
+    /// Summary and failures only (no stage table, no passing run checks).
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Every row of the stage table (by default a long table shows only the
+    /// rows that did not pass).
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Colour the report: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]
+    pub color: ColorArg,
+    /// Fail (exit 2) instead of skipping when a requested GPU engine is unavailable.
+    #[arg(long)]
+    pub require_gpu: bool,
+    /// Exit 0 even when nothing ran (every check skipped, e.g. `--engine cuda`
+    /// without a GPU); the summary still says NOTHING RAN. Without it such a
+    /// run exits 1: a run that checked nothing is not a pass.
+    #[arg(long)]
+    pub allow_skip: bool,
+    #[command(flatten)]
+    pub sinks: SinkArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    /// Spec files or folders of specs (default: as for `run`).
+    pub specs: Vec<PathBuf>,
+    /// Engine whose trial names to list (as for `run`).
+    #[arg(long, default_value = "cpu", value_name = "ENGINE")]
+    pub engine: String,
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// The baseline report (`touchstone run --json BASE.json`, before the change).
+    pub base: PathBuf,
+    /// The report to judge (after the change).
+    pub new: PathBuf,
+    /// A passing check regresses when its error grows by more than this factor.
+    #[arg(long, default_value_t = 10.0)]
+    pub factor: f64,
+    /// Accept checks of BASE that are missing from NEW (by default they fail
+    /// the diff, exit 1: a smaller report is not "no regression").
+    #[arg(long)]
+    pub allow_vanished: bool,
+    /// Show only rows whose status or error changed.
+    #[arg(long)]
+    pub changed: bool,
+    #[command(flatten)]
+    pub sinks: SinkArgs,
+}
+
+/// Extra report files (`run` and `diff`).
+#[derive(clap::Args, Debug, Default)]
+pub struct SinkArgs {
+    /// Write JUnit XML (one testcase per check) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write a Markdown summary (failures first) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Write a self-contained HTML page with per-layer error plots to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GoldensAction {
+    /// Record goldens into pending `<golden>.new` files and show the change
+    /// (exit 0 unchanged, 1 changed; refused with exit 2 when CI is set).
+    Regen {
+        /// Spec files or folders of specs whose goldens to record (default: as for `run`).
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+        /// Python interpreter with the pinned recorder packages (default: $TOUCHSTONE_CACHE/recorders-venv).
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
+    /// List pending goldens (and, with --check, stale ones).
+    Status {
+        /// Spec files or folders of specs (default: as for `run`).
+        specs: Vec<PathBuf>,
+        /// Exit 1 when anything is pending, left over from an interrupted write,
+        /// or stale (recorded for another model, config or prompt): for CI.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Replace goldens with their pending files (atomic rename).
+    Accept {
+        /// Spec files or folders of specs whose pending goldens to accept (default: as for `run`).
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+    /// Delete pending goldens.
+    Reject {
+        /// Spec files or folders of specs whose pending goldens to delete (default: as for `run`).
+        specs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = SourceArg::All)]
+        source: SourceArg,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceArg {
+    Hf,
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+    /// The spec's `oracle:` (HF in float64).
+    Oracle,
+    All,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
+
+/// `--storage`: the dtype names specs use.
+pub fn parse_storage(s: &str) -> std::result::Result<DType, String> {
+    DType::parse(s).ok_or_else(|| format!("unknown dtype `{s}` (known: f32, f16, bf16)"))
+}

@@ -1,0 +1,121 @@
+//! The prompt a plan runs: the spec's token ids, its text tokenised with the
+//! model's own tokenizer, or a golden's recorded prompt with the tokens it fed
+//! at each decode step (teacher forcing); and the checks that the references
+//! were recorded for this model and these tokens.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::golden::{GoldenSet, ORACLE};
+use crate::model::ModelConfig;
+use crate::spec::Spec;
+
+/// The prompt, the decode steps of the main run and the forced tokens.
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub decode_steps: usize,
+    pub forced: Option<Vec<u32>>,
+}
+
+/// Resolves the spec's prompt against its model and goldens.
+pub fn resolve(spec: &Spec, model: &Path, goldens: &BTreeMap<String, Arc<GoldenSet>>) -> Result<Prompt> {
+    let invalid = |msg: String| Error::SpecInvalid {
+        path: spec.path.clone(),
+        msg,
+    };
+    // Text is tokenised with the model's own tokenizer; with a golden too,
+    // it must give the golden's prompt (checked below), so the text is
+    // what a reader sees and the ids are what is compared.
+    let text_ids = match &spec.prompt.text {
+        Some(text) => Some(crate::tokenizer::encode_prompt(model, text, spec.prompt.chat)?),
+        None => None,
+    };
+    let explicit = spec.prompt.tokens.clone().or(text_ids.clone());
+    let (prompt, decode_steps, forced) = match (&explicit, &spec.prompt.golden) {
+        (Some(tokens), None) => (tokens.clone(), spec.prompt.decode_steps.unwrap_or(0), None),
+        (_, Some(src)) => {
+            let g = &goldens[src];
+            let recorded = g.decode_steps();
+            let n = spec.prompt.decode_steps.unwrap_or(recorded);
+            if n > recorded {
+                return Err(invalid(format!(
+                    "prompt.decode_steps is {n} but golden `{src}` ({}) recorded only {recorded}",
+                    g.path.display()
+                )));
+            }
+            let forced = g
+                .forced(n)
+                .ok_or_else(|| invalid(format!("golden `{src}` lacks decode-step tokens")))?;
+            if let Some(ids) = &text_ids {
+                if ids.as_slice() != g.prompt() {
+                    return Err(invalid(format!(
+                        "prompt.text tokenises to {} ids {:?}, but golden `{src}` ({}) recorded the prompt {:?}: \
+                         the golden was recorded for another text or tokenizer (regenerate it: touchstone goldens \
+                         regen {})",
+                        ids.len(),
+                        ids,
+                        g.path.display(),
+                        g.prompt(),
+                        spec.path.display()
+                    )));
+                }
+            }
+            (g.prompt().to_vec(), n, Some(forced))
+        }
+        (None, None) => unreachable!("Spec::parse requires text, tokens or golden"),
+    };
+    Ok(Prompt {
+        ids: prompt,
+        decode_steps,
+        forced,
+    })
+}
+
+/// The references fit the run: recorded for this model and prompt, and the
+/// oracle fed the tokens the references were.
+pub fn check_references(
+    spec: &Spec,
+    model: &Path,
+    config: &ModelConfig,
+    goldens: &BTreeMap<String, Arc<GoldenSet>>,
+    oracle: Option<&Arc<GoldenSet>>,
+    prompt: &[u32],
+) -> Result<()> {
+    let invalid = |msg: String| Error::SpecInvalid {
+        path: spec.path.clone(),
+        msg,
+    };
+    // Goldens recorded for another model or prompt: one clear error, not a wall of mismatches.
+    // The oracle is held to the same rule: an exact answer for another model is no answer.
+    let mut recorded = goldens.clone();
+    if let Some(o) = &oracle {
+        recorded.insert(ORACLE.to_string(), Arc::clone(o));
+    }
+    crate::golden::provenance::check_fresh(model, config, &recorded, spec.prompt.tokens.as_deref())?;
+    // ... and it must have been fed the tokens the references were.
+    if let Some(o) = &oracle {
+        for (src, g) in goldens {
+            for (step, toks) in &o.tokens {
+                if g.tokens.get(step).is_some_and(|t| t != toks) {
+                    return Err(invalid(format!(
+                        "the oracle ({}) was recorded with tokens {toks:?} at {step}, golden `{src}` ({}) with {:?}: \
+                         record both with the same prompt",
+                        o.path.display(),
+                        g.path.display(),
+                        g.tokens[step]
+                    )));
+                }
+            }
+        }
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
+        return Err(invalid(format!(
+            "prompt token {bad} is outside the model's vocabulary of {}",
+            config.vocab
+        )));
+    }
+
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! The planted bugs of the CPU engine (`engine::cpu::mutants`) run through
+//! whole plans: each must be caught by the shipped specs and localised to its
+//! stage, or its run check. They live beside the runner because they prove
+//! the checks and the triage, with the engine as the instrument.
+
+/// The planted-bug self-test: each mutant runs against the shipped specs and
+/// must be caught, and localised to its stage (or its run check): the run's
+/// earliest failure in execution order — stage failures by (step, stage),
+/// then run checks — must be where the bug is.
+mod self_test {
+    use crate::checks::Status;
+    use crate::engine::cpu::mutants::Mutant;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::plan::Plan;
+    use crate::report::SuiteRun;
+    use crate::runner::{run_on, Filter};
+    use crate::spec::Spec;
+    use std::path::Path;
+
+    fn run(spec: &str, m: Option<Mutant>) -> SuiteRun {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let spec = Spec::load(&root.join("specs").join(spec)).unwrap();
+        let plan = Plan::build(spec, None).unwrap();
+        let eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        let eng = match m {
+            Some(m) => eng.mutated(m),
+            None => eng,
+        };
+        run_on(&plan, &eng as &dyn Engine, &Filter::default(), &|id| id.to_string())
+    }
+
+    /// `<step>/<stage>` (or `run::<check>`) of the run's earliest failure,
+    /// with the check that failed there.
+    fn earliest_failure(r: &SuiteRun) -> Option<(String, String)> {
+        let failed = || r.outcomes.iter().filter(|o| o.status == Status::Fail);
+        if let Some(o) = failed().filter(|o| o.at.is_some()).min_by_key(|o| o.at) {
+            let (step, stage) = o.at.unwrap();
+            return Some((format!("{step}/{stage}"), o.check.clone()));
+        }
+        failed().next().map(|o| (format!("run::{}", o.check), o.check.clone()))
+    }
+
+    /// Where each mutant must be caught: (spec, expected earliest failure).
+    /// A bug that is no bug for a model (theta 10000 on a theta-10000 model)
+    /// is checked on the spec whose model it changes.
+    fn expectations(m: Mutant) -> (&'static str, &'static str) {
+        use Mutant::*;
+        match m {
+            SoftmaxUnnormalised => ("qwen2-tiny.yaml", "prefill/blk.0.attn_probs"),
+            // The extra visible key shows in the scores first (0 in the golden).
+            CausalOffByOne => ("qwen2-tiny.yaml", "prefill/blk.0.attn_scores"),
+            RopeThetaWrong => ("llama-tiny.yaml", "prefill/blk.0.q_rope"),
+            RopePositionFrozenInDecode => ("qwen2-tiny.yaml", "decode1/blk.0.q_rope"),
+            RopeTableWrapping => ("qwen2-tiny-long.yaml", "prefill/blk.0.q_rope"),
+            KvWrittenOneSlotOff => ("qwen2-tiny.yaml", "decode1/blk.0.attn_scores"),
+            // The long spec records attn_out, not attn_probs (size): the first
+            // recorded stage the short read changes.
+            KvReadShort => ("qwen2-tiny-long.yaml", "prefill/blk.0.attn_out"),
+            GqaModulo => ("qwen2-tiny.yaml", "prefill/blk.0.attn_scores"),
+            AttnScaleOverD => ("qwen2-tiny.yaml", "prefill/blk.0.attn_scores"),
+            RmsEpsWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsLengthWrong => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            RmsWeightMissing => ("qwen2-tiny.yaml", "prefill/blk.0.attn_norm"),
+            QkvBiasDropped => ("qwen2-tiny.yaml", "prefill/blk.0.q"),
+            SiluOnUp => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_act"),
+            ResidualMissing => ("qwen2-tiny.yaml", "prefill/blk.0.ffn_inp"),
+            LmHeadTiedWhenUntied => ("qwen2-tiny.yaml", "prefill/logits"),
+            SeedIgnored => ("qwen2-tiny.yaml", "run::determinism"),
+            TemperatureMisapplied => ("qwen2-tiny-sampling.yaml", "prefill/sample_probs"),
+            // phi3-tiny's LM head rows are equal in pairs: every greedy pick is an
+            // exact tie, and HF took the lower index each time.
+            ArgmaxTieLast => ("phi3-tiny.yaml", "run::greedy_tokens:hf"),
+            OProjHeadShareOff => ("qwen2-tiny.yaml", "prefill/blk.0.attn_out"),
+            SkipQkNorm => ("qwen3-tiny.yaml", "prefill/blk.0.q_norm"),
+        }
+    }
+
+    /// Mutants the shipped specs cannot catch yet, each with what it needs.
+    /// The self-test requires exactly these to be missed: when coverage lands
+    /// the list must shrink (and the issue it belongs to can close), and a
+    /// newly missed mutant fails the test.
+    const NOT_YET_COVERED: [(Mutant, &str); 0] = [];
+
+    #[test]
+    fn every_mutant_is_caught_and_localised() {
+        let mut rows = Vec::new();
+        let mut missed = Vec::new();
+        let mut gaps = Vec::new();
+        for m in Mutant::ALL {
+            if let Some((_, why)) = NOT_YET_COVERED.iter().find(|(n, _)| *n == m) {
+                let (spec, _) = expectations(m);
+                if Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
+                    // It must really be missed where it is expected to be caught.
+                    if let Some((at, check)) = earliest_failure(&run(spec, Some(m))) {
+                        missed.push(format!(
+                            "{m:?} is listed as not covered but is caught at {at} ({check})"
+                        ));
+                    }
+                }
+                rows.push(format!(
+                    "{:<28} {:<22} {:<28} NOT COVERED YET: needs {why}",
+                    format!("{m:?}"),
+                    spec,
+                    "-"
+                ));
+                gaps.push(m);
+                continue;
+            }
+            let (spec, want) = expectations(m);
+            if !Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
+                missed.push(format!("{m:?}: spec {spec} does not exist"));
+                continue;
+            }
+            let got = earliest_failure(&run(spec, Some(m)));
+            let ok = got.as_ref().is_some_and(|(at, _)| at == want);
+            let shown = got
+                .map(|(at, check)| format!("{at} ({check})"))
+                .unwrap_or_else(|| "NOT CAUGHT".into());
+            rows.push(format!("{:<28} {:<22} {:<28} {shown}", format!("{m:?}"), spec, want));
+            if !ok {
+                missed.push(format!("{m:?} on {spec}: expected {want}, got {shown}"));
+            }
+        }
+        let caught = Mutant::ALL.len() - missed.len() - gaps.len();
+        println!("{:<28} {:<22} {:<28} earliest failure", "mutant", "spec", "expected");
+        for r in &rows {
+            println!("{r}");
+        }
+        println!(
+            "score: {caught}/{} mutants caught and localised ({} not covered yet)",
+            Mutant::ALL.len(),
+            gaps.len()
+        );
+        assert!(missed.is_empty(), "not caught or not localised:\n{}", missed.join("\n"));
+    }
+
+    #[test]
+    fn the_unmutated_engine_passes_the_specs_the_self_test_uses() {
+        for spec in [
+            "qwen2-tiny.yaml",
+            "llama-tiny.yaml",
+            "qwen2-tiny-long.yaml",
+            "qwen2-tiny-sampling.yaml",
+            "phi3-tiny.yaml",
+            "qwen3-tiny.yaml",
+        ] {
+            let r = run(spec, None);
+            assert!(earliest_failure(&r).is_none(), "{spec}: {:?}", earliest_failure(&r));
+        }
+    }
+}
+
+/// The new families' own planted bugs (issue: real models): a Qwen3 engine
+/// without its q/k norms, a Phi-3 loader splitting q and k the wrong way round.
+mod families {
+    use crate::checks::Status;
+    use crate::engine::cpu::mutants::Mutant;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::model::LoaderBug;
+    use crate::plan::Plan;
+    use crate::runner::{run_on, Filter};
+    use crate::spec::Spec;
+    use std::path::Path;
+
+    fn first_divergence(spec: &str, bug: Option<LoaderBug>, m: Option<Mutant>) -> (Option<String>, Vec<String>) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut plan = Plan::build(Spec::load(&root.join("specs").join(spec)).unwrap(), None).unwrap();
+        plan.load_options.plant = bug;
+        let mut eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        if let Some(m) = m {
+            eng = eng.mutated(m);
+        }
+        let r = run_on(&plan, &eng as &dyn Engine, &Filter::default(), &|id| id.to_string());
+        let failed_run_checks = r
+            .outcomes
+            .iter()
+            .filter(|o| o.at.is_none() && o.status == Status::Fail)
+            .map(|o| o.check.clone())
+            .collect();
+        (
+            r.first_divergence.map(|d| format!("{}/{}", d.step, d.stage)),
+            failed_run_checks,
+        )
+    }
+
+    #[test]
+    fn the_new_families_pass_as_loaded() {
+        for spec in ["qwen3-tiny.yaml", "phi3-tiny.yaml"] {
+            let (fd, runs) = first_divergence(spec, None, None);
+            assert_eq!((fd, runs), (None, vec![]), "{spec}");
+        }
+    }
+
+    #[test]
+    fn qwen3_without_qk_norm_diverges_at_q_norm() {
+        let (fd, _) = first_divergence("qwen3-tiny.yaml", None, Some(Mutant::SkipQkNorm));
+        assert_eq!(fd.as_deref(), Some("prefill/blk.0.q_norm"));
+    }
+
+    #[test]
+    fn phi3_split_with_q_and_k_swapped_diverges_at_q_and_fails_the_weights_check() {
+        let (fd, runs) = first_divergence("phi3-tiny.yaml", Some(LoaderBug::SplitKFirst), None);
+        assert_eq!(fd.as_deref(), Some("prefill/blk.0.q"));
+        assert!(runs.contains(&"weights".to_string()), "{runs:?}");
+    }
+}
