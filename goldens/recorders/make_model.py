@@ -88,7 +88,7 @@ SEEDS = {"weights": WEIGHT_SEED, "biases_and_norms": BIAS_NORM_SEED}
 
 # Std of HF's normal initialisation of every Linear and the embedding.
 # Chosen by measurement: record_hf.py prints attention statistics, and the
-# sweep over 0.02 .. 0.3 is in README.md. Each attention row is compared with
+# sweep over 0.02 .. 0.3 is in docs/recorders.md (Measured). Each attention row is compared with
 # its own uniform value 1/n_keys (causal row t sees t+1 keys; comparing with
 # 1/S instead flatters: HF's default 0.02 then "scores" 3.3x while being
 # uniform to within 4%). Default prompt (14 tokens) + 3 decode steps, mean of
@@ -103,7 +103,7 @@ SEEDS = {"weights": WEIGHT_SEED, "biases_and_norms": BIAS_NORM_SEED}
 #        one-hot rows hide errors in all the other scores of the row.
 # 0.15 is clearly non-uniform (>= 3x) yet stays away from saturation.
 INITIALIZER_RANGE = 0.15
-# The Llama model's value, chosen the same way (sweep in README.md).
+# The Llama model's value, chosen the same way (sweep in docs/recorders.md).
 INITIALIZER_RANGE_LLAMA = 0.12
 # Qwen3 and Phi-3 have qwen2-tiny's hidden size 64, so its value. (Qwen3's
 # q_norm/k_norm rescale q and k to unit RMS anyway, so there the attention

@@ -6,12 +6,13 @@ that `cargo test` compares our ids with (tests/tokenizer.rs).
     python goldens/recorders/make_tokenizer_fixtures.py OUT.json [--real-gguf PATH] [--no-llamacpp]
 
 Run it with the pinned recorder environment (requirements.txt;
-`goldens/recorders/regen.sh` creates it as .venv-recorders/): transformers'
+`goldens/recorders/regen.sh` and `touchstone goldens regen` create it as
+$TOUCHSTONE_CACHE/recorders-venv, default ~/.cache/touchstone/recorders-venv): transformers'
 GGUF reader imports torch, and build_llamacpp.py needs the pinned cmake. The
 committed fixture is
 `tests/fixtures/tokenizer.json`; regenerate it with
 
-    .venv-recorders/bin/python goldens/recorders/make_tokenizer_fixtures.py tests/fixtures/tokenizer.json \
+    ~/.cache/touchstone/recorders-venv/bin/python goldens/recorders/make_tokenizer_fixtures.py tests/fixtures/tokenizer.json \
         --real-gguf ~/.cache/touchstone/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 (the real model comes from ci/fetch_real_model.py; without --real-gguf its
