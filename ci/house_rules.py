@@ -76,7 +76,8 @@ def main():
         for i, line in enumerate(text.split("\n"), 1):
             for m in path_re.finditer(line):
                 p = m.group(1).rstrip(".")
-                if PLACEHOLDER.search(p) or p.endswith("/"):
+                follows = line[m.end(): m.end() + 1]
+                if PLACEHOLDER.search(p) or p.endswith("/") or (follows and follows in "*{<"):
                     continue
                 if not exists(p, f):
                     problems.append(f"{f}:{i}: mentions `{p}`, which the repository does not have")

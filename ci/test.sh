@@ -16,12 +16,17 @@
 # (ignored by git; the same --target approach as ci/kernels.sh), on PYTHONPATH.
 # 4. The example engine crate's own `cargo test` (examples/engine-crate): every
 #    check of two tiny specs as its trials, through touchstone::harness.
+# 0. First, in a second: the house rules (ci/house_rules.py: files of src/ at
+#    most 600 lines with a `//!` header, one module style, every path the code
+#    and docs mention exists) and the import-circle scan (ci/import_cycles.py).
 # Every cargo command here builds the release profile, the one the README's
 # `cargo run --release -- run` builds: a fresh machine compiles touchstone and
 # its dependencies once for both commands (and the engine-heavy tests run at
 # the speed users see).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python3 ci/house_rules.py
+python3 ci/import_cycles.py
 NUMPY_PIN="$(grep -E '^numpy==' goldens/recorders/requirements.txt)"
 PYDEPS="$PWD/.cache/protocol-py"
 if ! PYTHONPATH="$PYDEPS" python3 -c "import numpy, sys; sys.exit(numpy.__version__ != '${NUMPY_PIN#numpy==}')" 2>/dev/null; then

@@ -6,6 +6,15 @@ use touchstone::cli::Cli;
 use touchstone::cmd::{execute, Outcome};
 
 fn main() -> ExitCode {
+    // A reader that stops early (`touchstone list | head`) closes the pipe;
+    // Rust ignores SIGPIPE, so the next write would panic. Die quietly as
+    // Unix tools do instead.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default at start-up,
+    // before any thread exists, has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

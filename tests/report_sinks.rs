@@ -179,8 +179,13 @@ fn junit_parses_with_one_testcase_per_check_and_full_failure_messages() {
     assert_eq!(skipped, 1);
     let root = doc.root_element();
     assert_eq!(root.attribute("failures"), Some("3"));
-    // Control characters XML cannot hold are replaced, never emitted.
-    assert_eq!(junit::escape("a\u{1}b"), "a\u{FFFD}b");
+    // Characters XML cannot hold are replaced, never emitted.
+    let mut r = fixture();
+    r.runs[0].outcomes[0].message = "a\u{1}b\u{FFFF}c".into();
+    r.runs[0].outcomes[0].status = Status::Fail;
+    let xml = junit::render(&r);
+    roxmltree::Document::parse(&xml).expect("still well-formed XML");
+    assert!(xml.contains("a\u{FFFD}b\u{FFFD}c") && !xml.contains('\u{1}'), "{xml}");
 }
 
 #[test]

@@ -21,6 +21,10 @@ use crate::tensor::Tensor;
 pub trait Kind: Sized + Send + Sync + Debug + 'static {
     /// The name in specs, and the first part of every instance's id.
     const NAME: &'static str;
+    /// Its parameters and their defaults, as a spec writes them (`touchstone checks`).
+    const PARAMS: &'static str;
+    /// What must hold for it to pass, in one sentence (`touchstone checks`).
+    const ABOUT: &'static str;
     /// The kind written bare: every parameter at its default.
     fn bare() -> Self;
     /// The kind written `{NAME: VALUE}`: VALUE parsed in place, so errors

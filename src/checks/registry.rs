@@ -7,6 +7,7 @@
 /// `table!(StageRule; finite::Finite, …)` declares each module (a file
 /// beside the invoking `mod.rs`), re-exports each kind, and defines:
 /// - `NAMES`: every kind's name, in table order (error messages, suggestions);
+/// - `KINDS`: every kind's (name, parameters, what must hold), for `touchstone checks`;
 /// - `bare(name)`: the kind written bare, with its defaults;
 /// - `with_value(name, map)`: the kind written `{name: VALUE}`, VALUE parsed
 ///   in place from the spec's YAML (so its errors keep their line:col).
@@ -17,6 +18,13 @@ macro_rules! table {
 
         /// Every kind's name, in table order.
         pub const NAMES: &[&str] = &[$(<$module::$kind as $crate::checks::kind::Kind>::NAME),*];
+
+        /// Every kind's (name, parameters, what must hold), in table order.
+        pub const KINDS: &[(&str, &str, &str)] = &[$((
+            <$module::$kind as $crate::checks::kind::Kind>::NAME,
+            <$module::$kind as $crate::checks::kind::Kind>::PARAMS,
+            <$module::$kind as $crate::checks::kind::Kind>::ABOUT,
+        )),*];
 
         /// The kind called `name`, written bare.
         pub fn bare(name: &str) -> Option<std::sync::Arc<dyn $crate::checks::kind::$rule>> {

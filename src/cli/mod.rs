@@ -30,6 +30,9 @@ pub enum Command {
     Run(RunArgs),
     /// List the check instances of specs (the ids `--only` and `cargo test` filter on).
     List(ListArgs),
+    /// List every check kind a spec can name: its parameters and what must hold
+    /// (stage checks under `stages:`, run checks under `run_checks:`).
+    Checks,
     /// Show the tensors, dtypes, shapes, statistics and provenance of a .safetensors, .npy or .gguf
     /// file (GGUF: version, metadata and the tensor table too).
     Inspect {
@@ -56,7 +59,7 @@ pub enum Command {
     Diff(DiffArgs),
     /// Benchmarks for comparing touchstone with its peers (not checks; not run in CI): one JSON
     /// line per measurement on stdout, a readable line on stderr. `ci/bench.sh` runs them
-    /// interleaved with llama.cpp, HF transformers, numpy and torch (README "Benchmarks").
+    /// interleaved with llama.cpp, HF transformers, numpy and torch (docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
     /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
@@ -84,8 +87,8 @@ pub struct RunArgs {
     /// Engine to run: `cpu`, `cuda`, `cuda-emu` (the CUDA engine on the
     /// emulated device, no GPU needed), `all` (every built-in, and every
     /// engine the spec declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
-    /// (any program speaking the subprocess protocol, README "Testing your
-    /// own engine"), or `dumps:PATH` (tensors another program wrote).
+    /// (any program speaking the subprocess protocol, docs/testing-your-engine.md),
+    /// or `dumps:PATH` (tensors another program wrote).
     #[arg(long, default_value = "cpu", value_name = "ENGINE")]
     pub engine: String,
     /// Model to run instead of the spec's (an HF model folder or a .gguf file).

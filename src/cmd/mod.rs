@@ -3,6 +3,7 @@
 //! holds only their argument types. `execute` dispatches.
 
 pub mod bench;
+pub mod checks;
 pub mod compare;
 pub mod diff;
 pub mod goldens;
@@ -25,6 +26,10 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::List(args) => list::run(args),
+        Command::Checks => {
+            print!("{}", checks::render());
+            Ok(Outcome::Passed)
+        }
         Command::Kernels { arch, ptx_only } => kernels::run(&arch, ptx_only),
         Command::Inspect { file } => {
             print!("{}", inspect::render(&file)?);

@@ -8,8 +8,9 @@ use std::fmt::Write;
 use super::{Change, DiffReport, Row};
 use crate::checks::Status;
 use crate::compare::sci;
+use crate::report::html::escape;
 use crate::report::html::{self, Plot, Section, Series};
-use crate::report::junit::{self, escape, Case, Suite};
+use crate::report::junit::{self, Case, Suite};
 use crate::report::markdown::cell;
 use crate::stage::Step;
 

@@ -1,5 +1,5 @@
-//! Any program as an engine: the subprocess protocol, version 1 (README,
-//! "Testing your own engine"). touchstone starts the command once per spec
+//! Any program as an engine: the subprocess protocol, version 1
+//! (docs/testing-your-engine.md). touchstone starts the command once per spec
 //! and keeps it for every run the checks need; requests go one JSON object per
 //! line to its stdin, responses come one per line on its stdout, and its
 //! stderr is its log, kept (the last 64 KiB) and shown with any failure.

@@ -11,7 +11,6 @@ use std::fmt::Write;
 
 use plotters::prelude::*;
 
-use super::junit::escape;
 use super::{Outcome, Report};
 use crate::checks::{Family, Status};
 use crate::stage::{Stage, Step};
@@ -203,6 +202,25 @@ pub fn page(title: &str, header_html: &str, sections: &[Section]) -> String {
         out,
         "<p class=\"note\">Errors of exactly 0 are drawn at {FLOOR:e}. Red points are failing checks.</p>\n</body></html>"
     );
+    out
+}
+
+/// Escapes text for HTML content and attribute values; characters a page
+/// cannot hold are replaced by U+FFFD.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
     out
 }
 

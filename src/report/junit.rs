@@ -1,38 +1,20 @@
-//! JUnit XML (`--junit FILE`), the format CI systems ingest: one `<testsuite>`
-//! per (spec, engine) run, one `<testcase>` per check instance named by its id,
-//! `<failure>` carrying the full message and the rerun command, `<skipped>`
-//! carrying the reason. Text is XML-escaped, and characters XML 1.0 cannot
-//! hold at all are replaced, so the file always parses.
+//! JUnit XML (`--junit FILE`), the format CI systems ingest, written by
+//! `quick-junit` (nextest's writer): one `<testsuite>` per (spec, engine) run,
+//! one `<testcase>` per check instance named by its id, `<failure>` carrying
+//! the full message and the rerun command (in the `message` attribute too,
+//! as many CI UIs show only that), `<skipped>` carrying the reason.
 
-use std::fmt::Write;
+use quick_junit::{NonSuccessKind, TestCase, TestCaseStatus, TestSuite};
 
 use super::Report;
 use crate::checks::Status;
-
-/// Escapes text for XML content and attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' | '\r' => out.push(c),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// One test case, independent of where it came from (a run or a diff).
 pub struct Case {
     pub classname: String,
     pub name: String,
     pub status: Status,
-    /// Failure or skip text (first line becomes the `message` attribute).
+    /// Failure or skip text (a skip's first line is its message).
     pub text: String,
 }
 
@@ -41,59 +23,47 @@ pub struct Suite {
     pub cases: Vec<Case>,
 }
 
+/// Characters XML 1.0 cannot hold replaced by U+FFFD, so a message keeps a
+/// mark where one was (quick-junit would drop C0 controls silently, and
+/// passes U+FFFE/U+FFFF through).
+fn xml_text(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '\t' | '\n' | '\r' => c,
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => '\u{FFFD}',
+            c => c,
+        })
+        .collect()
+}
+
 pub fn render_suites(root: &str, suites: &[Suite]) -> String {
-    let count = |s: &Suite, st: Status| s.cases.iter().filter(|c| c.status == st).count();
-    let total: usize = suites.iter().map(|s| s.cases.len()).sum();
-    let failures: usize = suites.iter().map(|s| count(s, Status::Fail)).sum();
-    let skipped: usize = suites.iter().map(|s| count(s, Status::Skip)).sum();
-    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let _ = writeln!(
-        out,
-        "<testsuites name=\"{}\" tests=\"{total}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\">",
-        escape(root)
-    );
+    let mut report = quick_junit::Report::new(xml_text(root));
     for s in suites {
-        let _ = writeln!(
-            out,
-            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\">",
-            escape(&s.name),
-            s.cases.len(),
-            count(s, Status::Fail),
-            count(s, Status::Skip)
-        );
+        let mut suite = TestSuite::new(xml_text(&s.name));
         for c in &s.cases {
-            let open = format!(
-                "    <testcase classname=\"{}\" name=\"{}\"",
-                escape(&c.classname),
-                escape(&c.name)
-            );
-            let first = c.text.lines().next().unwrap_or("");
-            match c.status {
-                Status::Pass => {
-                    let _ = writeln!(out, "{open}/>");
-                }
+            let text = xml_text(&c.text);
+            let status = match c.status {
+                Status::Pass => TestCaseStatus::success(),
                 Status::Fail => {
-                    let _ = writeln!(
-                        out,
-                        "{open}>\n      <failure message=\"{}\" type=\"check failed\">{}</failure>\n    </testcase>",
-                        // The whole failure text: CI UIs often show only the attribute.
-                        escape(&c.text),
-                        escape(&c.text)
-                    );
+                    let mut st = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                    st.set_message(text.as_str())
+                        .set_type("check failed")
+                        .set_description(text.as_str());
+                    st
                 }
                 Status::Skip => {
-                    let _ = writeln!(
-                        out,
-                        "{open}>\n      <skipped message=\"{}\"/>\n    </testcase>",
-                        escape(first)
-                    );
+                    let mut st = TestCaseStatus::skipped();
+                    st.set_message(text.lines().next().unwrap_or(""));
+                    st
                 }
-            }
+            };
+            let mut case = TestCase::new(xml_text(&c.name), status);
+            case.set_classname(xml_text(&c.classname));
+            suite.add_test_case(case);
         }
-        let _ = writeln!(out, "  </testsuite>");
+        report.add_test_suite(suite);
     }
-    out.push_str("</testsuites>\n");
-    out
+    report.to_string().expect("a report of plain strings serialises")
 }
 
 /// A run report as JUnit: classname `<engine>::<spec>`, name the check id.

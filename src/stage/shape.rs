@@ -6,7 +6,7 @@ use super::{BlockStage, Stage};
 use crate::model::ModelConfig;
 
 /// The canonical shape of `stage` for a step of `t` tokens after which the KV
-/// cache holds `s` positions (the README's stage table).
+/// cache holds `s` positions.
 pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec<usize> {
     match stage {
         Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],

@@ -49,6 +49,8 @@ fn default_sampling() -> Sampling {
 
 impl Kind for Determinism {
     const NAME: &'static str = "determinism";
+    const PARAMS: &'static str = "runs (3, >= 3), decode_steps (8), sampling (temperature 1.0, top_k 50, top_p 0.95), seed (the spec's), other_seed (seed + 1)";
+    const ABOUT: &'static str = "runs with one seed are bitwise identical, and another seed changes the sampled tokens";
     fn bare() -> Self {
         Determinism {
             runs: default_runs(),

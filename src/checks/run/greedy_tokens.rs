@@ -28,6 +28,8 @@ struct Params {
 
 impl Kind for GreedyTokens {
     const NAME: &'static str = "greedy_tokens";
+    const PARAMS: &'static str = "a source name; none: the only declared source";
+    const ABOUT: &'static str = "free-running greedy decoding picks the golden source's tokens";
     fn bare() -> Self {
         GreedyTokens { source: None }
     }

@@ -36,6 +36,8 @@ fn default_atol() -> f64 {
 
 impl Kind for KvCache {
     const NAME: &'static str = "kv_cache";
+    const PARAMS: &'static str = "atol (1e-5), rtol (0), decode_steps (the prompt's)";
+    const ABOUT: &'static str = "incremental decode gives the logits of one full recompute over the same tokens";
     fn bare() -> Self {
         KvCache {
             atol: default_atol(),

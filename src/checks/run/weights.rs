@@ -36,6 +36,8 @@ pub struct Weights;
 
 impl Kind for Weights {
     const NAME: &'static str = "weights";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "every tensor the engine holds is finite, not all zeros, and equal to the model file's; every tensor of the file is used";
     fn bare() -> Self {
         Weights
     }

@@ -19,6 +19,8 @@ pub struct Causal;
 
 impl Kind for Causal {
     const NAME: &'static str = "causal";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "blk.*.attn_probs only: entries on future positions are exactly 0 (planned at the prefill only)";
     fn bare() -> Self {
         Causal
     }

@@ -17,6 +17,8 @@ pub struct Finite;
 
 impl Kind for Finite {
     const NAME: &'static str = "finite";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "no NaN and no ±Inf in the capture; the message counts each kind and names the first";
     fn bare() -> Self {
         Finite
     }

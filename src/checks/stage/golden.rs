@@ -40,6 +40,8 @@ struct Full {
 
 impl Kind for Golden {
     const NAME: &'static str = "golden";
+    const PARAMS: &'static str = "a source name, or {source, atol, rtol}; no source: one check per declared source";
+    const ABOUT: &'static str = "close to the golden's tensor: with an oracle and no atol/rtol, within `factor` of the reference's own error against the oracle (the scaled policy); else |a−e| ≤ atol + rtol·|e|";
     fn bare() -> Self {
         Golden {
             source: None,

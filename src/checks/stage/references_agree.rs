@@ -29,6 +29,8 @@ pub struct ReferencesAgree {
 
 impl Kind for ReferencesAgree {
     const NAME: &'static str = "references_agree";
+    const PARAMS: &'static str = "{atol, rtol} (optional)";
+    const ABOUT: &'static str = "the goldens themselves: each reference within `factor` of its own floor from the oracle, or every source close to the first; a failure makes the stage a golden suspect";
     fn bare() -> Self {
         ReferencesAgree {
             tol: TolOverride::default(),

@@ -60,6 +60,8 @@ impl<'de> Deserialize<'de> for TemplateText {
 
 impl Kind for Rope {
     const NAME: &'static str = "rope";
+    const PARAMS: &'static str = "input (blk.{i}.q for q_rope, blk.{i}.k for k_rope), style (neox | interleaved), tol (1e-5)";
+    const ABOUT: &'static str = "the stage is its input rotated by RoPE: the identity at position 0, norm-preserving, by position·θ^(−2j/D) at every pair";
     fn bare() -> Self {
         Rope {
             input: None,

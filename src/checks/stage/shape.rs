@@ -18,6 +18,8 @@ pub struct Shape;
 
 impl Kind for Shape {
     const NAME: &'static str = "shape";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "the capture has exactly its stage's canonical shape at its step";
     fn bare() -> Self {
         Shape
     }

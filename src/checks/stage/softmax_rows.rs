@@ -27,6 +27,8 @@ fn default_tol() -> f64 {
 
 impl Kind for SoftmaxRows {
     const NAME: &'static str = "softmax_rows";
+    const PARAMS: &'static str = "tol (1e-5)";
+    const ABOUT: &'static str = "every row over the last dimension is a distribution: entries in [0, 1 + tol], summing to 1 within tol";
     fn bare() -> Self {
         SoftmaxRows { tol: default_tol() }
     }
