@@ -10,4 +10,5 @@ super::registry::table!(StageRule;
     rope::Rope,
     golden::Golden,
     references_agree::ReferencesAgree,
+    residual::Residual,
 );

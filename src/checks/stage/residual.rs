@@ -1,0 +1,237 @@
+//! `residual`: a pre-norm decoder block adds its two branches to the stream,
+//! `ffn_inp = x + attn_out` (x the block input: `embed` at layer 0, the
+//! previous block's `out` after it) and `out = ffn_inp + ffn_out`. The check
+//! recomputes each sum from the engine's own captures, so it needs no golden:
+//! a dropped residual, a branch added twice, or a sum read from the wrong
+//! buffer shows at the exact stage.
+//!
+//! The allowance is one rounding of the sum plus one of each input, at the
+//! captured dtype: an engine adds in f32 (`u32 = 2^-24`, relative to |a + b|)
+//! and stores the stage at its storage dtype (`u`, f32/f16/bf16: 2^-24,
+//! 2^-11, 2^-8), and an engine that keeps its residual stream wider than the
+//! stages it shows has added inputs that differ from the captured ones by
+//! up to one storage rounding each. So an element passes when
+//! `|y − (a + b)| ≤ u32·|a + b| + u·(|a + b| + |a| + |b|)`, sums taken in f64;
+//! a missing branch misses by |a| or |b|, far outside it.
+
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer};
+
+use crate::checks::facts::Facts;
+use crate::checks::family::{Family, Metric};
+use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
+use crate::checks::params::Empty;
+use crate::checks::scaled::{storage_unit, U_F32};
+use crate::checks::verdict::Verdict;
+use crate::stage::{BlockStage, Stage};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Residual;
+
+impl Kind for Residual {
+    const NAME: &'static str = "residual";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "blk.*.ffn_inp and blk.*.out only: the stage is the sum of its two inputs (the block \
+                                 input + attn_out; ffn_inp + ffn_out) within one rounding of the sum and of each \
+                                 input at the captured dtype";
+    fn bare() -> Self {
+        Residual
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Empty::deserialize(d).map(|_| Residual)
+    }
+}
+
+impl StageRule for Residual {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        let (a, b) = inputs(stage)
+            .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp and blk.*.out, not `{stage}`"))?;
+        Ok(vec![Arc::new(ResidualCheck { a, b })])
+    }
+}
+
+/// The two stages a residual stage sums.
+fn inputs(stage: Stage) -> Option<(Stage, Stage)> {
+    use BlockStage::{AttnOut, FfnInp, FfnOut, Out};
+    Some(match stage {
+        Stage::Block(0, FfnInp) => (Stage::Embed, Stage::Block(0, AttnOut)),
+        Stage::Block(l, FfnInp) => (Stage::Block(l - 1, Out), Stage::Block(l, AttnOut)),
+        Stage::Block(l, Out) => (Stage::Block(l, FfnInp), Stage::Block(l, FfnOut)),
+        _ => return None,
+    })
+}
+
+/// The check at one stage: it is the sum of stages `a` and `b`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResidualCheck {
+    pub a: Stage,
+    pub b: Stage,
+}
+
+impl StageCheck for ResidualCheck {
+    fn id(&self) -> String {
+        Residual::NAME.into()
+    }
+    fn family(&self) -> Family {
+        Family::Invariant
+    }
+    fn metric(&self) -> Option<Metric> {
+        Some(Metric::MaxAbs)
+    }
+    fn reads(&self, stage: Stage) -> Vec<Stage> {
+        vec![stage, self.a, self.b]
+    }
+    fn judge(&self, _: &Facts, at: &At) -> Verdict {
+        let (y, a, b) = match (at.capture(), at.capture_of(self.a), at.capture_of(self.b)) {
+            (Ok(y), Ok(a), Ok(b)) => (y, a, b),
+            (Err(v), _, _) | (_, Err(v), _) | (_, _, Err(v)) => return v,
+        };
+        judge(y, a, b, at.stage, self.a, self.b)
+    }
+}
+
+/// `y = a + b` element by element within the allowance (see the module comment).
+fn judge(y: &Tensor, a: &Tensor, b: &Tensor, stage: Stage, sa: Stage, sb: Stage) -> Verdict {
+    if y.shape() != a.shape() || y.shape() != b.shape() {
+        return Verdict::fail(format!(
+            "residual: {stage} has shape {:?}, {sa} {:?}, {sb} {:?}: a sum needs one shape",
+            y.shape(),
+            a.shape(),
+            b.shape()
+        ));
+    }
+    let u = storage_unit(y.dtype().coarser(a.dtype()).coarser(b.dtype()));
+    let (mut bad, mut max_abs, mut worst) = (0usize, 0.0f64, None);
+    for (i, ((&y, &a), &b)) in y.data().iter().zip(a.data()).zip(b.data()).enumerate() {
+        let (yv, av, bv) = (y as f64, a as f64, b as f64);
+        let s = av + bv;
+        let err = (yv - s).abs();
+        let allowed = U_F32 * s.abs() + u * (s.abs() + av.abs() + bv.abs()) + f32::MIN_POSITIVE as f64;
+        // Written so that NaN (in the stage or an input) fails too.
+        if !(err <= allowed) {
+            bad += 1;
+            if worst.is_none_or(|(_, e, _, _, _)| !(err <= e)) {
+                worst = Some((i, err, y, a, b));
+            }
+        }
+        if err > max_abs || err.is_nan() {
+            max_abs = if err.is_nan() { f64::INFINITY } else { err };
+        }
+    }
+    let n = y.numel();
+    let v = match worst {
+        None => Verdict::pass(format!(
+            "{stage} = {sa} + {sb} at all {n} elements within one rounding (max |Δ| {max_abs:.2e}, u {u:.1e})"
+        )),
+        Some((i, err, yv, av, bv)) => Verdict::fail(format!(
+            "{bad} of {n} elements of {stage} are not {sa} + {sb} within one rounding (u {u:.1e}); worst at \
+             index {:?}: {stage} {yv:e}, {sa} + {sb} = {av:e} + {bv:e} = {:e} (|Δ| {err:.2e}): a residual \
+             dropped, added twice or read from the wrong buffer?",
+            y.unravel(i),
+            av as f64 + bv as f64
+        )),
+    };
+    v.metric("max_abs", max_abs).metric("violations", bad as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::mutants::Mutant;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::{Engine, RunRequest, TapSet};
+    use crate::sampling::Sampling;
+    use crate::stage::Step;
+    use crate::tensor::DType;
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::new(vec![1, v.len()], v.to_vec())
+    }
+
+    const Y: Stage = Stage::Block(0, BlockStage::FfnInp);
+    const A: Stage = Stage::Embed;
+    const B: Stage = Stage::Block(0, BlockStage::AttnOut);
+
+    #[test]
+    fn a_rounded_sum_passes_and_a_missing_or_moved_branch_fails_naming_the_element() {
+        let (a, b) = ([1.5f32, -2.25, 1e-3, 300.0], [0.1f32, 2.25, 7.0, -0.3]);
+        let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert!(judge(&t(&sum), &t(&a), &t(&b), Y, A, B).passed());
+        // The residual dropped: the stage is the branch alone.
+        let v = judge(&t(&b), &t(&a), &t(&b), Y, A, B);
+        assert!(v.failed() && v.message.starts_with("4 of 4 elements"), "{}", v.message);
+        // One element off by a relative 1e-4: far more than one f32 rounding.
+        let mut moved = sum.clone();
+        moved[3] *= 1.0 + 1e-4;
+        let v = judge(&t(&moved), &t(&a), &t(&b), Y, A, B);
+        assert!(v.failed() && v.message.contains("index [0, 3]"), "{}", v.message);
+        let mut nan = sum;
+        nan[1] = f32::NAN;
+        assert!(judge(&t(&nan), &t(&a), &t(&b), Y, A, B).failed());
+    }
+
+    #[test]
+    fn bf16_storage_allows_one_bf16_rounding_and_no_more() {
+        let bf = |v: &[f32]| t(&v.iter().map(|x| DType::BF16.round(*x)).collect::<Vec<_>>()).with_dtype(DType::BF16);
+        let (a, b) = ([1.0f32, 3.0, -5.5], [0.00390625f32, 0.75, 0.125]);
+        let (ta, tb) = (bf(&a), bf(&b));
+        let sum: Vec<f32> = ta.data().iter().zip(tb.data()).map(|(x, y)| x + y).collect();
+        assert!(judge(&bf(&sum), &ta, &tb, Y, A, B).passed());
+        // Off by 4 bf16 units of the sum: not one rounding.
+        let off: Vec<f32> = sum.iter().map(|s| s * (1.0 + 4.0 / 256.0)).collect();
+        assert!(judge(&bf(&off), &ta, &tb, Y, A, B).failed());
+    }
+
+    #[test]
+    fn rules_expand_to_the_right_inputs_and_refuse_other_stages() {
+        let env = RuleEnv::default();
+        let check = |s| format!("{:?}", Residual.expand(s, &env).unwrap()[0]);
+        assert!(check(Stage::Block(1, BlockStage::FfnInp)).contains("a: Block(0, Out), b: Block(1, AttnOut)"));
+        assert!(check(Stage::Block(1, BlockStage::Out)).contains("a: Block(1, FfnInp), b: Block(1, FfnOut)"));
+        assert!(Residual.expand(Stage::Block(0, BlockStage::Q), &env).is_err());
+    }
+
+    #[test]
+    fn the_cpu_engine_passes_at_every_storage_and_its_dropped_residual_is_caught_at_ffn_inp() {
+        let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/qwen2-tiny/model");
+        let req = RunRequest {
+            prompt: vec![1, 17, 42, 99],
+            decode_steps: 2,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            forced: None,
+        };
+        let layers = CpuEngine::load(&model).unwrap().config().layers;
+        let verdicts = |engine: &CpuEngine| {
+            let out = engine.run(&req, &TapSet::all(layers)).unwrap();
+            let mut v = Vec::new();
+            for step in Step::sequence(2) {
+                for l in 0..layers {
+                    for stage in [Stage::Block(l, BlockStage::FfnInp), Stage::Block(l, BlockStage::Out)] {
+                        let (a, b) = inputs(stage).unwrap();
+                        let got = |s| out.captures.get(step, s).unwrap();
+                        v.push((format!("{step}/{stage}"), judge(got(stage), got(a), got(b), stage, a, b)));
+                    }
+                }
+            }
+            v
+        };
+        for storage in [DType::F32, DType::F16, DType::BF16] {
+            let opts = crate::model::LoadOptions {
+                storage,
+                ..Default::default()
+            };
+            for (at, v) in verdicts(&CpuEngine::load_with(&model, &opts).unwrap()) {
+                assert!(v.passed(), "{storage} {at}: {}", v.message);
+            }
+        }
+        let bug = verdicts(&CpuEngine::load(&model).unwrap().mutated(Mutant::ResidualMissing));
+        let first = bug.iter().find(|(_, v)| v.failed()).expect("the dropped residual is caught");
+        assert_eq!(first.0, "prefill/blk.0.ffn_inp", "{}", first.1.message);
+    }
+}
