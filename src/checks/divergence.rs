@@ -185,7 +185,8 @@ mod tests {
     #[test]
     fn the_budget_is_the_largest_reference_distance_at_each_stage() {
         let (g, a) = (golden(), agree());
-        let q = Some((Step::Prefill, Stage::Block(0, BlockStage::Q)));
+        let at = (Step::Prefill, Stage::Block(0, BlockStage::Q));
+        let q = Some(at);
         let b = budgets([
             (q, &a, Some(1e-6)),
             (q, &a, Some(3e-6)),
@@ -193,6 +194,6 @@ mod tests {
             (None, &a, Some(9.0)),
         ]);
         assert_eq!(b.len(), 1);
-        assert_eq!(b[&q.unwrap()], 3e-6);
+        assert_eq!(b[&at], 3e-6);
     }
 }

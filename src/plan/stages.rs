@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::spec::{RuleItem, Spec};
 use crate::stage::{Stage, Step};
 
+/// A check planned at a stage, by its id.
+type Planned = (String, Arc<dyn StageCheck>);
+
 /// The stage check instances of `spec`, in execution order: step, stage,
 /// then the order the rules name the checks in.
 pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
@@ -39,7 +42,7 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
     }
     let env = spec.rule_env();
     // stage -> [(check id, check)]; a later rule replaces an earlier one.
-    let mut per_stage: BTreeMap<Stage, Vec<(String, Arc<dyn StageCheck>)>> = BTreeMap::new();
+    let mut per_stage: BTreeMap<Stage, Vec<Planned>> = BTreeMap::new();
     for (pattern, items) in &spec.stages {
         for &stage in stages.iter().filter(|s| pattern.matches(**s)) {
             for item in items {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 fn main() {
     let specs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../specs");
-    touchstone::harness::Harness::new("tiny-rs", |model, opts| tiny_engine::TinyEngine::load(model, opts))
+    touchstone::harness::Harness::new("tiny-rs", tiny_engine::TinyEngine::load)
         .spec(specs.join("qwen2-tiny.yaml"))
         .spec(specs.join("llama-tiny.yaml"))
         .run();
