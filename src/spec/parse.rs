@@ -68,18 +68,7 @@ struct RawSpec {
 /// `names:` as a validated map; errors are located at the offending name.
 fn name_map(path: &Path, text: &str, raw: BTreeMap<String, NameTarget>) -> Result<crate::engine::names::NameMap> {
     use crate::engine::names::{NameMap, NameRule};
-    let err = |name: &str, msg: String| match locate(text, name) {
-        Some((line, col)) => Error::SpecSyntax {
-            path: path.to_path_buf(),
-            line,
-            col,
-            msg,
-        },
-        None => Error::SpecInvalid {
-            path: path.to_path_buf(),
-            msg,
-        },
-    };
+    let err = |name: &str, msg: String| error_at(path, locate(text, name), msg);
     let mut rules = Vec::new();
     for (pattern, target) in raw {
         let (stage, reshape) = match target {
@@ -134,23 +123,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
     for (text_pattern, checks) in raw.stages.0 {
         let p = StagePattern::parse(&text_pattern).map_err(|msg| {
             let quoted = format!("\"{text_pattern}\"");
-            let (line, col) = locate(text, &quoted)
+            let loc = locate(text, &quoted)
                 .map(|(l, c)| (l, c + 1))
-                .or_else(|| locate(text, &format!("{text_pattern}:")))
-                .unwrap_or((0, 0));
-            if line == 0 {
-                Error::SpecInvalid {
-                    path: path.to_path_buf(),
-                    msg: format!("stages: {msg}"),
-                }
-            } else {
-                Error::SpecSyntax {
-                    path: path.to_path_buf(),
-                    line,
-                    col,
-                    msg: format!("stages: {msg}"),
-                }
-            }
+                .or_else(|| locate(text, &format!("{text_pattern}:")));
+            error_at(path, loc, format!("stages: {msg}"))
         })?;
         stages.push((p, checks));
     }
@@ -180,18 +156,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
             None => DType::F32,
             Some(s) => DType::parse(s).ok_or_else(|| {
                 let msg = format!("storage: unknown dtype `{s}` (known: f32, f16, bf16)");
-                match locate_value(text, "storage:", s) {
-                    Some((line, col)) => Error::SpecSyntax {
-                        path: path.to_path_buf(),
-                        line,
-                        col,
-                        msg,
-                    },
-                    None => Error::SpecInvalid {
-                        path: path.to_path_buf(),
-                        msg,
-                    },
-                }
+                error_at(path, locate_value(text, "storage:", s), msg)
             })?,
         },
         tolerance: raw.tolerance.into_iter().map(|(k, v)| (k.0, v)).collect(),
@@ -208,6 +173,22 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
     spec.validate_record(text)?;
     spec.validate_counts(text)?;
     Ok(spec)
+}
+
+/// A spec error at `loc` (line, col), or for the whole file when unknown.
+pub(super) fn error_at(path: &Path, loc: Option<(usize, usize)>, msg: String) -> Error {
+    match loc {
+        Some((line, col)) => Error::SpecSyntax {
+            path: path.to_path_buf(),
+            line,
+            col,
+            msg,
+        },
+        None => Error::SpecInvalid {
+            path: path.to_path_buf(),
+            msg,
+        },
+    }
 }
 
 /// 1-based line and column of the first occurrence of `needle` outside comments.

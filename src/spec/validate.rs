@@ -206,17 +206,6 @@ impl Spec {
 
     /// A spec error at `loc` (line, col), or for the whole file when unknown.
     fn error_at(&self, loc: Option<(usize, usize)>, msg: String) -> Error {
-        match loc {
-            Some((line, col)) => Error::SpecSyntax {
-                path: self.path.clone(),
-                line,
-                col,
-                msg,
-            },
-            None => Error::SpecInvalid {
-                path: self.path.clone(),
-                msg,
-            },
-        }
+        super::parse::error_at(&self.path, loc, msg)
     }
 }
