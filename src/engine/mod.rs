@@ -15,6 +15,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod driver;
 pub mod dumps;
 pub mod exec;
 pub mod names;

@@ -5,8 +5,9 @@
 //! stores weights and stage outputs in that type and computes in f32: the
 //! arithmetic stays f32 and values are rounded to storage exactly where the
 //! CUDA engine stores them (see `forward`).
-//! This file holds the engine type and the run loop (prefill, decode steps,
-//! sampling, teacher forcing); the maths lives in the sibling modules.
+//! This file holds the engine type and its step (`driver::Forward`: one
+//! forward pass, then the host sampler's pick); the run loop is the driver's,
+//! the maths lives in the sibling modules.
 
 pub(crate) mod attention;
 mod forward;
@@ -24,14 +25,15 @@ use std::path::Path;
 
 use crate::error::Result;
 use crate::model::{self, LoadOptions, ModelConfig, Weights};
-use crate::sampling::Sampler;
-use crate::stage::{Stage, Step};
+use crate::sampling::{Sampler, Sampling};
 use crate::tensor::DType;
 
-use super::{Captures, Engine, RunOutput, RunRequest, TapSet};
+use super::driver::{self, Forward, StepIn, StepOut};
+use super::{Engine, RunOutput, RunRequest, TapSet};
 use forward::{forward, Tap};
 use kv_cache::KvCache;
 use layers::ModelWeights;
+use mutants::Mutant;
 use ops::Rope;
 
 pub struct CpuEngine {
@@ -109,62 +111,79 @@ impl Engine for CpuEngine {
     }
 
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
-        req.validate("cpu", self.cfg.vocab)?;
+        driver::run(self, req, taps)
+    }
+}
 
+/// A run's state: the KV cache and the host sampler.
+pub struct CpuRun {
+    cache: KvCache,
+    sampler: Sampler,
+    greedy: bool,
+}
+
+impl Forward for CpuEngine {
+    type Run = CpuRun;
+
+    fn engine_name(&self) -> &str {
+        "cpu"
+    }
+
+    fn vocab(&self) -> usize {
+        self.cfg.vocab
+    }
+
+    fn storage(&self) -> DType {
+        self.storage
+    }
+
+    fn begin(&self, req: &RunRequest) -> Result<(CpuRun, Sampling)> {
         let cfg = &self.cfg;
-        let total = req.prompt.len() + req.decode_steps;
-        let mut cache = KvCache::new(cfg.layers, cfg.kv_heads, cfg.head_dim, total);
         let mx = self.mutants;
         let mut sampling = req.sampling.clone();
-        if let (true, crate::sampling::Sampling::Random { temperature, .. }) =
-            (mx.is(mutants::Mutant::TemperatureMisapplied), &mut sampling)
-        {
+        if let (true, Sampling::Random { temperature, .. }) = (mx.is(Mutant::TemperatureMisapplied), &mut sampling) {
             *temperature = *temperature * *temperature / 2.0;
         }
-        let seed = if mx.is(mutants::Mutant::SeedIgnored) {
-            0
-        } else {
-            req.seed
+        let seed = if mx.is(Mutant::SeedIgnored) { 0 } else { req.seed };
+        let run = CpuRun {
+            cache: KvCache::new(
+                cfg.layers,
+                cfg.kv_heads,
+                cfg.head_dim,
+                req.prompt.len() + req.decode_steps,
+            ),
+            sampler: Sampler::new(sampling.clone(), seed),
+            greedy: req.sampling == Sampling::Greedy,
         };
-        let mut sampler = Sampler::new(sampling.clone(), seed);
-        let mut captures = Captures::default();
-        let mut sampled = Vec::with_capacity(req.decode_steps + 1);
-        let mut positions = Vec::with_capacity(req.decode_steps + 1);
+        Ok((run, sampling))
+    }
 
-        let mut tokens = req.prompt.clone();
-        for step in Step::sequence(req.decode_steps) {
-            if let Step::Decode(n) = step {
-                tokens = vec![req.decode_input(n, &sampled)];
-            }
-            let pos0 = cache.len();
-            let mut tap = Tap {
-                taps,
-                step,
-                caps: &mut captures,
-                dtype: self.storage,
-                mutants: self.mutants,
-            };
-            let logits = forward(cfg, &self.weights, &self.rope, &tokens, pos0, &mut cache, &mut tap);
-            if taps.contains(Stage::SampleProbs) {
-                // What the sampler draws this step's token from (random only).
-                if let Some(p) = crate::sampling::distribution(&sampling, &logits) {
-                    let t = crate::tensor::Tensor::new(vec![1, p.len()], p).with_dtype(self.storage);
-                    captures.insert(step, Stage::SampleProbs, t);
-                }
-            }
-            let token = if mx.is(mutants::Mutant::ArgmaxTieLast) && req.sampling == crate::sampling::Sampling::Greedy {
-                mutants::argmax_last(&logits)
-            } else {
-                sampler.sample(&logits)
-            };
-            sampled.push(token);
-            positions.push((pos0..pos0 + tokens.len()).collect());
-        }
-        Ok(RunOutput {
-            captures,
-            sampled,
-            positions,
-            unmapped: Vec::new(),
+    fn step(&self, run: &mut CpuRun, s: StepIn) -> Result<StepOut> {
+        let mut tap = Tap {
+            taps: s.taps,
+            step: s.step,
+            caps: s.caps,
+            dtype: self.storage,
+            mutants: self.mutants,
+        };
+        debug_assert_eq!(run.cache.len(), s.pos0, "the driver's positions are the cache's");
+        let logits = forward(
+            &self.cfg,
+            &self.weights,
+            &self.rope,
+            s.tokens,
+            s.pos0,
+            &mut run.cache,
+            &mut tap,
+        );
+        let token = if self.mutants.is(Mutant::ArgmaxTieLast) && run.greedy {
+            mutants::argmax_last(&logits)
+        } else {
+            run.sampler.sample(&logits)
+        };
+        Ok(StepOut {
+            token,
+            logits: s.want_logits.then_some(logits),
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod launch;
 pub mod reference;
 pub mod seam;
+mod step;
 pub mod storage;
 
 use std::sync::{Arc, OnceLock};
