@@ -3,8 +3,9 @@
 
 usage: record_hf.py MODEL OUT_FILE [--prompt TEXT] [--chat] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                    [--stages-at STEP=PATTERN,...] [--dtype float32|float64]
-                    [--sample-probs TEMPERATURE,TOP_K,TOP_P]
+                    [--stages-at STEP=PATTERN,...]
+                    [--dtype float32|float64|bfloat16|float16]
+                    [--tokens-from GOLDEN] [--sample-probs TEMPERATURE,TOP_K,TOP_P]
 
 MODEL is an HF folder (config.json, tokenizer files and either one
 `model.safetensors` or a sharded `model.safetensors.index.json` with its
@@ -42,6 +43,22 @@ float32 (round to nearest: a relative error of at most u/2 = 2^-25, far below
 the float32 arithmetic error the oracle measures). Provenance: as a float32
 recording but `"dtype": "float64"` (`source` stays `hf`). The default,
 float32, is the HF golden.
+
+--dtype bfloat16 / float16 records a 16-bit reference, as a GPU user runs
+the model: the same float32 weights (a GGUF's dequantised ones) cast to the
+dtype after loading, and HF's own code as it is, float32 islands included
+(RMSNorm and the attention softmax compute in float32 and cast back, the
+RoPE tables are float32 cast to the dtype). Provenance `"dtype"` says which:
+touchstone judges a 16-bit engine against the references of its dtype.
+
+--tokens-from GOLDEN feeds exactly that golden's token ids (its
+`prefill/tokens`, then `decodeN/tokens` one by one) instead of this run's own
+greedy picks: a 16-bit reference whose greedy pick differs from the f32
+golden's at a near-tie is still fed the same tokens (teacher forcing), so
+every reference and the oracle see identical inputs. The prompt and the
+decode steps are the golden's (--prompt, --chat and --decode-steps must be
+left out); `greedy_ids` still records this run's own picks, and provenance
+`tokens_from` the golden's sha256.
 
 --sample-probs TEMPERATURE,TOP_K,TOP_P (e.g. 0.7,40,0.9; TOP_K 0 and TOP_P
 1.0 switch that filter off) adds the stage `sample_probs` [1,V] at every
@@ -498,7 +515,23 @@ def build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, s
     if sampling is not None:
         prov["sampling"] = sampling["params"]
         prov["sampling_processors"] = sampling["processors"]
+    if args.tokens_from is not None:
+        prov["tokens_from"] = {"sha256": sha256_file(args.tokens_from)}
     return prov
+
+
+def read_tokens(path, ap):
+    """The token ids a golden fed at each step, its steps and its prompt."""
+    from safetensors import safe_open
+    if not os.path.isfile(path):
+        ap.error(f"--tokens-from {path} does not exist")
+    with safe_open(path, "np") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            ap.error(f"--tokens-from {path} is not a {FORMAT} file (format {meta.get('format')!r})")
+        prov = json.loads(meta["provenance"])
+        tokens = {s: [int(x) for x in f.get_tensor(f"{s}/tokens")] for s in prov["steps"]}
+    return {"steps": prov["steps"], "tokens": tokens, "prompt": prov["prompt"]}
 
 
 def _dist_version(name):
@@ -572,8 +605,12 @@ def main():
                     help="`last` stores only the last row of each step's logits, shape [1,V]")
     ap.add_argument("--stages-at", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
                     help="also store these stages at this one step (repeatable)")
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                    help="float64: the f64 oracle (every op in float64, stored rounded to float32)")
+    ap.add_argument("--dtype", choices=["float32", "float64", "bfloat16", "float16"], default="float32",
+                    help="float64: the f64 oracle (every op in float64, stored rounded to float32); "
+                         "bfloat16/float16: a 16-bit reference (weights cast, HF's own float32 islands)")
+    ap.add_argument("--tokens-from", default=None, metavar="GOLDEN",
+                    help="feed exactly this golden's token ids at every step (teacher forcing) instead of "
+                         "this run's own greedy picks; its prompt and decode steps are used")
     ap.add_argument("--sample-probs", default=None, metavar="TEMPERATURE,TOP_K,TOP_P",
                     help="store `sample_probs` [1,V] at every step: HF's temperature/top-k/top-p "
                          "processors on the last logits row, then softmax (TOP_K 0, TOP_P 1.0: off)")
@@ -588,6 +625,16 @@ def main():
         if not (sampling["temperature"] > 0 and sampling["top_k"] >= 0 and 0 < sampling["top_p"] <= 1):
             ap.error(f"--sample-probs {args.sample_probs!r}: need TEMPERATURE > 0, TOP_K >= 0, 0 < TOP_P <= 1")
     extra = ["sample_probs"] if sampling is not None else []
+    forced = None
+    if args.tokens_from is not None:
+        if args.prompt != DEFAULT_PROMPT or args.chat:
+            ap.error("--tokens-from takes the prompt from the golden: leave out --prompt and --chat")
+        forced = read_tokens(args.tokens_from, ap)
+        given = [a for a in sys.argv[1:] if a == "--decode-steps" or a.startswith("--decode-steps=")]
+        if given and args.decode_steps != len(forced["steps"]) - 1:
+            ap.error(f"--decode-steps {args.decode_steps}, but --tokens-from {args.tokens_from} recorded "
+                     f"{len(forced['steps']) - 1}: leave it out")
+        args.decode_steps = len(forced["steps"]) - 1
     if args.decode_steps < 0:
         ap.error("--decode-steps must be >= 0")
     if not args.prompt:
@@ -648,6 +695,10 @@ def main():
         patched = to_float64(model)
         guard = F32Guard()
         log(f"converted to float64 ({patched})")
+    elif args.dtype in ("bfloat16", "float16"):
+        model.to(getattr(torch, args.dtype))
+        assert all(p.dtype == getattr(torch, args.dtype) for p in model.parameters())
+        log(f"cast to {args.dtype} (HF's float32 islands kept)")
     n_layers = cfg.num_hidden_layers
     try:
         patterns, keep_stages = golden_io.parse_stages(args.stages, cfg.model_type, n_layers, extra)
@@ -677,7 +728,12 @@ def main():
         log(f"sampling processors: {sampling['processors']}")
     log(f"loaded: {cfg.model_type}, {n_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}")
 
-    if args.chat:
+    if forced is not None:
+        prompt = dict(forced["prompt"])
+        prompt_ids = forced["tokens"]["prefill"]
+        text = prompt.get("rendered", prompt.get("text"))
+        assert prompt["token_ids"] == prompt_ids
+    elif args.chat:
         if not getattr(tok, "chat_template", None):
             sys.exit(f"record_hf.py: --chat, but the tokenizer of {args.model} has no chat template")
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
@@ -689,7 +745,7 @@ def main():
         text = args.prompt
         prompt_ids = tok(text, add_special_tokens=True)["input_ids"]
         prompt = {"text": args.prompt, "token_ids": prompt_ids}
-    if source["kind"] == "hf":
+    if source["kind"] == "hf" and forced is None:
         # The tokenizer.json in the folder is what engines read; make sure the
         # transformers wrapper did not tokenize differently from it.
         raw = tokenizers.Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
@@ -768,10 +824,15 @@ def main():
                 if pair_ties:
                     assert nxt % 2 == 0, f"{step}: greedy id {nxt} is odd despite the tied pairs"
                 greedy_ids.append(nxt)
-                fed.append(nxt)
+                feed = nxt
+                if forced is not None and si < args.decode_steps:
+                    feed = forced["tokens"][f"decode{si + 1}"][0]
+                    if feed != nxt:
+                        log(f"{step}: greedy token {nxt}; fed the golden's {feed} (teacher forcing)")
+                fed.append(feed)
                 log(f"{step}: greedy token {nxt}")
-                x = torch.tensor([[nxt]], dtype=torch.int64)
-                last_logits = res.logits[0, -1].numpy().copy()  # float64 in an oracle run
+                x = torch.tensor([[feed]], dtype=torch.int64)
+                last_logits = res.logits[0, -1].to(torch.float64).numpy().copy()
     finally:
         r.remove()
 
@@ -779,9 +840,9 @@ def main():
     # must give (nearly) the same last-row logits as the cached last step.
     log("KV-cache cross-check: one forward over prompt + fed tokens")
     with torch.no_grad():
-        full = torch.tensor([prompt_ids + greedy_ids[:-1]], dtype=torch.int64)
+        full = torch.tensor([fed[:-1]], dtype=torch.int64)
         with guard or contextlib.nullcontext():
-            lf = model(input_ids=full).logits[0, -1].numpy()
+            lf = model(input_ids=full).logits[0, -1].to(torch.float64).numpy()
     cache_vs_full = float(np.abs(lf - last_logits).max())
     if guard is not None:
         assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"

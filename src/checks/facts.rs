@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::arithmetic::Arithmetic;
 use super::params::TolSpec;
 use super::scaled::ScaledSpec;
 use crate::engine::RunOutput;
@@ -30,6 +31,9 @@ pub struct Facts<'a> {
     pub seed: u64,
     /// The storage dtype the engine runs in.
     pub storage: DType,
+    /// The engine's arithmetic: what it declared, else plain arithmetic at
+    /// its storage dtype (the runner sets it per engine).
+    pub arithmetic: Arithmetic,
     pub goldens: &'a BTreeMap<String, Arc<GoldenSet>>,
     pub oracle: Option<&'a GoldenSet>,
     /// The spec's per-dtype golden tolerances (`tolerance:`).

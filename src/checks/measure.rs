@@ -9,11 +9,13 @@ use std::borrow::Cow;
 
 use super::facts::Facts;
 use super::params::TolOverride;
-use super::scaled::{self, FloorModel, Judgement, Policy};
+use super::arithmetic::Arithmetic;
+use super::floor::{Floor, FloorAt};
+use super::scaled::{self, Judgement, Policy};
 use super::verdict::Verdict;
 use crate::compare::{Comparison, Tolerance};
 use crate::golden::GoldenSet;
-use crate::stage::{BlockStage, Stage, Step};
+use crate::stage::{Stage, Step};
 use crate::tensor::Tensor;
 
 /// The tolerance for comparing `actual` with `expected`: per-check overrides,
@@ -49,45 +51,67 @@ pub fn last_row_if<'a>(t: &'a Tensor, other: &Tensor, stage: Stage, other_is_las
     }
 }
 
-/// The scaled policy's inputs at (step, stage): the oracle tensor (last row
-/// when `like` is a last-row logits tensor) and its floor model.
+/// The oracle's tensor at (step, stage) (its last row when `like` is a
+/// last-row logits tensor) and its magnitude M = max|O|.
 pub fn oracle_at<'a>(
-    facts: &Facts,
     oracle: &'a GoldenSet,
     step: Step,
     stage: Stage,
     like: &Tensor,
-) -> Result<(Cow<'a, Tensor>, FloorModel), String> {
+) -> Result<(Cow<'a, Tensor>, f64), String> {
     let o = oracle
         .get(step, stage)
         .ok_or_else(|| format!("the oracle ({}) has no tensor `{step}/{stage}`", oracle.path.display()))?;
     let like_last = like.shape().first() == Some(&1) && stage == Stage::Logits;
     let o = last_row_if(o, like, stage, like_last);
     let m = scaled::max_abs_value(&o);
-    Ok((o, floor_model(facts, oracle, step, stage, m)))
+    Ok((o, m))
 }
 
-/// The floor model of (step, stage): its reduction length and magnitude, and
-/// for attn_probs the oracle's score magnitude at the same step (when the
-/// oracle recorded the scores), for q_rope/k_rope the step's last position.
-pub fn floor_model(facts: &Facts, oracle: &GoldenSet, step: Step, stage: Stage, m: f64) -> FloorModel {
-    let k = scaled::reduction_len(facts.config, stage, facts.step_dims(step).1);
-    let softmax_input = match stage {
-        Stage::Block(l, BlockStage::AttnProbs) => oracle
-            .get(step, Stage::Block(l, BlockStage::AttnScores))
-            .map(|s| (facts.config.head_dim, scaled::max_abs_value(s))),
-        _ => None,
-    };
-    let rope_position = match stage {
-        Stage::Block(_, BlockStage::QRope | BlockStage::KRope) => Some(facts.step_dims(step).1.saturating_sub(1)),
-        _ => None,
-    };
-    FloorModel {
-        k,
-        m,
-        softmax_input,
-        rope_position,
+/// A golden source's arithmetic: the spec's `scaled.arithmetic`, else what
+/// its provenance states, else f32 (a provenance that cannot be read is an
+/// error, never a silent f32).
+pub fn source_arithmetic(facts: &Facts, source: &str) -> Result<Arithmetic, String> {
+    if let Some(a) = facts.scaled.arithmetic.get(source) {
+        return Ok(*a);
     }
+    let Some(g) = facts.source(source) else {
+        return Ok(Arithmetic::F32);
+    };
+    Arithmetic::of_provenance(&g.provenance)
+        .map(|a| a.unwrap_or(Arithmetic::F32))
+        .map_err(|e| format!("golden `{source}` ({}): {e}", g.path.display()))
+}
+
+/// The floor of a source judged in arithmetic `arith` at (step, stage), its
+/// tensors read through `x`; `judged` names it when it is a golden (it is
+/// then never its own gain reference).
+#[allow(clippy::too_many_arguments)]
+pub fn floor_of<'s>(
+    facts: &Facts,
+    oracle: &GoldenSet,
+    step: Step,
+    stage: Stage,
+    m: f64,
+    arith: Arithmetic,
+    judged: Option<&str>,
+    x: &(dyn Fn(Stage) -> Option<&'s Tensor> + 's),
+) -> Floor {
+    let gain_ref = facts
+        .goldens
+        .iter()
+        .filter(|(n, _)| Some(n.as_str()) != judged)
+        .find(|(n, _)| source_arithmetic(facts, n).is_ok_and(|a| a == Arithmetic::F32))
+        .map(|(_, g)| g.as_ref());
+    FloorAt {
+        facts,
+        oracle,
+        step,
+        arith,
+        c: facts.scaled.floor,
+        gain_ref,
+    }
+    .floor(stage, m, x)
 }
 
 /// The spec's `scaled:` as a policy.

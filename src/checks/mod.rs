@@ -4,9 +4,11 @@
 //! on (`facts`); and how a run's outcomes are triaged into a first
 //! divergence, suspect goldens and budgets (`divergence`).
 
+pub mod arithmetic;
 pub mod divergence;
 pub mod facts;
 pub mod family;
+pub mod floor;
 pub mod invariants;
 pub mod kind;
 pub mod measure;

@@ -9,18 +9,18 @@
 //! `record_hf.py --dtype float64`, stored rounded once to f32):
 //!
 //! - a reference R's error is `r = max|R − O|`, the engine's `e = max|E − O|`;
-//! - the floor is what rounding alone costs at the stage:
-//!   `c·u·M·(√K + 1)` with M = max|O| there, K the stage's reduction length
-//!   (`reduction_len`), u the arithmetic's unit roundoff (f32: 2^-24): a dot
-//!   product of K terms carries a rounding error of about u·√K·|terms|, and
-//!   storing the result one more rounding;
-//! - the engine passes against R when `e ≤ factor · max(r, floor_f32)`: it
-//!   must be about as exact as that reference, and nobody is asked to beat
-//!   rounding. Each reference gives its own check, so a reference that is
-//!   coarse by design (llama.cpp quantises activations) loosens only the
-//!   check against itself, never the one against the closer reference;
+//! - the floor is what a correct implementation of the source's arithmetic
+//!   (`checks::arithmetic`: f32, f16 or bf16 storage, 8-bit activations, a
+//!   coarser KV cache) can reach at the stage: its own rounding there plus
+//!   what it inherits from its own errors at the stage's inputs
+//!   (`checks::floor`, where it is derived);
+//! - the engine passes against R when `e ≤ factor · max(r, floor_E)`, r the
+//!   largest error among the references of R's arithmetic and floor_E the
+//!   engine's floor in its own arithmetic: it must be about as exact as those
+//!   references, and nobody is asked to beat rounding. A reference coarse by
+//!   design loosens only the check against itself;
 //! - a reference is within its own allowance when `r ≤ factor · floor_R`
-//!   (its floor with its own unit roundoff): past that, the golden itself is
+//!   (its floor in its own arithmetic): past that, the golden itself is
 //!   suspect at that stage, and no engine failure there is the engine's.
 //!
 //! The maximum (not a norm) decides, because the bugs worth catching are
@@ -30,10 +30,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::arithmetic::Arithmetic;
 use super::params::tol_value;
 use crate::compare::{compare, Comparison, Tolerance};
-use crate::model::ModelConfig;
-use crate::stage::{BlockStage, Stage};
 use crate::tensor::{DType, Tensor};
 
 /// f32's unit roundoff, 2^-24.
@@ -63,13 +62,12 @@ pub struct ScaledSpec {
     /// stage of reduction length K and magnitude M, in rounding units u.
     #[serde(default = "default_floor", deserialize_with = "tol_value")]
     pub floor: f64,
-    /// Golden source → the unit roundoff of its arithmetic, for a reference
-    /// that computes in a coarser precision by design (llama.cpp quantising
-    /// activations to 8 bits: 2^-8); default f32's 2^-24. It sets that
-    /// reference's own floor and never widens the engine's allowance against
-    /// another reference.
+    /// Golden source → its arithmetic (`checks::arithmetic`), where the
+    /// golden's provenance does not state it: e.g. `{llama.cpp: q8_k}` for
+    /// llama.cpp quantising activations before its K-quant matmuls. It sets
+    /// that reference's own floor and decides which engines it is a peer of.
     #[serde(default)]
-    pub unit_roundoff: BTreeMap<String, f64>,
+    pub arithmetic: BTreeMap<String, Arithmetic>,
 }
 
 impl Default for ScaledSpec {
@@ -77,7 +75,7 @@ impl Default for ScaledSpec {
         ScaledSpec {
             factor: DEFAULT_FACTOR,
             floor: DEFAULT_FLOOR,
-            unit_roundoff: BTreeMap::new(),
+            arithmetic: BTreeMap::new(),
         }
     }
 }
@@ -95,28 +93,6 @@ fn default_floor() -> f64 {
 pub struct Policy {
     pub factor: f64,
     pub floor: f64,
-}
-
-/// The number of terms summed to produce one element of `stage`: the
-/// dimension whose rounding errors accumulate there. `s` is the step's KV
-/// length. Stages that copy or rotate inherit the reduction of their input.
-pub fn reduction_len(cfg: &ModelConfig, stage: Stage, s: usize) -> usize {
-    let e = cfg.hidden;
-    match stage {
-        Stage::Embed => 1,
-        Stage::OutputNorm | Stage::Logits => e,
-        Stage::SampleProbs => cfg.vocab,
-        Stage::Block(_, b) => match b {
-            BlockStage::AttnNorm | BlockStage::FfnNorm => e,
-            BlockStage::Q | BlockStage::K | BlockStage::V => e,
-            BlockStage::QNorm | BlockStage::KNorm | BlockStage::QRope | BlockStage::KRope => e,
-            BlockStage::AttnScores => cfg.head_dim,
-            BlockStage::AttnProbs | BlockStage::AttnCtx => s,
-            BlockStage::AttnOut | BlockStage::FfnInp => cfg.heads * cfg.head_dim,
-            BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => e,
-            BlockStage::FfnOut | BlockStage::Out => cfg.ffn,
-        },
-    }
 }
 
 /// The unit roundoff of a storage dtype (values are rounded to it once more).
@@ -143,53 +119,6 @@ pub fn floor(c: f64, u: f64, u_store: f64, k: usize, m: f64) -> f64 {
     c * m * (u * (k as f64).sqrt() + u_store)
 }
 
-/// What rounding alone costs at one stage, before the constant c and the units.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FloorModel {
-    /// Reduction length of the stage (`reduction_len`).
-    pub k: usize,
-    /// max|oracle| at the stage.
-    pub m: f64,
-    /// attn_probs only: (head dim D, max|scores|) from the oracle's
-    /// attn_scores at the same step. A softmax passes its input's error on:
-    /// with scores off by Δs, |Δp_j| ≤ p_j·(|Δs_j| + Σ_k p_k|Δs_k|) ≤ 2·M·Δs,
-    /// and scores of magnitude S carry a rounding error of u·(√D + 1)·S. On a
-    /// real model S reaches thousands (q/k biases), so this term, not the
-    /// softmax's own sum, is what a correct attn_probs can reach.
-    pub softmax_input: Option<(usize, f64)>,
-    /// q_rope/k_rope only: the step's largest position P. The f32 angle
-    /// P·θ_j (θ_j ≤ 1) carries a rounding error of up to u·P radians, which
-    /// moves a rotated value by up to u·P·|x|: at position 350 that is 350
-    /// times one rounding, whatever the reduction before it.
-    pub rope_position: Option<usize>,
-}
-
-impl FloorModel {
-    /// The floor in arithmetic of unit roundoff `u`, stored with `u_store`.
-    pub fn floor(&self, c: f64, u: f64, u_store: f64) -> f64 {
-        let own = floor(c, u, u_store, self.k, self.m);
-        let angle = self.rope_position.map_or(0.0, |p| c * self.m * u * p as f64);
-        match self.softmax_input {
-            None => own + angle,
-            Some((d, s)) => own + angle + c * self.m * 2.0 * u * ((d as f64).sqrt() + 1.0) * s,
-        }
-    }
-
-    /// How the floor was formed, for messages.
-    pub fn describe(&self) -> String {
-        if let Some(p) = self.rope_position {
-            return format!("c·M·(u·√K + u_store + u·P), K {}, M {:.3e}, P {p}", self.k, self.m);
-        }
-        match self.softmax_input {
-            None => format!("c·M·(u·√K + u_store), K {}, M {:.3e}", self.k, self.m),
-            Some((d, s)) => format!(
-                "c·M·(u·√K + u_store + 2u·(√D + 1)·S), K {}, M {:.3e}, D {d}, S = max|scores| {s:.3e}",
-                self.k, self.m
-            ),
-        }
-    }
-}
-
 /// `max|a − b|` via the comparator (shape mismatch: Err with the message).
 pub fn max_error(a: &Tensor, b: &Tensor) -> Result<(f64, Comparison), String> {
     let c = compare(a, b, Tolerance::new(0.0, 0.0)).map_err(|e| e.to_string())?;
@@ -213,8 +142,6 @@ pub struct Judgement {
     pub floor: f64,
     pub allowed: f64,
     pub factor: f64,
-    pub k: usize,
-    pub m: f64,
 }
 
 impl Judgement {
@@ -246,35 +173,27 @@ impl Judgement {
 }
 
 /// The engine against reference R: `e ≤ factor · max(r, floor)`.
-pub fn judge_engine(policy: Policy, e: f64, r: f64, fm: &FloorModel, u_store: f64) -> Judgement {
-    let (k, m) = (fm.k, fm.m);
-    let fl = fm.floor(policy.floor, U_F32, u_store);
-    let base = r.max(fl);
+pub fn judge_engine(policy: Policy, e: f64, r: f64, floor: f64) -> Judgement {
+    let base = r.max(floor);
     Judgement {
         error: e,
         base,
         reference_error: Some(r),
-        floor: fl,
+        floor,
         allowed: policy.factor * base,
         factor: policy.factor,
-        k,
-        m,
     }
 }
 
 /// A reference against the oracle: `r ≤ factor · floor_R`.
-pub fn judge_reference(policy: Policy, r: f64, fm: &FloorModel, u_ref: f64) -> Judgement {
-    let (k, m) = (fm.k, fm.m);
-    let fl = fm.floor(policy.floor, u_ref, u_ref);
+pub fn judge_reference(policy: Policy, r: f64, floor: f64) -> Judgement {
     Judgement {
         error: r,
-        base: fl,
+        base: floor,
         reference_error: None,
-        floor: fl,
-        allowed: policy.factor * fl,
+        floor,
+        allowed: policy.factor * floor,
         factor: policy.factor,
-        k,
-        m,
     }
 }
 
@@ -298,60 +217,23 @@ mod tests {
 
     #[test]
     fn the_engine_is_judged_against_the_larger_of_reference_error_and_floor() {
-        // Reference error dominates.
-        let fm = |k, m| FloorModel {
-            k,
-            m,
-            softmax_input: None,
-            rope_position: None,
-        };
-        let j = judge_engine(P, 3.9e-5, 1e-5, &fm(64, 1.0), U_F32);
+        let fl = floor(1.0, U_F32, U_F32, 64, 1.0);
+        let j = judge_engine(P, 3.9e-5, 1e-5, fl);
         assert!(j.passed() && (j.ratio() - 3.9).abs() < 1e-9);
-        let j = judge_engine(P, 4.1e-5, 1e-5, &fm(64, 1.0), U_F32);
-        assert!(!j.passed());
+        assert!(!judge_engine(P, 4.1e-5, 1e-5, fl).passed());
         // An exact reference (r = 0) still leaves the floor.
-        let j = judge_engine(P, 1e-7, 0.0, &fm(64, 1.0), U_F32);
-        assert_eq!(j.base, floor(1.0, U_F32, U_F32, 64, 1.0));
+        let j = judge_engine(P, 1e-7, 0.0, fl);
+        assert_eq!(j.base, fl);
         assert!(j.passed());
         // Non-finite engine error never passes.
-        assert!(!judge_engine(P, f64::INFINITY, 1.0, &fm(1, 1.0), U_F32).passed());
+        assert!(!judge_engine(P, f64::INFINITY, 1.0, fl).passed());
     }
 
     #[test]
-    fn a_reference_is_judged_by_its_own_unit_roundoff() {
-        let fm = FloorModel {
-            k: 896,
-            m: 10.0,
-            softmax_input: None,
-            rope_position: None,
-        };
-        let r = 5e-3; // an 8-bit-activation reference's error
-        assert!(!judge_reference(P, r, &fm, U_F32).passed());
-        assert!(judge_reference(P, r, &fm, 1.0 / 256.0).passed());
-    }
-
-    #[test]
-    fn a_softmax_inherits_the_rounding_of_large_scores() {
-        let plain = FloorModel {
-            k: 24,
-            m: 1.0,
-            softmax_input: None,
-            rope_position: None,
-        };
-        let probs = FloorModel {
-            softmax_input: Some((64, 1000.0)),
-            ..plain
-        };
-        // Scores of 1000 rounded in f32 move probabilities by ~2·u·9·1000 ≈ 1e-3.
-        let f = probs.floor(1.0, U_F32, U_F32);
-        assert!(f > 1e-3 && f < 1.2e-3, "{f}");
-        assert!(plain.floor(1.0, U_F32, U_F32) < 1e-6);
-        // A rotation at position 350 carries 350 roundings of the angle.
-        let rope = FloorModel {
-            rope_position: Some(350),
-            ..plain
-        };
-        assert!((rope.floor(1.0, U_F32, U_F32) - plain.floor(1.0, U_F32, U_F32) - 350.0 * U_F32).abs() < 1e-12);
+    fn a_reference_is_judged_by_its_own_floor() {
+        let r = 5e-3;
+        assert!(!judge_reference(P, r, floor(1.0, U_F32, U_F32, 896, 10.0)).passed());
+        assert!(judge_reference(P, r, floor(1.0, U_F32, 1.0 / 256.0, 896, 10.0)).passed());
     }
 
     #[test]

@@ -182,6 +182,12 @@ pub type WeightVisitor<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
 pub trait Engine: Send + Sync {
     /// The name in trial ids and reports (`cpu`, `cuda`, a spec's engine name).
     fn name(&self) -> &str;
+    /// How it computes, where its storage dtype does not say it all (e.g.
+    /// activations quantised to 8 bits before each matmul): the scaled
+    /// policy's floors follow it. None: plain arithmetic at its storage.
+    fn arithmetic(&self) -> Option<crate::checks::arithmetic::Arithmetic> {
+        None
+    }
     /// The model's configuration (shapes of every stage follow from it).
     fn config(&self) -> &ModelConfig;
     /// Runs `req` (a prefill of the prompt, then `req.decode_steps` single-token

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::checks::arithmetic::Arithmetic;
 use crate::checks::kind::{RunCheck, StageCheck};
 use crate::checks::{Facts, Family, Metric};
 use crate::error::{Error, Result};
@@ -125,6 +126,7 @@ impl Plan {
             forced: p.forced.as_deref(),
             seed: spec.seed,
             storage: load_options.storage,
+            arithmetic: Arithmetic::of_storage(load_options.storage),
             goldens: &goldens,
             oracle: oracle.as_deref(),
             tolerance: &spec.tolerance,
@@ -169,6 +171,7 @@ impl Plan {
             forced: self.forced.as_deref(),
             seed: self.spec.seed,
             storage: self.load_options.storage,
+            arithmetic: Arithmetic::of_storage(self.load_options.storage),
             goldens: &self.goldens,
             oracle: self.oracle.as_deref(),
             tolerance: &self.spec.tolerance,

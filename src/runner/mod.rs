@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 pub use filter::Filter;
 
-use crate::checks::divergence;
+use crate::checks::{divergence, floor, Family};
 use crate::checks::kind::At;
 use crate::checks::{run as run_checks, Verdict};
 use crate::engine::registry::EngineSel;
@@ -162,11 +162,20 @@ fn outcome(plan: &Plan, engine: &str, c: &CheckInstance, verdict: Verdict, opts:
 /// result of saving the main run (Ok when nothing was to be saved).
 fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun, Result<()>) {
     let selected = select(plan, engine.name(), opts.filter);
-    let facts = plan.facts();
+    let mut facts = plan.facts();
+    // The engine's arithmetic: what it declares, else plain at its storage.
+    if let Some(a) = engine.arithmetic() {
+        facts.arithmetic = a;
+    }
     let mut taps = TapSet::none();
     for c in &selected {
         if let (CheckKind::Stage(check), Some((_, stage))) = (&c.kind, c.at()) {
             check.reads(stage).into_iter().for_each(|s| taps.insert(s));
+            // A golden check's floor reads the engine's errors at the stage's
+            // inputs (`checks::floor`).
+            if matches!(check.family(), Family::Golden { .. }) && plan.oracle.is_some() {
+                floor::inputs(&plan.config, stage).into_iter().for_each(|s| taps.insert(s));
+            }
         }
     }
     let main_run = (!taps.is_empty()).then(|| {

@@ -18,7 +18,7 @@ use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
 use crate::golden::{GoldenSet, ORACLE};
 use crate::stage::{Stage, Step};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 
 /// The rule as written: `golden` (every declared source), `{golden: hf}`, or
 /// `{golden: {source: hf, atol: 1e-4, rtol: 1e-3}}`.
@@ -151,12 +151,11 @@ impl StageCheck for GoldenCheck {
             }
         }
         let actual = &last_row_if(actual, expected, stage, golden.logits_last_row());
-        // The scaled policy is measured for f32 runs (the references'
-        // arithmetic); a 16-bit storage run keeps the per-dtype table
-        // measured for it (`tolerance:`, e.g. specs/qwen2-tiny-bf16.yaml).
+        // The scaled policy judges every arithmetic (its floors follow the
+        // engine's); without an oracle the allclose rule does.
         if self.scaled(facts) {
             if let Some(o) = facts.oracle.filter(|o| o.records(step, stage)) {
-                return scaled_against(facts, step, stage, actual, source, expected, o, &fed);
+                return scaled_against(facts, at, actual, source, expected, o, &fed);
             }
         }
         let tol = measure::tolerance(facts, actual, expected, self.tol);
@@ -175,26 +174,25 @@ impl StageCheck for GoldenCheck {
 }
 
 impl GoldenCheck {
-    /// Whether the scaled policy judges (an oracle, an f32 run, no explicit
-    /// atol/rtol), where the oracle records the stage.
+    /// Whether the scaled policy judges (an oracle, no explicit atol/rtol),
+    /// where the oracle records the stage.
     fn scaled(&self, facts: &Facts) -> bool {
-        !self.tol.is_set() && facts.storage == DType::F32 && facts.oracle.is_some()
+        !self.tol.is_set() && facts.oracle.is_some()
     }
 }
 
 /// The engine against reference `source` under the scaled policy: its error
 /// against the oracle within `factor` times the reference's own (or the floor).
-#[allow(clippy::too_many_arguments)]
 fn scaled_against(
     facts: &Facts,
-    step: Step,
-    stage: Stage,
+    at: &At,
     actual: &Tensor,
     source: &str,
     reference: &Tensor,
     oracle: &GoldenSet,
     fed: &[u32],
 ) -> Verdict {
+    let (step, stage) = (at.step, at.stage);
     if let Some(recorded) = oracle.tokens.get(&step) {
         if recorded != fed {
             return Verdict::fail(format!(
@@ -204,19 +202,28 @@ fn scaled_against(
             ));
         }
     }
-    let (o, fm) = match measure::oracle_at(facts, oracle, step, stage, actual) {
+    let (o, m) = match measure::oracle_at(oracle, step, stage, actual) {
         Ok(x) => x,
         Err(e) => return Verdict::fail(e),
     };
     let actual = &*last_row_if(actual, &o, stage, oracle.logits_last_row());
     // The reference error the engine is measured by: the largest among the
-    // references of the same arithmetic as `source` (the same unit roundoff),
-    // each a correct implementation whose spread is the honest error scale.
-    // A reference coarser by design has another unit, so it never widens this.
-    let unit = |src: &str| facts.scaled.unit_roundoff.get(src).copied().unwrap_or(scaled::U_F32);
+    // references of the same arithmetic as `source`, each a correct
+    // implementation whose spread is the honest error scale. A reference of
+    // another arithmetic never widens this.
+    let arith = |src: &str| measure::source_arithmetic(facts, src);
+    let class = match arith(source) {
+        Ok(a) => a,
+        Err(e) => return Verdict::fail(e),
+    };
     let mut r = 0.0f64;
     let mut peers = Vec::new();
-    for (name, g) in facts.goldens.iter().filter(|(n, _)| unit(n) == unit(source)) {
+    for (name, g) in facts.goldens.iter() {
+        match arith(name) {
+            Ok(a) if a == class => {}
+            Ok(_) => continue,
+            Err(e) => return Verdict::fail(e),
+        }
         let t = if name == source {
             Some(reference)
         } else {
@@ -234,25 +241,29 @@ fn scaled_against(
             }
         }
     }
-    let u_store = scaled::storage_unit(facts.storage);
     let e = match scaled::max_error(actual, &o) {
         Ok((e, _)) => e,
         Err(e) => {
             return Verdict::fail(format!("{e} (the oracle: {})", oracle.path.display())).metric("shape_mismatch", 1.0)
         }
     };
-    let j = scaled::judge_engine(measure::policy(facts), e, r, &fm, u_store);
+    // The engine's floor in its own arithmetic, from its own errors at the
+    // stage's inputs.
+    let engine = |s: Stage| at.capture_of(s).ok();
+    let fl = measure::floor_of(facts, oracle, step, stage, m, facts.arithmetic, None, &engine);
+    let j = scaled::judge_engine(measure::policy(facts), e, r, fl.total());
     // The comparator at the allowance gives the failure its count, worst
     // element with both values, NMSE and cosine (engine vs oracle).
     let c = compare(actual, &o, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
     let head = format!(
-        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}), floor {} \
-         ({}, c {}): ratio {} {} factor {}",
+        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}, arithmetic \
+         {class}), engine floor {} (arithmetic {}: {}, c {}): ratio {} {} factor {}",
         sci(j.error),
         sci(r),
-        peers.join(", "),
+        if peers.is_empty() { "none recorded".to_string() } else { peers.join(", ") },
         sci(j.floor),
-        fm.describe(),
+        facts.arithmetic,
+        fl.how,
         facts.scaled.floor,
         ratio_text(j.ratio()),
         if j.passed() { "<=" } else { ">" },

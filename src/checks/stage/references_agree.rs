@@ -159,13 +159,15 @@ fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, referenc
     let Some(og) = facts.oracle else {
         return Verdict::fail("the spec has no oracle".to_string());
     };
-    let fm = measure::floor_model(facts, og, step, stage, m);
-    let u = facts
-        .scaled
-        .unit_roundoff
-        .get(other)
-        .copied()
-        .unwrap_or(scaled::U_F32);
+    let u = match measure::source_arithmetic(facts, other) {
+        Ok(a) => a,
+        Err(e) => return Verdict::fail(e),
+    };
+    let Some(golden) = facts.source(other) else {
+        return Verdict::fail(format!("golden source `{other}` is not loaded"));
+    };
+    let x = |s: Stage| golden.get(step, s);
+    let fl = measure::floor_of(facts, og, step, stage, m, u, Some(other), &x);
     let c = match compare(reference, oracle, Tolerance::new(0.0, 0.0)) {
         Ok(c) => c,
         Err(e) => return Verdict::fail(format!("`{other}` vs the oracle: {e}")).metric("shape_mismatch", 1.0),
@@ -175,14 +177,13 @@ fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, referenc
     } else {
         c.max_abs.as_ref().map_or(0.0, |(v, _)| *v)
     };
-    let j = scaled::judge_reference(measure::policy(facts), r, &fm, u);
+    let j = scaled::judge_reference(measure::policy(facts), r, fl.total());
     let c = compare(reference, oracle, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
     let head = format!(
-        "`{other}`'s error {} (max|{other} − oracle|), its floor {} ({}, u = u_store {}, c {}): ratio {} {} factor {}",
+        "`{other}`'s error {} (max|{other} − oracle|), its floor {} (arithmetic {u}: {}, c {}): ratio {} {} factor {}",
         sci(r),
         sci(j.floor),
-        fm.describe(),
-        sci(u),
+        fl.how,
         facts.scaled.floor,
         ratio_text(j.ratio()),
         if j.passed() { "<=" } else { ">" },
