@@ -246,9 +246,9 @@ fn storage_flag_overrides_the_spec_and_is_reported() {
     let jp = j.display().to_string();
     let check = |r: &serde_json::Value| r["checks"][0].clone();
 
-    // The f32 default spec run with bf16 storage: the captures are bf16, so the
-    // golden check takes the bf16 tolerance (the built-in default, as this spec
-    // has no bf16 entry), and bf16's error is far outside it.
+    // The f32 default spec run with bf16 storage: the spec has an oracle, so
+    // the scaled policy judges the bf16 engine by the floors of bf16
+    // arithmetic (its own rounding and what it inherits), and it passes.
     let o = touchstone(&[
         "run",
         "--storage",
@@ -258,7 +258,7 @@ fn storage_flag_overrides_the_spec_and_is_reported() {
         "--json",
         &jp,
     ]);
-    assert_eq!(o.code, 1, "{}", o.all());
+    assert_eq!(o.code, 0, "{}", o.all());
     assert!(
         o.stdout
             .contains("== qwen2-tiny on engine cpu, storage bf16 (specs/qwen2-tiny.yaml) =="),
@@ -268,11 +268,14 @@ fn storage_flag_overrides_the_spec_and_is_reported() {
     let r = json(&j);
     assert_eq!(r["runs"][0]["storage"], "bf16");
     let c = check(&r);
-    assert_eq!(
-        (c["metrics"]["atol"].as_f64(), c["metrics"]["rtol"].as_f64()),
-        (Some(1e-5), Some(1.6e-2))
+    assert!(c["message"].as_str().unwrap().contains("arithmetic bf16"), "{c}");
+    // bf16's error is far beyond f32 rounding, and within bf16's allowance.
+    let m = &c["metrics"];
+    assert!(m["error_vs_oracle"].as_f64().unwrap() > 1e-2, "{c}");
+    assert!(
+        m["error_vs_oracle"].as_f64().unwrap() <= m["allowed"].as_f64().unwrap(),
+        "{c}"
     );
-    assert!(c["metrics"]["max_abs"].as_f64().unwrap() > 1e-2, "{c}");
     // The rerun command reproduces the override.
     assert!(c["rerun"].as_str().unwrap().contains(" --storage bf16 "), "{c}");
 

@@ -224,6 +224,9 @@ impl Engine for Memo {
     fn name(&self) -> &str {
         self.inner.name()
     }
+    fn arithmetic(&self) -> Option<touchstone::checks::arithmetic::Arithmetic> {
+        self.inner.arithmetic()
+    }
     fn config(&self) -> &touchstone::model::ModelConfig {
         self.inner.config()
     }
@@ -321,16 +324,73 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Issue 20: an engine that quantises every matmul input to 8 bits (the CPU
+/// engine's q8_k mode, llama.cpp's arithmetic on this K-quant model) passes
+/// every golden and references_agree check when it declares that
+/// arithmetic, and fails when it declares f32: its quantisation error is far
+/// beyond f32's floors, and declaring it never loosens an f32 engine's.
+fn q8_engine(p: &Path) -> Result<(), Failed> {
+    use touchstone::checks::arithmetic::{Activations, Arithmetic};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = Spec::load(&root.join("specs/qwen2.5-0.5b.yaml")).map_err(|e| e.to_string())?;
+    let mut plan = Plan::build(spec, Some(p)).map_err(|e| e.to_string())?;
+    plan.load_options.activations = Activations::Q8 { block: 256 };
+    let engine = Memo {
+        inner: Box::new(CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?),
+        seen: Mutex::new(None),
+    };
+    check(engine.inner.arithmetic().is_some_and(|a| a.quantises()), || {
+        "the q8 mode does not declare its arithmetic".into()
+    })?;
+    let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));
+    let r = run_on(&plan, &engine, &filter, &|id| id.to_string());
+    let failed: Vec<&str> = r
+        .outcomes
+        .iter()
+        .filter(|o| o.status == Status::Fail)
+        .map(|o| o.id.as_str())
+        .collect();
+    check(failed.is_empty(), || format!("declared q8_k, it fails: {failed:?}"))?;
+    let worst = r
+        .outcomes
+        .iter()
+        .filter(|o| o.check.starts_with("golden:"))
+        .filter_map(|o| o.metrics.get("ratio").map(|v| (*v, o.id.clone())))
+        .fold((0.0f64, String::new()), |a, b| if b.0 > a.0 { b } else { a });
+    eprintln!(
+        "declared q8_k: {} checks pass, largest engine ratio {:.3} at {}",
+        r.outcomes.len(),
+        worst.0,
+        worst.1
+    );
+
+    // The same engine declaring f32.
+    plan.load_options.declare = Some(Arithmetic::F32);
+    let lying = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
+    let r = run_on(&plan, &lying, &filter, &|id| id.to_string());
+    let failed: Vec<&str> = r
+        .outcomes
+        .iter()
+        .filter(|o| o.status == Status::Fail)
+        .map(|o| o.id.as_str())
+        .collect();
+    check(!failed.is_empty(), || "declared f32, the 8-bit engine passes".into())?;
+    let first = r.first_divergence.as_ref().map(|d| format!("{}/{}", d.step, d.stage));
+    eprintln!("declared f32: {} failures, first divergence {first:?}", failed.len());
+    Ok(())
+}
+
 type Check = fn(&Path) -> Result<(), Failed>;
 
 fn main() {
     let args = Arguments::from_args();
     let (path, explicit) = model_path();
-    let trials: [(&str, Check); 4] = [
+    let trials: [(&str, Check); 5] = [
         ("config", config),
         ("inspect", inspect),
         ("load", load),
         ("tampered_goldens", tampered_goldens),
+        ("q8_engine", q8_engine),
     ];
     let trials = trials
         .into_iter()

@@ -19,9 +19,10 @@ use serde_json::Value;
 use crate::tensor::DType;
 
 /// How matmul inputs are held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Activations {
     /// At the storage dtype, unquantised.
+    #[default]
     Exact,
     /// 8-bit integers with one scale per block of `block` values (Q8_0: 32,
     /// Q8_K: 256): each value is off by up to half a step, amax/254.
@@ -239,6 +240,9 @@ mod tests {
         assert_eq!(Arithmetic::of_provenance(&p).unwrap().unwrap().storage, DType::BF16);
         let p = serde_json::json!({"arithmetic": {"storage": "f32", "activations": "q8_k", "kv": "f16"}});
         assert!(Arithmetic::of_provenance(&p).unwrap().unwrap().quantises());
-        assert_eq!(Arithmetic::of_provenance(&serde_json::json!({"dtype": "float64"})).unwrap(), None);
+        assert_eq!(
+            Arithmetic::of_provenance(&serde_json::json!({"dtype": "float64"})).unwrap(),
+            None
+        );
     }
 }

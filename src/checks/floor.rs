@@ -147,7 +147,10 @@ fn matmul_input(cfg: &crate::model::ModelConfig, stage: Stage) -> Option<Stage> 
 }
 
 fn max_abs(t: &Tensor) -> f64 {
-    t.data().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs() as f64))
+    t.data()
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs() as f64))
 }
 
 /// The relative RMS error of quantising `x` to 8 bits in blocks of `block`
@@ -193,10 +196,13 @@ impl<'a> FloorAt<'a> {
     fn err<'s>(&self, x: &Source<'s>, s: Stage) -> Option<f64> {
         let (xt, ot) = (x(s)?, self.o(s)?);
         (xt.shape() == ot.shape()).then(|| {
-            xt.data()
-                .iter()
-                .zip(ot.data())
-                .fold(0.0f64, |m, (a, b)| m.max(if a.is_finite() { (*a as f64 - *b as f64).abs() } else { f64::INFINITY }))
+            xt.data().iter().zip(ot.data()).fold(0.0f64, |m, (a, b)| {
+                m.max(if a.is_finite() {
+                    (*a as f64 - *b as f64).abs()
+                } else {
+                    f64::INFINITY
+                })
+            })
         })
     }
 
@@ -207,7 +213,13 @@ impl<'a> FloorAt<'a> {
             xt.data()
                 .iter()
                 .zip(ot.data())
-                .map(|(a, b)| if a.is_finite() { (*a as f64 - *b as f64).abs() } else { f64::INFINITY })
+                .map(|(a, b)| {
+                    if a.is_finite() {
+                        (*a as f64 - *b as f64).abs()
+                    } else {
+                        f64::INFINITY
+                    }
+                })
                 .collect()
         })
     }
@@ -242,13 +254,18 @@ impl<'a> FloorAt<'a> {
                 stage,
                 Stage::Embed
                     | Stage::OutputNorm
-                    | Stage::Block(_, BlockStage::AttnNorm | BlockStage::FfnNorm | BlockStage::QNorm | BlockStage::KNorm)
+                    | Stage::Block(
+                        _,
+                        BlockStage::AttnNorm | BlockStage::FfnNorm | BlockStage::QNorm | BlockStage::KNorm
+                    )
             );
         if reads_weights {
             own += self.c * a.u_weight();
         }
         if let (Some(input), Activations::Q8 { block }) = (matmul_input(cfg, stage), a.activations) {
-            let rho = self.o(input).map_or(q8_rel_error_bound(block), |t| q8_rel_error(t, block));
+            let rho = self
+                .o(input)
+                .map_or(q8_rel_error_bound(block), |t| q8_rel_error(t, block));
             own += self.c * rho;
             notes.push(format!("q8 ρ {rho:.2e}"));
         }
@@ -277,7 +294,10 @@ impl<'a> FloorAt<'a> {
         Floor {
             own,
             inherited,
-            how: format!("own {own:.2e} ({}) + inherited {inherited:.2e} ({from})", notes.join(", ")),
+            how: format!(
+                "own {own:.2e} ({}) + inherited {inherited:.2e} ({from})",
+                notes.join(", ")
+            ),
         }
     }
 
@@ -289,7 +309,15 @@ impl<'a> FloorAt<'a> {
         if ins.is_empty() {
             return Some((0.0, "no input".into()));
         }
-        let named = |v: f64| Some((v, format!("from {}", ins.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "))));
+        let named = |v: f64| {
+            Some((
+                v,
+                format!(
+                    "from {}",
+                    ins.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            ))
+        };
         if let Some(input) = matmul_input(cfg, stage) {
             let rel = self.rel(self.err(x, input)?, input)?;
             let g = self.gain(input, stage);
@@ -321,7 +349,8 @@ impl<'a> FloorAt<'a> {
                     FfnAct => {
                         let (dg, du) = (self.diffs(x, s(FfnGate))?, self.diffs(x, s(FfnUp))?);
                         let (g, u) = (self.o(s(FfnGate))?, self.o(s(FfnUp))?);
-                        (dg.len() == du.len() && g.data().len() == dg.len() && u.data().len() == dg.len()).then_some(())?;
+                        (dg.len() == du.len() && g.data().len() == dg.len() && u.data().len() == dg.len())
+                            .then_some(())?;
                         let v = (0..dg.len()).fold(0.0f64, |mx, j| {
                             let (gj, uj) = (g.data()[j].abs() as f64, u.data()[j].abs() as f64);
                             mx.max(1.1 * dg[j] * uj + gj * du[j])
@@ -370,7 +399,10 @@ impl<'a> FloorAt<'a> {
         let worst = ins
             .iter()
             .map(|i| (self.rel_est(*i, x, &mut memo) * self.gain(*i, stage), *i))
-            .fold((0.0f64, None), |(w, at), (v, i)| if v > w { (v, Some(i)) } else { (w, at) });
+            .fold(
+                (0.0f64, None),
+                |(w, at), (v, i)| if v > w { (v, Some(i)) } else { (w, at) },
+            );
         let how = match worst.1 {
             Some(i) => format!("estimated through {i}, not recorded: relative {:.2e}", worst.0),
             None => "no input".into(),

@@ -7,10 +7,10 @@
 
 use std::borrow::Cow;
 
-use super::facts::Facts;
-use super::params::TolOverride;
 use super::arithmetic::Arithmetic;
+use super::facts::Facts;
 use super::floor::{Floor, FloorAt};
+use super::params::TolOverride;
 use super::scaled::{self, Judgement, Policy};
 use super::verdict::Verdict;
 use crate::compare::{Comparison, Tolerance};

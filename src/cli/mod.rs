@@ -109,6 +109,13 @@ pub struct RunArgs {
     /// (default f32); golden tolerances then come from that dtype's entry.
     #[arg(long, value_name = "DTYPE", value_parser = parse_storage)]
     pub storage: Option<DType>,
+    /// The CPU engine quantises every matmul input to 8 bits first, in blocks
+    /// of 32 (q8_0) or 256 (q8_k), as llama.cpp does for quantised weights,
+    /// and declares that arithmetic: the scaled policy then judges it by the
+    /// floors of that arithmetic and against references of the same one
+    /// (docs/tolerances.md). Only the cpu engine has this mode.
+    #[arg(long, value_name = "Q8", value_parser = parse_activations)]
+    pub activations: Option<crate::checks::arithmetic::Activations>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -237,6 +244,16 @@ pub enum ColorArg {
     Auto,
     Always,
     Never,
+}
+
+/// `--activations`: q8_0 or q8_k.
+pub fn parse_activations(s: &str) -> std::result::Result<crate::checks::arithmetic::Activations, String> {
+    use crate::checks::arithmetic::Activations;
+    match s {
+        "q8_0" => Ok(Activations::Q8 { block: 32 }),
+        "q8_k" => Ok(Activations::Q8 { block: 256 }),
+        _ => Err(format!("`{s}`: expected q8_0 (blocks of 32) or q8_k (blocks of 256)")),
+    }
 }
 
 /// `--storage`: the dtype names specs use.

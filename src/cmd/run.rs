@@ -24,6 +24,7 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
         save_captures,
         keep_gguf_qk_permutation,
         storage,
+        activations,
         json,
         only,
         require_gpu,
@@ -50,6 +51,9 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
                 if let Some(s) = storage {
                     plan.load_options.storage = s;
                 }
+                if let Some(a) = activations {
+                    plan.load_options.activations = a;
+                }
                 plans.push(plan);
             }
             Err(e) if paths.len() == 1 => return Err(e),
@@ -59,6 +63,15 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
     let mut chosen = Vec::new();
     for plan in &plans {
         let sels = EngineSel::resolve(&engine, &plan.spec.declared())?;
+        if activations.is_some() {
+            if let Some(other) = sels.iter().find(|s| **s != EngineSel::Cpu) {
+                return Err(Error::Usage(format!(
+                    "--activations is a mode of the cpu engine; `{}` computes as it does (an external engine \
+                     declares its arithmetic in the spec's `engines:` or its load answer)",
+                    other.name()
+                )));
+            }
+        }
         if require_gpu {
             for sel in sels.iter().filter(|s| **s == EngineSel::Cuda) {
                 if let Availability::Unavailable(reason) = sel.availability() {

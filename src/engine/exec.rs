@@ -12,6 +12,7 @@
 //! and its log. After a crash or a timeout the engine is marked dead and
 //! later requests fail at once with the same reason.
 
+use crate::checks::arithmetic::Arithmetic;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -47,6 +48,8 @@ pub struct ExecSpec {
     /// Working directory (a spec's engines run in the spec's folder).
     pub cwd: Option<PathBuf>,
     pub timeout: Duration,
+    /// The arithmetic the spec declares for it (`engines: NAME: {arithmetic}`).
+    pub arithmetic: Option<Arithmetic>,
 }
 
 impl ExecSpec {
@@ -61,6 +64,7 @@ impl ExecSpec {
             argv,
             cwd: None,
             timeout: DEFAULT_TIMEOUT,
+            arithmetic: None,
         })
     }
 
@@ -82,6 +86,9 @@ struct Proc {
 
 pub struct ExecEngine {
     spec: ExecSpec,
+    /// What it computes in, where its storage does not say it all: its load
+    /// answer's `arithmetic`, else the spec's declaration.
+    declared: Option<Arithmetic>,
     config: ModelConfig,
     /// The storage dtype the engine was asked to run in: every capture is
     /// tagged with it (or its file's dtype where that is coarser), as the
@@ -159,8 +166,9 @@ impl ExecEngine {
             .prefix("touchstone-exec-")
             .tempdir()
             .map_err(|e| fail(format!("cannot create a folder for its outputs: {e}")))?;
-        let engine = ExecEngine {
+        let mut engine = ExecEngine {
             spec: spec.clone(),
+            declared: spec.arithmetic,
             config,
             storage: opts.storage,
             names: names.clone(),
@@ -181,6 +189,19 @@ impl ExecEngine {
         )?;
         if let Some(n) = answer.get("engine").and_then(Value::as_str) {
             eprintln!("touchstone: engine `{}` is `{n}` ({})", spec.name, spec.command_line());
+        }
+        if let Some(a) = answer.get("arithmetic") {
+            let a: Arithmetic = serde_json::from_value(a.clone()).map_err(|e| {
+                fail(format!(
+                    "its load answer's `arithmetic` is not one touchstone knows: {e}"
+                ))
+            })?;
+            if let Some(d) = spec.arithmetic.filter(|d| *d != a) {
+                return Err(fail(format!(
+                    "the spec declares its arithmetic as {d}, but its load answer says {a}: they must agree"
+                )));
+            }
+            engine.declared = Some(a);
         }
         Ok(engine)
     }
@@ -307,6 +328,10 @@ fn sampling_json(s: &Sampling) -> Value {
 impl Engine for ExecEngine {
     fn name(&self) -> &str {
         &self.spec.name
+    }
+
+    fn arithmetic(&self) -> Option<Arithmetic> {
+        self.declared
     }
 
     fn config(&self) -> &ModelConfig {

@@ -48,6 +48,12 @@ pub struct EngineDecl {
     /// Per-request deadline in seconds (default 120).
     #[serde(default, deserialize_with = "seconds")]
     pub timeout_s: Option<f64>,
+    /// How it computes, where its storage dtype does not say it all (e.g.
+    /// `q8_k`: activations quantised to 8 bits before each matmul): the
+    /// scaled policy judges it by that arithmetic's floors. Its load answer
+    /// may say it instead.
+    #[serde(default)]
+    pub arithmetic: Option<crate::checks::arithmetic::Arithmetic>,
 }
 
 /// A timeout: a finite number of seconds >= 0.
@@ -185,6 +191,7 @@ fn declared_engine(declared: &Declared, name: &str) -> EngineSel {
             .timeout_s
             .map(Duration::from_secs_f64)
             .unwrap_or(super::exec::DEFAULT_TIMEOUT),
+        arithmetic: d.arithmetic,
     })
 }
 

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 
 pub use filter::Filter;
 
-use crate::checks::{divergence, floor, Family};
 use crate::checks::kind::At;
+use crate::checks::{divergence, floor, Family};
 use crate::checks::{run as run_checks, Verdict};
 use crate::engine::registry::EngineSel;
 use crate::engine::{Availability, Engine, RunOutput, RunRequest, TapSet};
@@ -120,11 +120,18 @@ pub fn rerun_command(plan: &Plan, sel: &EngineSel, id: &str, model: Option<&Path
     } else {
         ""
     };
-    let storage = if opts.storage != plan.spec.storage {
+    let mut storage = if opts.storage != plan.spec.storage {
         format!(" --storage {}", opts.storage)
     } else {
         String::new()
     };
+    if let crate::checks::arithmetic::Activations::Q8 { block } = opts.activations {
+        storage.push_str(if block == 32 {
+            " --activations q8_0"
+        } else {
+            " --activations q8_k"
+        });
+    }
     format!(
         "touchstone run {} --engine {}{model}{keep}{storage} --only '{id}'",
         plan.spec.path.display(),
@@ -174,7 +181,9 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             // A golden check's floor reads the engine's errors at the stage's
             // inputs (`checks::floor`).
             if matches!(check.family(), Family::Golden { .. }) && plan.oracle.is_some() {
-                floor::inputs(&plan.config, stage).into_iter().for_each(|s| taps.insert(s));
+                floor::inputs(&plan.config, stage)
+                    .into_iter()
+                    .for_each(|s| taps.insert(s));
             }
         }
     }

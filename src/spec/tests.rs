@@ -148,10 +148,10 @@ fn oracle_and_scaled_are_validated() {
     );
     assert!(err_text(&with("scaled: {factor: 3}\n")).contains("no `oracle:`"));
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {factor: 0.5}\n")).contains("below 1"));
-    assert!(err_text(&with(
-        "oracle: o.safetensors\nscaled: {arithmetic: {llama: q8_0}}\n"
-    ))
-    .contains("not declared under `goldens:`"));
+    assert!(
+        err_text(&with("oracle: o.safetensors\nscaled: {arithmetic: {llama: q8_0}}\n"))
+            .contains("not declared under `goldens:`")
+    );
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {arithmetic: {hf: q4}}\n")).contains("expected f32"));
     assert!(err_text(&with("oracle: o.safetensors\nscaled: {factr: 3}\n")).contains("unknown field"));
     let renamed = GOOD.replace("  hf: ../goldens/qwen2-tiny/hf.safetensors", "  hf: a\n  oracle: b");

@@ -216,7 +216,17 @@ pub fn forward(
     let head_in = &xn[xn.len() - head_rows * e..];
     let logits = match &w.lm_head {
         Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
-        _ => stored(matmul_wt(head_in, head_rows, e, w.embed.data(), v)),
+        _ => {
+            let q;
+            let head_in = match w.tied_head_q8 {
+                Some(b) => {
+                    q = super::layers::quantise_q8(head_in, e, b);
+                    &q[..]
+                }
+                None => head_in,
+            };
+            stored(matmul_wt(head_in, head_rows, e, w.embed.data(), v))
+        }
     };
     // Sampling reads the stored (rounded) logits.
     let last = logits[(head_rows - 1) * v..].to_vec();

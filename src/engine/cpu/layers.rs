@@ -20,13 +20,42 @@ pub struct Linear {
     pub bias: Option<Vec<f32>>,
     pub out_f: usize,
     pub in_f: usize,
+    /// Quantise each input row to 8 bits in blocks of this many values
+    /// before the GEMM (llama.cpp's Q8_0 = 32, Q8_K = 256); None: exact.
+    pub q8_block: Option<usize>,
+}
+
+/// `x` rounded to 8-bit integers with one scale per block of `block` values
+/// along each row of `in_f` (scale amax/127, round to nearest), as llama.cpp
+/// quantises activations for its quantised matmuls.
+pub fn quantise_q8(x: &[f32], in_f: usize, block: usize) -> Vec<f32> {
+    let mut out = x.to_vec();
+    for row in out.chunks_mut(in_f) {
+        for b in row.chunks_mut(block) {
+            let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if amax == 0.0 {
+                continue;
+            }
+            let d = amax / 127.0;
+            for v in b.iter_mut() {
+                *v = (*v / d).round() * d;
+            }
+        }
+    }
+    out
 }
 
 impl Linear {
     fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
         let w = ws.take(&format!("{prefix}.weight"), &[out_f, in_f])?;
         let bias = ws.take_opt(&format!("{prefix}.bias"), &[out_f])?.map(|t| t.into_data());
-        Ok(Linear { w, bias, out_f, in_f })
+        Ok(Linear {
+            w,
+            bias,
+            out_f,
+            in_f,
+            q8_block: None,
+        })
     }
 
     /// `x[rows, in] → [rows, out]` with outputs held in `storage`: the GEMM in
@@ -42,6 +71,14 @@ impl Linear {
     /// `forward`, adding the bias only if `with_bias` (false only for a
     /// planted bug in tests).
     pub fn forward_bias(&self, x: &[f32], rows: usize, storage: DType, with_bias: bool) -> Vec<f32> {
+        let q;
+        let x = match self.q8_block {
+            Some(b) => {
+                q = quantise_q8(x, self.in_f, b);
+                &q[..]
+            }
+            None => x,
+        };
         let y = matmul_wt(x, rows, self.in_f, self.w.data(), self.out_f);
         self.finish(y, storage, with_bias)
     }
@@ -57,6 +94,14 @@ impl Linear {
     ) -> [Vec<f32>; N] {
         let in_f = lins[0].in_f;
         assert!(lins.iter().all(|l| l.in_f == in_f), "projections of one input");
+        let q;
+        let x = match lins[0].q8_block {
+            Some(b) => {
+                q = quantise_q8(x, in_f, b);
+                &q[..]
+            }
+            None => x,
+        };
         let ws: Vec<(&[f32], usize)> = lins.iter().map(|l| (l.w.data(), l.out_f)).collect();
         let mut ys = matmul_wt_many(x, rows, in_f, &ws).into_iter();
         lins.map(|l| l.finish(ys.next().expect("one output per projection"), storage, with_bias))
@@ -109,6 +154,8 @@ pub struct ModelWeights {
     pub norm: Vec<f32>,
     /// `None` when the head is tied to `embed`.
     pub lm_head: Option<Linear>,
+    /// A tied head's input quantisation (see `Linear::q8_block`).
+    pub tied_head_q8: Option<usize>,
 }
 
 impl ModelWeights {
@@ -146,6 +193,7 @@ impl ModelWeights {
                 bias: None,
                 out_f: v,
                 in_f: e,
+                q8_block: None,
             }),
             _ => None,
         };
@@ -168,6 +216,7 @@ impl ModelWeights {
             blocks,
             norm,
             lm_head,
+            tied_head_q8: None,
         })
     }
 
@@ -204,6 +253,28 @@ impl ModelWeights {
         if let Some(h) = &self.lm_head {
             lin(f, "lm_head", h);
         }
+    }
+
+    /// Every projection (and the LM head) quantises its input to 8 bits in
+    /// blocks of `block` values before its GEMM.
+    pub fn quantise_activations(&mut self, block: usize) {
+        for b in &mut self.blocks {
+            for lin in [
+                &mut b.q,
+                &mut b.k,
+                &mut b.v,
+                &mut b.o,
+                &mut b.gate,
+                &mut b.up,
+                &mut b.down,
+            ] {
+                lin.q8_block = Some(block);
+            }
+        }
+        if let Some(h) = &mut self.lm_head {
+            h.q8_block = Some(block);
+        }
+        self.tied_head_q8 = Some(block);
     }
 
     /// Rounds every weight to the storage dtype (the identity for f32): an

@@ -36,6 +36,8 @@ use layers::ModelWeights;
 use mutants::Mutant;
 use ops::Rope;
 
+use crate::checks::arithmetic::{Activations, Arithmetic};
+
 pub struct CpuEngine {
     cfg: ModelConfig,
     weights: ModelWeights,
@@ -44,6 +46,9 @@ pub struct CpuEngine {
     storage: DType,
     /// Planted bugs (test builds only; see `mutants`).
     mutants: mutants::Mutants,
+    /// What it declares (`Engine::arithmetic`): None for plain arithmetic at
+    /// its storage.
+    declared: Option<Arithmetic>,
 }
 
 impl CpuEngine {
@@ -56,7 +61,18 @@ impl CpuEngine {
     /// `load` with options (see `LoadOptions`).
     pub fn load_with(model: &Path, opts: &LoadOptions) -> Result<CpuEngine> {
         let (cfg, mut ws) = model::load(model, opts)?;
-        CpuEngine::from_weights_stored(cfg, &mut ws, opts.storage)
+        let mut e = CpuEngine::from_weights_stored(cfg, &mut ws, opts.storage)?;
+        if let Activations::Q8 { block } = opts.activations {
+            e.weights.quantise_activations(block);
+            e.declared = Some(Arithmetic {
+                activations: opts.activations,
+                ..Arithmetic::of_storage(opts.storage)
+            });
+        }
+        if let Some(d) = opts.declare {
+            e.declared = Some(d);
+        }
+        Ok(e)
     }
 
     /// Builds the engine from an already-read config and weights (every weight
@@ -77,6 +93,7 @@ impl CpuEngine {
             rope,
             storage,
             mutants: mutants::Mutants::default(),
+            declared: None,
         })
     }
 
@@ -99,6 +116,10 @@ impl CpuEngine {
 impl Engine for CpuEngine {
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    fn arithmetic(&self) -> Option<Arithmetic> {
+        self.declared
     }
 
     fn config(&self) -> &ModelConfig {

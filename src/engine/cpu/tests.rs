@@ -344,6 +344,7 @@ fn a_biased_projection_rounds_after_the_gemm_and_after_the_bias() {
         bias: Some(vec![2f32.powi(-8)]),
         out_f: 1,
         in_f: 1,
+        q8_block: None,
     };
     let x = [1.0 + 2f32.powi(-9)];
     assert_eq!(lin.forward(&x, 1, DType::BF16), [1.0]);

@@ -56,6 +56,7 @@ where
             bias: None,
             out_f,
             in_f,
+            q8_block: None,
         };
         let xw: Vec<f32> = xs.iter().map(|v| v.to_f32()).collect();
         let want = lin.forward(&xw, rows, T::DTYPE);
@@ -125,6 +126,7 @@ fn emulated_gemm_sees_a_transposed_layout() {
         bias: None,
         out_f,
         in_f,
+        q8_block: None,
     }
     .forward(&x, rows, crate::tensor::DType::F32);
     let max = |a: &[f32]| a.iter().zip(&want).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
