@@ -6,6 +6,7 @@
 //! docs/architecture.md draws the layers; a module only uses the ones below it
 //! (`ci/import_cycles.py` checks there is no circle).
 
+pub mod arithmetic;
 pub mod checks;
 pub mod cli;
 pub mod cmd;

@@ -224,7 +224,7 @@ impl Engine for Memo {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn arithmetic(&self) -> Option<touchstone::checks::arithmetic::Arithmetic> {
+    fn arithmetic(&self) -> Option<touchstone::arithmetic::Arithmetic> {
         self.inner.arithmetic()
     }
     fn config(&self) -> &touchstone::model::ModelConfig {
@@ -330,7 +330,7 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
 /// arithmetic, and fails when it declares f32: its quantisation error is far
 /// beyond f32's floors, and declaring it never loosens an f32 engine's.
 fn q8_engine(p: &Path) -> Result<(), Failed> {
-    use touchstone::checks::arithmetic::{Activations, Arithmetic};
+    use touchstone::arithmetic::{Activations, Arithmetic};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let spec = Spec::load(&root.join("specs/qwen2.5-0.5b.yaml")).map_err(|e| e.to_string())?;
     let mut plan = Plan::build(spec, Some(p)).map_err(|e| e.to_string())?;

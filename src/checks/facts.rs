@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::arithmetic::Arithmetic;
 use super::params::TolSpec;
 use super::scaled::ScaledSpec;
+use crate::arithmetic::Arithmetic;
 use crate::engine::RunOutput;
 use crate::golden::{GoldenSet, ORACLE};
 use crate::model::ModelConfig;

@@ -39,8 +39,8 @@
 //! at f32, bf16 and f16 and llama.cpp with 8-bit activations: the measured
 //! table is in docs/tolerances.md.
 
-use super::arithmetic::{Activations, Arithmetic, U_ACC};
 use super::facts::Facts;
+use crate::arithmetic::{Activations, Arithmetic, U_ACC};
 use crate::golden::GoldenSet;
 use crate::stage::{BlockStage, Stage, Step};
 use crate::tensor::Tensor;

@@ -7,12 +7,12 @@
 
 use std::borrow::Cow;
 
-use super::arithmetic::Arithmetic;
 use super::facts::Facts;
 use super::floor::{Floor, FloorAt};
 use super::params::TolOverride;
 use super::scaled::{self, Judgement, Policy};
 use super::verdict::Verdict;
+use crate::arithmetic::Arithmetic;
 use crate::compare::{Comparison, Tolerance};
 use crate::golden::GoldenSet;
 use crate::stage::{Stage, Step};

@@ -4,7 +4,6 @@
 //! on (`facts`); and how a run's outcomes are triaged into a first
 //! divergence, suspect goldens and budgets (`divergence`).
 
-pub mod arithmetic;
 pub mod divergence;
 pub mod facts;
 pub mod family;

@@ -10,7 +10,7 @@
 //!
 //! - a reference R's error is `r = max|R − O|`, the engine's `e = max|E − O|`;
 //! - the floor is what a correct implementation of the source's arithmetic
-//!   (`checks::arithmetic`: f32, f16 or bf16 storage, 8-bit activations, a
+//!   (`crate::arithmetic`: f32, f16 or bf16 storage, 8-bit activations, a
 //!   coarser KV cache) can reach at the stage: its own rounding there plus
 //!   what it inherits from its own errors at the stage's inputs
 //!   (`checks::floor`, where it is derived);
@@ -30,8 +30,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::arithmetic::Arithmetic;
 use super::params::tol_value;
+use crate::arithmetic::Arithmetic;
 use crate::compare::{compare, Comparison, Tolerance};
 use crate::tensor::{DType, Tensor};
 
@@ -62,7 +62,7 @@ pub struct ScaledSpec {
     /// stage of reduction length K and magnitude M, in rounding units u.
     #[serde(default = "default_floor", deserialize_with = "tol_value")]
     pub floor: f64,
-    /// Golden source → its arithmetic (`checks::arithmetic`), where the
+    /// Golden source → its arithmetic (`crate::arithmetic`), where the
     /// golden's provenance does not state it: e.g. `{llama.cpp: q8_k}` for
     /// llama.cpp quantising activations before its K-quant matmuls. It sets
     /// that reference's own floor and decides which engines it is a peer of.

@@ -115,7 +115,7 @@ pub struct RunArgs {
     /// floors of that arithmetic and against references of the same one
     /// (docs/tolerances.md). Only the cpu engine has this mode.
     #[arg(long, value_name = "Q8", value_parser = parse_activations)]
-    pub activations: Option<crate::checks::arithmetic::Activations>,
+    pub activations: Option<crate::arithmetic::Activations>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -247,8 +247,8 @@ pub enum ColorArg {
 }
 
 /// `--activations`: q8_0 or q8_k.
-pub fn parse_activations(s: &str) -> std::result::Result<crate::checks::arithmetic::Activations, String> {
-    use crate::checks::arithmetic::Activations;
+pub fn parse_activations(s: &str) -> std::result::Result<crate::arithmetic::Activations, String> {
+    use crate::arithmetic::Activations;
     match s {
         "q8_0" => Ok(Activations::Q8 { block: 32 }),
         "q8_k" => Ok(Activations::Q8 { block: 256 }),

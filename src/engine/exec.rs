@@ -12,7 +12,7 @@
 //! and its log. After a crash or a timeout the engine is marked dead and
 //! later requests fail at once with the same reason.
 
-use crate::checks::arithmetic::Arithmetic;
+use crate::arithmetic::Arithmetic;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};

@@ -185,7 +185,7 @@ pub trait Engine: Send + Sync {
     /// How it computes, where its storage dtype does not say it all (e.g.
     /// activations quantised to 8 bits before each matmul): the scaled
     /// policy's floors follow it. None: plain arithmetic at its storage.
-    fn arithmetic(&self) -> Option<crate::checks::arithmetic::Arithmetic> {
+    fn arithmetic(&self) -> Option<crate::arithmetic::Arithmetic> {
         None
     }
     /// The model's configuration (shapes of every stage follow from it).

@@ -53,7 +53,7 @@ pub struct EngineDecl {
     /// scaled policy judges it by that arithmetic's floors. Its load answer
     /// may say it instead.
     #[serde(default)]
-    pub arithmetic: Option<crate::checks::arithmetic::Arithmetic>,
+    pub arithmetic: Option<crate::arithmetic::Arithmetic>,
 }
 
 /// A timeout: a finite number of seconds >= 0.

@@ -28,11 +28,11 @@ pub struct LoadOptions {
     /// How matmul inputs are held: exact, or quantised to 8 bits in blocks
     /// (the CPU engine's llama.cpp-like mode; it then declares that
     /// arithmetic, see `Engine::arithmetic`).
-    pub activations: crate::checks::arithmetic::Activations,
+    pub activations: crate::arithmetic::Activations,
     /// Test aid: the arithmetic the engine declares instead of the one it
     /// computes in (to show a mis-declared engine fails). Never set it otherwise.
     #[doc(hidden)]
-    pub declare: Option<crate::checks::arithmetic::Arithmetic>,
+    pub declare: Option<crate::arithmetic::Arithmetic>,
     /// Test aid: a loader bug planted after the file is read, so tests can
     /// show the `weights` check names the tensor. Never set it otherwise.
     #[doc(hidden)]

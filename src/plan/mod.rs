@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checks::arithmetic::Arithmetic;
+use crate::arithmetic::Arithmetic;
 use crate::checks::kind::{RunCheck, StageCheck};
 use crate::checks::{Facts, Family, Metric};
 use crate::error::{Error, Result};

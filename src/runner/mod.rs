@@ -125,7 +125,7 @@ pub fn rerun_command(plan: &Plan, sel: &EngineSel, id: &str, model: Option<&Path
     } else {
         String::new()
     };
-    if let crate::checks::arithmetic::Activations::Q8 { block } = opts.activations {
+    if let crate::arithmetic::Activations::Q8 { block } = opts.activations {
         storage.push_str(if block == 32 {
             " --activations q8_0"
         } else {

@@ -36,7 +36,7 @@ use layers::ModelWeights;
 use mutants::Mutant;
 use ops::Rope;
 
-use crate::checks::arithmetic::{Activations, Arithmetic};
+use crate::arithmetic::{Activations, Arithmetic};
 
 pub struct CpuEngine {
     cfg: ModelConfig,
