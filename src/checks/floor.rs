@@ -131,7 +131,7 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
 }
 
 /// Matmul stages and the stage they multiply.
-fn matmul_input(cfg: &crate::model::ModelConfig, stage: Stage) -> Option<Stage> {
+fn matmul_input(stage: Stage) -> Option<Stage> {
     use BlockStage::*;
     match stage {
         Stage::Logits => Some(Stage::OutputNorm),
@@ -139,10 +139,7 @@ fn matmul_input(cfg: &crate::model::ModelConfig, stage: Stage) -> Option<Stage> 
         Stage::Block(l, AttnOut) => Some(Stage::Block(l, AttnCtx)),
         Stage::Block(l, FfnGate | FfnUp) => Some(Stage::Block(l, FfnNorm)),
         Stage::Block(l, FfnOut) => Some(Stage::Block(l, FfnAct)),
-        _ => {
-            let _ = cfg;
-            None
-        }
+        _ => None,
     }
 }
 
@@ -194,16 +191,7 @@ impl<'a> FloorAt<'a> {
 
     /// max|X − O| at `s`, where both hold it at the same shape.
     fn err<'s>(&self, x: &Source<'s>, s: Stage) -> Option<f64> {
-        let (xt, ot) = (x(s)?, self.o(s)?);
-        (xt.shape() == ot.shape()).then(|| {
-            xt.data().iter().zip(ot.data()).fold(0.0f64, |m, (a, b)| {
-                m.max(if a.is_finite() {
-                    (*a as f64 - *b as f64).abs()
-                } else {
-                    f64::INFINITY
-                })
-            })
-        })
+        self.diffs(x, s).map(|d| d.into_iter().fold(0.0f64, f64::max))
     }
 
     /// Per-element |X − O| at `s`.
@@ -249,7 +237,7 @@ impl<'a> FloorAt<'a> {
         let k = reduction_len(cfg, stage, s);
         let mut own = self.c * (U_ACC * (k as f64).sqrt() + a.u_store());
         notes.push(format!("K {k}"));
-        let reads_weights = matmul_input(cfg, stage).is_some()
+        let reads_weights = matmul_input(stage).is_some()
             || matches!(
                 stage,
                 Stage::Embed
@@ -262,7 +250,7 @@ impl<'a> FloorAt<'a> {
         if reads_weights {
             own += self.c * a.u_weight();
         }
-        if let (Some(input), Activations::Q8 { block }) = (matmul_input(cfg, stage), a.activations) {
+        if let (Some(input), Activations::Q8 { block }) = (matmul_input(stage), a.activations) {
             let rho = self
                 .o(input)
                 .map_or(q8_rel_error_bound(block), |t| q8_rel_error(t, block));
@@ -318,7 +306,7 @@ impl<'a> FloorAt<'a> {
                 ),
             ))
         };
-        if let Some(input) = matmul_input(cfg, stage) {
+        if let Some(input) = matmul_input(stage) {
             let rel = self.rel(self.err(x, input)?, input)?;
             let g = self.gain(input, stage);
             return Some((rel * m * g, format!("from {input}: relative {rel:.2e}, gain {g:.2}")));

@@ -217,15 +217,8 @@ pub fn forward(
     let logits = match &w.lm_head {
         Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
         _ => {
-            let q;
-            let head_in = match w.tied_head_q8 {
-                Some(b) => {
-                    q = super::layers::quantise_q8(head_in, e, b);
-                    &q[..]
-                }
-                None => head_in,
-            };
-            stored(matmul_wt(head_in, head_rows, e, w.embed.data(), v))
+            let head_in = super::layers::matmul_input(head_in, e, w.tied_head_q8);
+            stored(matmul_wt(&head_in, head_rows, e, w.embed.data(), v))
         }
     };
     // Sampling reads the stored (rounded) logits.

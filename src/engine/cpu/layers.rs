@@ -28,6 +28,14 @@ pub struct Linear {
 /// `x` rounded to 8-bit integers with one scale per block of `block` values
 /// along each row of `in_f` (scale amax/127, round to nearest), as llama.cpp
 /// quantises activations for its quantised matmuls.
+/// `x` as a matmul reads it: quantised when `block` is set, else as it is.
+pub fn matmul_input(x: &[f32], in_f: usize, block: Option<usize>) -> std::borrow::Cow<'_, [f32]> {
+    match block {
+        Some(b) => std::borrow::Cow::Owned(quantise_q8(x, in_f, b)),
+        None => std::borrow::Cow::Borrowed(x),
+    }
+}
+
 pub fn quantise_q8(x: &[f32], in_f: usize, block: usize) -> Vec<f32> {
     let mut out = x.to_vec();
     for row in out.chunks_mut(in_f) {
@@ -71,15 +79,8 @@ impl Linear {
     /// `forward`, adding the bias only if `with_bias` (false only for a
     /// planted bug in tests).
     pub fn forward_bias(&self, x: &[f32], rows: usize, storage: DType, with_bias: bool) -> Vec<f32> {
-        let q;
-        let x = match self.q8_block {
-            Some(b) => {
-                q = quantise_q8(x, self.in_f, b);
-                &q[..]
-            }
-            None => x,
-        };
-        let y = matmul_wt(x, rows, self.in_f, self.w.data(), self.out_f);
+        let x = matmul_input(x, self.in_f, self.q8_block);
+        let y = matmul_wt(&x, rows, self.in_f, self.w.data(), self.out_f);
         self.finish(y, storage, with_bias)
     }
 
@@ -94,16 +95,9 @@ impl Linear {
     ) -> [Vec<f32>; N] {
         let in_f = lins[0].in_f;
         assert!(lins.iter().all(|l| l.in_f == in_f), "projections of one input");
-        let q;
-        let x = match lins[0].q8_block {
-            Some(b) => {
-                q = quantise_q8(x, in_f, b);
-                &q[..]
-            }
-            None => x,
-        };
+        let x = matmul_input(x, in_f, lins[0].q8_block);
         let ws: Vec<(&[f32], usize)> = lins.iter().map(|l| (l.w.data(), l.out_f)).collect();
-        let mut ys = matmul_wt_many(x, rows, in_f, &ws).into_iter();
+        let mut ys = matmul_wt_many(&x, rows, in_f, &ws).into_iter();
         lins.map(|l| l.finish(ys.next().expect("one output per projection"), storage, with_bias))
     }
 
