@@ -14,7 +14,49 @@ from safetensors.numpy import load_file, save
 FORMAT = "touchstone-golden/1"
 
 
-def save_deterministic(tensors, metadata, path):
+def narrow_exact(tensors, dtype):
+    """A 16-bit reference's tensors (float32 arrays holding values of `dtype`,
+    "bfloat16" or "float16") in that dtype where the conversion is exact,
+    which halves the file; a stage computed in float32 (one of HF's float32
+    islands) stays float32. Returns (tensors, keys to store as BF16): numpy
+    has no bfloat16, so those stay float32 here and save_deterministic
+    writes their upper 16 bits, exact by this check."""
+    out, bf16 = dict(tensors), []
+    for k, v in tensors.items():
+        if v.dtype != np.float32:
+            continue
+        if dtype == "float16":
+            h = v.astype(np.float16)
+            if np.array_equal(h.astype(np.float32), v):
+                out[k] = h
+        elif dtype == "bfloat16" and not (v.view(np.uint32) & 0xFFFF).any():
+            bf16.append(k)
+    return out, bf16
+
+
+def _read_back(path):
+    """Every tensor of a safetensors file as numpy (BF16 widened to float32),
+    and its metadata: the writer's own check, for files the numpy library
+    cannot read (BF16)."""
+    types = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "U16": np.uint16}
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = blob[8 + n:]
+    out = {}
+    for k, h in header.items():
+        a, b = h["data_offsets"]
+        if h["dtype"] == "BF16":
+            v = (np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            v = np.frombuffer(data[a:b], dtype=np.dtype(types[h["dtype"]]).newbyteorder("<"))
+        out[k] = v.reshape(h["shape"])
+    return out, meta, header
+
+
+def save_deterministic(tensors, metadata, path, bf16=()):
     """Write a safetensors file whose bytes depend only on the inputs.
 
     The safetensors library keeps `__metadata__` in a Rust HashMap, whose
@@ -24,17 +66,35 @@ def save_deterministic(tensors, metadata, path):
     deterministic) but re-serialise the header with `__metadata__` first
     and its keys sorted. Offsets are relative to the data section, so
     rewriting the header leaves them valid.
+
+    `bf16`: keys of float32 tensors whose values are all bfloat16
+    (narrow_exact): stored as BF16, their upper 16 bits passed through the
+    library as U16 and the header's dtype renamed.
     """
-    blob = save(dict(sorted(tensors.items())), metadata=metadata)
+    enc = dict(tensors)
+    for k in bf16:
+        u = tensors[k].view(np.uint32)
+        assert tensors[k].dtype == np.float32 and not (u & 0xFFFF).any(), f"{k} is not bfloat16-exact"
+        enc[k] = (u >> 16).astype(np.uint16)
+    blob = save(dict(sorted(enc.items())), metadata=metadata)
     n = struct.unpack("<Q", blob[:8])[0]
     header = json.loads(blob[8:8 + n])  # dicts keep the file's order
     meta = header.pop("__metadata__")
     assert meta == metadata
+    for k in bf16:
+        assert header[k]["dtype"] == "U16"
+        header[k]["dtype"] = "BF16"
     header = {"__metadata__": dict(sorted(meta.items())), **header}
     hb = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hb += b" " * (-len(hb) % 8)  # the format pads the header with spaces to 8 bytes
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hb)) + hb + blob[8 + n:])
+    if bf16:
+        back, meta, header = _read_back(path)
+        assert meta == metadata and sorted(back) == sorted(tensors)
+        assert all(np.array_equal(back[k], tensors[k]) for k in tensors)
+        assert all(back[k].dtype == tensors[k].dtype for k in tensors if k not in bf16)
+        return
     # Read it back through the library: same tensors, same metadata.
     back = load_file(path)
     assert sorted(back) == sorted(tensors)
@@ -166,7 +226,47 @@ def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
     return pats, sets
 
 
-def record_section(steps_stored, all_steps, patterns, logits, stages_at=None):
+def parse_rows(text):
+    """`--rows` (comma-separated token rows, negative from the end, e.g.
+    `0,-1`) -> the list as given. Every stage with a token axis then keeps
+    only those rows at every step (a decode step's one row is row 0 and row
+    -1 at once), so every stage of several layers of a real model fits a
+    committed file. tokens/positions are always whole; the logits follow
+    --logits (`last` keeps the last row whatever --rows says)."""
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        raise SelectionError(f"--rows {text!r}: expected comma-separated integers (e.g. 0,-1)") from None
+    if not rows or len(set(rows)) != len(rows):
+        raise SelectionError(f"--rows {text!r}: give each row once, at least one")
+    return rows
+
+
+def row_axis(stage):
+    """The token axis of a stage's canonical layout (expected_shape), or None
+    for a stage kept whole."""
+    name = stage.split(".")[-1]
+    if name in ("tokens", "positions", "sample_probs"):
+        return None
+    return 1 if name in ("attn_scores", "attn_probs") else 0
+
+
+def resolve_rows(rows, T):
+    """The rows of a step of T tokens that `rows` names, ascending: row r < 0
+    counts from the end; rows outside the step are left out."""
+    return sorted({r % T for r in rows if -T <= r < T})
+
+
+def take_rows(stage, v, rows, T):
+    """`v` (a `stage` tensor of a T-token step) restricted to `rows`."""
+    axis = row_axis(stage)
+    if axis is None:
+        return v
+    assert v.shape[axis] == T, f"{stage}: axis {axis} has {v.shape[axis]} rows, the step {T} tokens"
+    return np.ascontiguousarray(np.take(v, resolve_rows(rows, T), axis=axis))
+
+
+def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None):
     """The provenance `record` entry, or None when everything was recorded
     (every step, every stage, every logits row): absent means complete, which
     keeps full recordings byte-identical to those made before subsets existed.
@@ -174,12 +274,20 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None):
     `stages_at` ({step: patterns}, from --stages-at) becomes the key
     `stages_at`: stages stored at those steps only, in addition to `steps` x
     `stages`. A reader that does not know the key claims nothing for them
-    (they are not in `stages`), so it never expects a tensor that is absent."""
-    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at:
+    (they are not in `stages`), so it never expects a tensor that is absent.
+
+    `rows` (from --rows) becomes `rows` ({step: the rows kept there}, for
+    every step, given `step_tokens` {step: T}) and `rows_asked` (as given):
+    a reader compares a whole tensor with a golden on those rows.
+    """
+    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows:
         return None
     rec = {"steps": steps_stored, "stages": patterns, "logits": logits}
     if stages_at:
         rec["stages_at"] = {s: stages_at[s] for s in all_steps if s in stages_at}
+    if rows:
+        rec["rows_asked"] = list(rows)
+        rec["rows"] = {s: resolve_rows(rows, step_tokens[s]) for s in all_steps}
     return rec
 
 

@@ -3,7 +3,7 @@
 
 usage: record_hf.py MODEL OUT_FILE [--prompt TEXT] [--chat] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                    [--stages-at STEP=PATTERN,...]
+                    [--stages-at STEP=PATTERN,...] [--rows ROW,...]
                     [--dtype float32|float64|bfloat16|float16]
                     [--tokens-from GOLDEN] [--sample-probs TEMPERATURE,TOP_K,TOP_P]
 
@@ -24,7 +24,9 @@ needs them), and the provenance says what was stored (`record`).
 --stages-at STEP=PATTERN[,PATTERN] (repeatable) stores those stages at that
 one step as well (provenance `record.stages_at: {STEP: [PATTERN, ...]}`):
 e.g. the [H,T,S] attn_scores of a long prompt's decode step, whose prefill
-scores would not fit in a committed file.
+scores would not fit in a committed file. --rows 0,-1 keeps those token
+rows of every stored stage (provenance `record.rows: {STEP: [ROW, ...]}`):
+every stage of several layers of a real model then fits a committed file.
 
 --dtype float64 records an f64 ORACLE: the model is converted to
 torch.float64 after loading (a GGUF's dequantised float32 weights included;
@@ -605,6 +607,9 @@ def main():
                     help="`last` stores only the last row of each step's logits, shape [1,V]")
     ap.add_argument("--stages-at", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
                     help="also store these stages at this one step (repeatable)")
+    ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
+                    help="keep only these token rows (negative from the end, e.g. 0,-1) of every stage with a "
+                         "token axis (tokens/positions stay whole; --logits last keeps the last row)")
     ap.add_argument("--dtype", choices=["float32", "float64", "bfloat16", "float16"], default="float32",
                     help="float64: the f64 oracle (every op in float64, stored rounded to float32); "
                          "bfloat16/float16: a 16-bit reference (weights cast, HF's own float32 islands)")
@@ -642,6 +647,7 @@ def main():
     all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     try:
         keep_steps = all_steps if args.steps is None else golden_io.parse_steps(args.steps, args.decode_steps)
+        rows = None if args.rows is None else golden_io.parse_rows(args.rows)
     except golden_io.SelectionError as e:
         ap.error(str(e))
     if os.path.exists(args.out_file) and os.path.isdir(args.out_file):
@@ -764,6 +770,7 @@ def main():
     att_rows = {"prefill": [], "decode": []}
     prefill_row_max = []
     logit_absmax = 0.0
+    step_tokens = {}  # {step: T}, for the row subset (--rows)
     dims = config_dims(cfg)
     expected = golden_io.all_stages(cfg.model_type, n_layers, extra) + ["tokens", "positions"]
     fed = list(prompt_ids)  # every token fed so far (the processors' input_ids)
@@ -818,7 +825,10 @@ def main():
                     elif golden_io.stored(step, k, keep_steps, keep_stages, stages_at_sets):
                         if k == "logits" and args.logits == "last":
                             v = np.ascontiguousarray(v[-1:])
+                        elif rows is not None:
+                            v = golden_io.take_rows(k, v, rows, T)
                         out[f"{step}/{k}"] = v
+                step_tokens[step] = T
                 pos += T
                 nxt = int(res.logits[0, -1].argmax())
                 if pair_ties:
@@ -854,7 +864,7 @@ def main():
         # No config.json: the config transformers derived from the GGUF
         # metadata, serialised as save_pretrained would write it.
         cfg_dict = json.loads(cfg.to_json_string(use_diff=False))
-    record = golden_io.record_section(keep_steps, all_steps, patterns, args.logits, stages_at)
+    record = golden_io.record_section(keep_steps, all_steps, patterns, args.logits, stages_at, rows, step_tokens)
     prov = build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record, sampling)
     metadata = {
         "format": FORMAT,
@@ -864,7 +874,10 @@ def main():
     # Write to a temporary name and rename, so a failed run never leaves a
     # half-written golden file behind.
     tmp = args.out_file + ".tmp"
-    save_deterministic(out, metadata, tmp)
+    bf16 = []
+    if args.dtype in ("bfloat16", "float16"):
+        out, bf16 = golden_io.narrow_exact(out, args.dtype)
+    save_deterministic(out, metadata, tmp, bf16)
     if os.path.exists(args.out_file):
         # Replacing is what the caller asked for (regen.sh starts from empty
         # folders, goldens regen from a fresh one), but never silently.

@@ -3,7 +3,7 @@
 
 usage: record_llamacpp.py GGUF OUT_FILE --hf-golden HF_GOLDEN [--threads N]
                           [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                          [--list-nodes]
+                          [--rows ROW,...] [--kv-type f32|f16] [--list-nodes]
 
 GGUF is used as it is, quantised or not (a real model's Q4_K_M file runs
 as downloaded; the tiny models' F32 GGUFs come from convert_gguf.py).
@@ -15,8 +15,9 @@ token ids of the HF golden: `prefill/tokens` as one batch, then
 `decode1/tokens`, `decode2/tokens`, ... one by one, at the HF golden's
 positions (teacher forcing: both sources see identical inputs, whatever
 llama.cpp would have predicted). Settings without which llama.cpp differs
-from HF by ~3e-3: F32 K and V cache (the default F16 rounds them), flash
-attention DISABLED (and only then is there a softmax node to record), logits
+from HF by ~3e-3: F32 K and V cache (the default F16 rounds them; `--kv-type
+f16` records llama.cpp with its default cache, a reference whose arithmetic
+says kv f16), flash attention DISABLED (and only then is there a softmax node to record), logits
 for every token (else the last layer is pruned to the output rows). One
 thread by default.
 
@@ -29,7 +30,7 @@ converter permutes the rows of the Q and K weights (so llama.cpp's
 interleaved-pair RoPE equals HF's rotate-half RoPE); the recorder undoes that
 permutation on q, k, q_rope and k_rope so the golden is in HF's layout.
 
---steps/--stages/--stages-at/--logits store a subset, as in record_hf.py; by
+--steps/--stages/--stages-at/--logits/--rows store a subset, as in record_hf.py; by
 default the same subset the HF golden stored (its provenance `record`), so the
 two files have the same keys. Tokens and positions are stored for every step.
 
@@ -176,6 +177,7 @@ def node_map(arch):
 
 VIEW_OPS = {"VIEW", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"}
 GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
 
 
 class GgmlTensor(ctypes.Structure):
@@ -360,6 +362,10 @@ def main():
                     help="also store these stages at this one step (default: the HF golden's stages_at)")
     ap.add_argument("--logits", choices=["all", "last"], default=None,
                     help="`last`: only the last row of each step's logits (default: as the HF golden)")
+    ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
+                    help="keep only these token rows of every stage (default: the HF golden's rows)")
+    ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
+                    help="K and V cache type: f32 (default; closest to HF) or f16 (llama.cpp's own default)")
     ap.add_argument("--list-nodes", action="store_true",
                     help="print every graph node (step, index, name, op, numpy shape) to stderr")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE,
@@ -407,6 +413,11 @@ def main():
     except golden_io.SelectionError as e:
         ap.error(str(e))
     logits_rows = args.logits or hf_rec.get("logits", "all")
+    try:
+        rows = golden_io.parse_rows(args.rows) if args.rows is not None else hf_rec.get("rows_asked")
+    except golden_io.SelectionError as e:
+        ap.error(str(e))
+    step_tokens = {}  # {step: T}, for the row subset
     # The HF golden's LM head has rows equal in pairs (phi3-tiny) when all its
     # recorded logit pairs tie bit for bit: then llama.cpp's must too, and
     # every greedy id must be even (argmax picks the lowest index of a tie).
@@ -470,8 +481,9 @@ def main():
     cparams.n_threads = args.threads
     cparams.n_threads_batch = args.threads
     cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cparams.type_k = GGML_TYPE_F32
-    cparams.type_v = GGML_TYPE_F32
+    kv_type = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16}[args.kv_type]
+    cparams.type_k = kv_type
+    cparams.type_v = kv_type
     cparams.cb_eval = cb
     cparams.cb_eval_user_data = None
     if n_total > cparams.n_ctx:
@@ -519,6 +531,10 @@ def main():
                 del stages["logits"]
             elif logits_rows == "last":
                 stages["logits"] = np.ascontiguousarray(stages["logits"][-1:])
+            if rows is not None:
+                stages = {k: v if k == "logits" and logits_rows == "last" else
+                          golden_io.take_rows(k, v, rows, len(toks)) for k, v in stages.items()}
+            step_tokens[step] = len(toks)
             stages["tokens"] = np.array(toks, dtype=np.int64)
             stages["positions"] = np.array(positions, dtype=np.int64)
             for k, v in stages.items():
@@ -530,7 +546,7 @@ def main():
         lc.llama_model_free(model)
     assert api_vs_graph == 0.0, f"llama_get_logits_ith differs from result_output by {api_vs_graph}"
     # Same keys and shapes as the HF golden when both stored the same subset.
-    record = golden_io.record_section(keep_steps, steps, patterns, logits_rows, stages_at)
+    record = golden_io.record_section(keep_steps, steps, patterns, logits_rows, stages_at, rows, step_tokens)
     if record == hf_prov.get("record"):
         # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
         hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))
@@ -555,7 +571,7 @@ def main():
         },
         "build": {"cmake_flags": binfo["flags"], "target": binfo["target"]},
         "settings": {
-            "kv_cache_type": "f32",
+            "kv_cache_type": args.kv_type,
             "flash_attn": "disabled",
             "n_threads": args.threads,
             "n_ctx": cparams.n_ctx,

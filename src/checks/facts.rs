@@ -4,6 +4,7 @@
 //! unit-tested on synthetic goldens without building a plan; the plan lends
 //! one (`Plan::facts`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::golden::{GoldenSet, ORACLE};
 use crate::model::ModelConfig;
 use crate::stage::shape::canonical_shape;
 use crate::stage::{Stage, Step};
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 
 #[derive(Clone, Copy)]
 pub struct Facts<'a> {
@@ -48,6 +49,32 @@ impl<'a> Facts<'a> {
         match name {
             ORACLE => self.oracle,
             _ => self.goldens.get(name).map(|g| g.as_ref()),
+        }
+    }
+
+    /// The token rows the references kept of (step, stage) (`record.rows`),
+    /// or None where they hold every row. Every source that kept a subset
+    /// kept the same one (the plan refuses goldens that differ).
+    pub fn rows_at(&self, step: Step, stage: Stage) -> Option<&'a [usize]> {
+        self.oracle
+            .into_iter()
+            .chain(self.goldens.values().map(|g| g.as_ref()))
+            .find_map(|g| g.rows_at(step, stage))
+    }
+
+    /// `t` on the references' rows of (step, stage): where they kept only
+    /// some token rows and `t` holds every row of the step (an engine's
+    /// capture), those rows; else `t` as it is (so a wrong shape still fails
+    /// the shape comparison).
+    pub fn on_recorded_rows<'t>(&self, t: &'t Tensor, step: Step, stage: Stage) -> Cow<'t, Tensor> {
+        let (Some(rows), Some(axis)) = (self.rows_at(step, stage), stage.row_axis()) else {
+            return Cow::Borrowed(t);
+        };
+        let n = self.step_dims(step).0;
+        if t.shape().get(axis) == Some(&n) && rows.len() < n && rows.iter().all(|&r| r < n) {
+            Cow::Owned(t.select_rows(axis, rows))
+        } else {
+            Cow::Borrowed(t)
         }
     }
 

@@ -196,7 +196,10 @@ impl<'a> FloorAt<'a> {
 
     /// Per-element |X − O| at `s`.
     fn diffs<'s>(&self, x: &Source<'s>, s: Stage) -> Option<Vec<f64>> {
-        let (xt, ot) = (x(s)?, self.o(s)?);
+        // An engine's capture holds every token row; the references may hold
+        // some (`record.rows`): compared on theirs.
+        let xt = self.facts.on_recorded_rows(x(s)?, self.step, s);
+        let ot = self.facts.on_recorded_rows(self.o(s)?, self.step, s);
         (xt.shape() == ot.shape()).then(|| {
             xt.data()
                 .iter()

@@ -31,6 +31,8 @@ pub struct GoldenSet {
     pub tokens: BTreeMap<Step, Vec<u32>>,
     /// The recorder's provenance JSON (library versions, prompt, model hash, ...).
     pub provenance: Value,
+    /// Token rows kept of each step (`record.rows`), where only some were.
+    rows: BTreeMap<Step, Vec<usize>>,
 }
 
 impl GoldenSet {
@@ -100,6 +102,22 @@ impl GoldenSet {
                 }
             }
         }
+        let rows = recorded_rows(&provenance, &tokens).map_err(bad)?;
+        for ((step, stage), t) in &tensors {
+            let (Some(r), Some(axis)) = (rows.get(step), stage.row_axis()) else {
+                continue;
+            };
+            let last_logits = *stage == Stage::Logits
+                && provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last");
+            if !last_logits && t.shape().get(axis) != Some(&r.len()) {
+                return Err(bad(format!(
+                    "tensor `{step}/{stage}` has shape {:?}, but the provenance says rows {r:?} of {step} were kept \
+                     (axis {axis} should have {})",
+                    t.shape(),
+                    r.len()
+                )));
+            }
+        }
         if !tokens.contains_key(&Step::Prefill) {
             return Err(bad(
                 "no `prefill/tokens`: the golden does not say which prompt it was recorded with".into(),
@@ -111,7 +129,24 @@ impl GoldenSet {
             tensors,
             tokens,
             provenance,
+            rows,
         })
+    }
+
+    /// Every step where this golden kept only some token rows, with those rows.
+    pub fn row_subsets(&self) -> &BTreeMap<Step, Vec<usize>> {
+        &self.rows
+    }
+
+    /// The token rows this golden kept of `stage` at `step` (`record.rows`),
+    /// or None where it holds every row (the logits of a last-row golden are
+    /// [`GoldenSet::logits_last_row`]'s).
+    pub fn rows_at(&self, step: Step, stage: Stage) -> Option<&[usize]> {
+        stage.row_axis()?;
+        if stage == Stage::Logits && self.logits_last_row() {
+            return None;
+        }
+        self.rows.get(&step).map(Vec::as_slice)
     }
 
     /// Whether this golden set out to record `step/stage`: its provenance's
@@ -190,4 +225,34 @@ impl GoldenSet {
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }
+}
+
+/// `record.rows` of a provenance ({step: [row, ...]}, written by the
+/// recorders' `--rows`): ascending rows inside each step's tokens. A step
+/// that kept every row is left out of the map.
+fn recorded_rows(prov: &Value, tokens: &BTreeMap<Step, Vec<u32>>) -> std::result::Result<BTreeMap<Step, Vec<usize>>, String> {
+    let mut out = BTreeMap::new();
+    let Some(map) = prov.pointer("/record/rows") else {
+        return Ok(out);
+    };
+    let map = map
+        .as_object()
+        .ok_or("provenance `record.rows` is not a map of step -> rows")?;
+    for (name, rows) in map {
+        let step = Step::parse(name).ok_or(format!("provenance `record.rows`: `{name}` is not a step"))?;
+        let rows: Vec<usize> = rows
+            .as_array()
+            .and_then(|a| a.iter().map(|v| v.as_u64().map(|r| r as usize)).collect())
+            .ok_or(format!("provenance `record.rows.{name}` is not a list of row indices"))?;
+        let t = tokens.get(&step).map_or(0, Vec::len);
+        if rows.is_empty() || rows.windows(2).any(|w| w[0] >= w[1]) || rows.iter().any(|&r| r >= t) {
+            return Err(format!(
+                "provenance `record.rows.{name}` is {rows:?}: expected ascending rows of the step's {t} tokens"
+            ));
+        }
+        if rows.len() < t {
+            out.insert(step, rows);
+        }
+    }
+    Ok(out)
 }

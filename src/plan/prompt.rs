@@ -110,6 +110,28 @@ pub fn check_references(
             }
         }
     }
+    // Every reference that kept a row subset (`record.rows`) kept the same
+    // one at each step, so an engine's tensor has one view to be compared on.
+    let mut kept: Option<(&str, &GoldenSet)> = None;
+    for (src, g) in &recorded {
+        if g.row_subsets().is_empty() {
+            continue;
+        }
+        if let Some((first, f)) = kept {
+            for (step, rows) in g.row_subsets() {
+                if let Some(other) = f.row_subsets().get(step).filter(|o| *o != rows) {
+                    return Err(invalid(format!(
+                        "goldens `{first}` ({}) and `{src}` ({}) kept different token rows at {step} ({other:?} vs \
+                         {rows:?}): record them with the same `record.rows`",
+                        f.path.display(),
+                        g.path.display()
+                    )));
+                }
+            }
+        } else {
+            kept = Some((src, g));
+        }
+    }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab) {
         return Err(invalid(format!(
             "prompt token {bad} is outside the model's vocabulary of {}",

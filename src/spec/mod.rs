@@ -85,6 +85,10 @@ pub struct RecordSpec {
     /// `all` (default) or `last`: record only the last row of each step's logits.
     #[serde(default)]
     pub logits: LogitsRows,
+    /// Token rows to record of every stage with a token axis (`[0, -1]`: the
+    /// first and the last; negative rows count from the end); default all.
+    /// The engine's tensor is compared with a golden on the golden's rows.
+    pub rows: Option<Vec<i64>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -190,6 +190,17 @@ impl Spec {
                 StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages: {msg}")))?;
             }
         }
+        if let Some(rows) = &self.record.rows {
+            let twice = rows.iter().enumerate().find(|(i, r)| rows[..*i].contains(r));
+            if rows.is_empty() || twice.is_some() {
+                return Err(self.located(
+                    text,
+                    "rows",
+                    "record.rows: give each token row once, at least one (e.g. [0, -1]: the first and the last;                      leave it out to record every row)"
+                        .into(),
+                ));
+            }
+        }
         Ok(())
     }
 

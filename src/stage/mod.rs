@@ -89,6 +89,17 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// The token axis of the stage's canonical layout (1 for the `[H, T, S]`
+    /// attention stages, else 0): the axis a golden's row subset
+    /// (`record.rows`) keeps rows of. None for a stage without one.
+    pub fn row_axis(self) -> Option<usize> {
+        match self {
+            Stage::SampleProbs => None,
+            Stage::Block(_, BlockStage::AttnScores | BlockStage::AttnProbs) => Some(1),
+            _ => Some(0),
+        }
+    }
+
     /// Every stage of the vocabulary for `n_layers` blocks, in execution
     /// order, including stages only some architectures have (`q_norm`,
     /// `k_norm`): what patterns are validated against. A model's own stages

@@ -211,6 +211,26 @@ impl Tensor {
         matches!(self.data, Storage::Mapped(_))
     }
 
+    /// The sub-tensor holding indices `rows` (ascending, in range) of `axis`,
+    /// the other axes whole; the dtype kept.
+    pub fn select_rows(&self, axis: usize, rows: &[usize]) -> Tensor {
+        let (outer, n, inner) = (
+            self.shape[..axis].iter().product::<usize>(),
+            self.shape[axis],
+            self.shape[axis + 1..].iter().product::<usize>(),
+        );
+        let mut data = Vec::with_capacity(outer * rows.len() * inner);
+        for o in 0..outer {
+            for &r in rows {
+                let at = (o * n + r) * inner;
+                data.extend_from_slice(&self.data()[at..at + inner]);
+            }
+        }
+        let mut shape = self.shape.clone();
+        shape[axis] = rows.len();
+        Tensor::new(shape, data).with_dtype(self.dtype)
+    }
+
     pub fn with_dtype(mut self, dtype: DType) -> Tensor {
         self.dtype = dtype;
         self

@@ -150,6 +150,8 @@ impl StageCheck for GoldenCheck {
                 ));
             }
         }
+        // A golden that kept some token rows is compared on those rows.
+        let actual = &facts.on_recorded_rows(actual, step, stage);
         let actual = &last_row_if(actual, expected, stage, golden.logits_last_row());
         // The scaled policy judges every arithmetic (its floors follow the
         // engine's); without an oracle the allclose rule does.
@@ -206,6 +208,10 @@ fn scaled_against(
         Ok(x) => x,
         Err(e) => return Verdict::fail(e),
     };
+    let o = match facts.on_recorded_rows(&o, step, stage) {
+        std::borrow::Cow::Owned(t) => std::borrow::Cow::Owned(t),
+        std::borrow::Cow::Borrowed(_) => o,
+    };
     let actual = &*last_row_if(actual, &o, stage, oracle.logits_last_row());
     // The reference error the engine is measured by: the largest among the
     // references of the same arithmetic as `source`, each a correct
@@ -230,7 +236,8 @@ fn scaled_against(
             g.get(step, stage)
         };
         let Some(t) = t else { continue };
-        let t = last_row_if(t, &o, stage, o.shape().first() == Some(&1));
+        let t = facts.on_recorded_rows(t, step, stage);
+        let t = last_row_if(&t, &o, stage, o.shape().first() == Some(&1));
         match scaled::max_error(&t, &o) {
             Ok((e, _)) => {
                 r = r.max(e);

@@ -33,7 +33,11 @@ impl SourceFilter {
     fn accepts(self, source: &str) -> bool {
         match self {
             SourceFilter::All => true,
-            SourceFilter::Hf => Recorder::for_source(source) == Some(Recorder::Hf),
+            // HF at any dtype (`hf`, `hf-bf16`, `hf-f16`).
+            SourceFilter::Hf => matches!(
+                Recorder::for_source(source),
+                Some(Recorder::Hf | Recorder::HfHalf(_))
+            ),
             SourceFilter::LlamaCpp => Recorder::for_source(source) == Some(Recorder::LlamaCpp),
             SourceFilter::Oracle => Recorder::for_source(source) == Some(Recorder::Oracle),
         }
@@ -71,7 +75,7 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
             }
             let recorder = Recorder::for_source(source).ok_or_else(|| {
                 Error::Usage(format!(
-                    "{}: no recorder for golden source `{source}` (known: hf, llama.cpp, and the spec's oracle)",
+                    "{}: no recorder for golden source `{source}` (known: hf, hf-bf16, hf-f16, llama.cpp, and the spec's oracle)",
                     p.display()
                 ))
             })?;
@@ -110,6 +114,12 @@ fn record_args(spec: &Spec) -> RecordArgs {
         steps: spec.record.steps.clone(),
         stages: spec.record.stages.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
+        rows: spec.record.rows.clone(),
+        kv_f16: spec
+            .scaled
+            .arithmetic
+            .iter()
+            .any(|(src, a)| Recorder::for_source(src) == Some(Recorder::LlamaCpp) && a.kv == crate::tensor::DType::F16),
         sample_probs: match spec.sampling {
             crate::sampling::Sampling::Random {
                 temperature,

@@ -38,9 +38,31 @@ use crate::golden::GoldenSet;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recorder {
     Hf,
+    /// HF transformers with the weights cast to a 16-bit dtype (`hf-bf16`,
+    /// `hf-f16`): a reference of a GPU engine's arithmetic, fed the `hf`
+    /// golden's tokens (teacher forcing), since a 16-bit greedy pick may
+    /// differ from the f32 one and every source must see the same inputs.
+    HfHalf(Half),
     LlamaCpp,
     /// HF transformers in float64: the spec's `oracle:`.
     Oracle,
+}
+
+/// The 16-bit dtype of an `hf-bf16` / `hf-f16` golden.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    /// record_hf.py's `--dtype` value.
+    fn torch_name(self) -> &'static str {
+        match self {
+            Half::Bf16 => "bfloat16",
+            Half::F16 => "float16",
+        }
+    }
 }
 
 impl Recorder {
@@ -48,6 +70,8 @@ impl Recorder {
     pub fn for_source(source: &str) -> Option<Recorder> {
         match source {
             "hf" => Some(Recorder::Hf),
+            "hf-bf16" => Some(Recorder::HfHalf(Half::Bf16)),
+            "hf-f16" => Some(Recorder::HfHalf(Half::F16)),
             "llama.cpp" | "llamacpp" | "llama_cpp" => Some(Recorder::LlamaCpp),
             crate::golden::ORACLE => Some(Recorder::Oracle),
             _ => None,
@@ -55,7 +79,7 @@ impl Recorder {
     }
     fn scripts(self) -> &'static [&'static str] {
         match self {
-            Recorder::Hf | Recorder::Oracle => &["record_hf.py"],
+            Recorder::Hf | Recorder::HfHalf(_) | Recorder::Oracle => &["record_hf.py"],
             Recorder::LlamaCpp => &["convert_gguf.py", "record_llamacpp.py"],
         }
     }
@@ -76,6 +100,11 @@ pub struct RecordArgs {
     pub stages: Option<Vec<String>>,
     /// `record.logits: last`: only the last row of each step's logits.
     pub logits_last: bool,
+    /// `record.rows`: the token rows kept of every stage.
+    pub rows: Option<Vec<i64>>,
+    /// The K/V cache type llama.cpp records with (`f16` where the spec's
+    /// arithmetic for that source says kv f16; else f32, closest to HF).
+    pub kv_f16: bool,
     /// `TEMPERATURE,TOP_K,TOP_P` of a spec with random sampling: the HF
     /// recorders also record `sample_probs` with HF's logits processors.
     pub sample_probs: Option<String>,
@@ -123,6 +152,21 @@ impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The golden whose token ids a teacher-forced recording is fed: the HF
+/// golden recorded in this run, else the spec's current `hf` golden, else an
+/// `hf.safetensors` beside this golden.
+fn hf_tokens(fresh_hf: &std::collections::BTreeMap<String, PathBuf>, j: &Job) -> Option<PathBuf> {
+    fresh_hf.get(&j.golden.spec).cloned().or_else(|| {
+        [
+            j.args.hf_golden.clone(),
+            Some(j.golden.golden.with_file_name("hf.safetensors")),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists())
+    })
 }
 
 /// True when the model is a single GGUF file (recorded as it is).
@@ -190,6 +234,10 @@ fn subset_args(args: &RecordArgs) -> Vec<String> {
     }
     if args.logits_last {
         out.extend(["--logits".to_string(), "last".to_string()]);
+    }
+    if let Some(rows) = &args.rows {
+        let rows: Vec<String> = rows.iter().map(i64::to_string).collect();
+        out.extend(["--rows".to_string(), rows.join(",")]);
     }
     out
 }
@@ -262,7 +310,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     j.golden.spec,
                     recorders.join(s).display(),
                     match j.recorder {
-                        Recorder::Hf | Recorder::Oracle => "HF",
+                        Recorder::Hf | Recorder::HfHalf(_) | Recorder::Oracle => "HF",
                         Recorder::LlamaCpp => "llama.cpp",
                     }
                 )));
@@ -290,9 +338,10 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
     let mut record_times = Vec::new();
     // An HF golden regenerated in this run is what a llama.cpp recorder compares against.
     let mut fresh_hf: std::collections::BTreeMap<String, PathBuf> = Default::default();
-    // HF first, so llama.cpp jobs of the same spec see the fresh HF golden.
+    // HF first, so the 16-bit HF and llama.cpp jobs of the same spec are fed
+    // the fresh HF golden's tokens.
     let mut ordered: Vec<&Job> = jobs.iter().collect();
-    ordered.sort_by_key(|j| j.recorder == Recorder::LlamaCpp);
+    ordered.sort_by_key(|j| j.recorder != Recorder::Hf);
     for j in ordered {
         let g = &j.golden;
         progress.start(&format!(
@@ -305,6 +354,23 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         let out = work.join(format!("{}-{}.safetensors", g.spec, g.source));
         let _ = std::fs::remove_file(&out);
         match j.recorder {
+            Recorder::HfHalf(half) => {
+                let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "spec `{}`: golden `{}` is fed the `hf` golden's tokens, and the spec has no `hf` golden                          (add one, or record it in the same regen)",
+                        g.spec, g.source
+                    ))
+                })?;
+                let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
+                c.arg(&j.model)
+                    .arg(&out)
+                    .arg("--dtype")
+                    .arg(half.torch_name())
+                    .arg("--tokens-from")
+                    .arg(hf)
+                    .args(subset_args(&j.args));
+                run_recorder(c, "record_hf.py", &progress)?;
+            }
             Recorder::Hf | Recorder::Oracle => {
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
                 c.arg(&j.model)
@@ -337,21 +403,11 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     run_recorder(c, "convert_gguf.py", &progress)?;
                     gguf
                 };
-                // The token ids to feed: the HF golden recorded in this run,
-                // else the spec's current `hf` golden, else an `hf.safetensors`
-                // beside this golden.
-                let hf = fresh_hf.get(&g.spec).cloned().or_else(|| {
-                    [
-                        j.args.hf_golden.clone(),
-                        Some(g.golden.with_file_name("hf.safetensors")),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .find(|p| p.exists())
-                });
+                let hf = hf_tokens(&fresh_hf, j);
                 let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
                 c.arg(&gguf).arg(&out);
                 c.args(subset_args(&j.args));
+                c.arg("--kv-type").arg(if j.args.kv_f16 { "f16" } else { "f32" });
                 if let Some(hf) = hf {
                     c.arg("--hf-golden").arg(hf);
                 }
