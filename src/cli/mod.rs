@@ -62,6 +62,27 @@ pub enum Command {
     /// interleaved with llama.cpp, HF transformers, numpy and torch (docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Detection power: the smallest relative change of one block of one stage the
+    /// spec's checks localise. The engine runs once; its capture of STEP/STAGE has one
+    /// token row (the step's last) scaled by 1 + δ, δ from 1e-1 down to 1e-6, and
+    /// the stage checks are judged again each time (exit 1 if even 1e-1 is not
+    /// localised there).
+    Power {
+        /// The spec (default: the nearest specs/ folder's default spec).
+        spec: Option<PathBuf>,
+        /// Where to plant the change: STEP/STAGE, e.g. prefill/blk.11.ffn_act.
+        #[arg(long, value_name = "STEP/STAGE")]
+        at: String,
+        /// The engine (as `run --engine`, one engine).
+        #[arg(long, default_value = "cpu", value_name = "ENGINE")]
+        engine: String,
+        /// Storage dtype the engine runs in (f32, f16 or bf16; default the spec's).
+        #[arg(long, value_name = "DTYPE", value_parser = parse_storage)]
+        storage: Option<DType>,
+        /// Model to run instead of the spec's.
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
     /// Compare two tensor files (.safetensors, .npy, .npz) tensor by tensor (exit 1 if any differs).
     Compare {
         /// First tensor file (.safetensors, .npy, .npz).

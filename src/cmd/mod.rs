@@ -10,6 +10,7 @@ pub mod goldens;
 pub mod inspect;
 pub mod kernels;
 pub mod list;
+pub mod power;
 pub mod run;
 pub mod specs;
 
@@ -37,6 +38,19 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         }
         Command::Goldens { action } => goldens::execute(action),
         Command::Diff(args) => diff::run(args),
+        Command::Power {
+            spec,
+            at,
+            engine,
+            storage,
+            model,
+        } => power::run(power::PowerArgs {
+            spec,
+            at,
+            engine,
+            storage,
+            model,
+        }),
         Command::Bench(cmd) => {
             bench::run(cmd)?;
             Ok(Outcome::Passed)

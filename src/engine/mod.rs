@@ -21,6 +21,7 @@ pub mod exec;
 pub mod names;
 pub mod output;
 pub mod registry;
+pub mod replay;
 
 use crate::error::Result;
 use crate::model::ModelConfig;

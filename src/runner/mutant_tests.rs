@@ -16,12 +16,18 @@ mod self_test {
     use crate::report::SuiteRun;
     use crate::runner::{run_on, Filter};
     use crate::spec::Spec;
+    use crate::tensor::DType;
     use std::path::Path;
 
-    fn run(spec: &str, m: Option<Mutant>) -> SuiteRun {
+    /// The storages every mutant must be caught at: an engine's bug shows
+    /// through 16-bit rounding too, or the allowances hide it.
+    const STORAGES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+    fn run(spec: &str, m: Option<Mutant>, storage: DType) -> SuiteRun {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let spec = Spec::load(&root.join("specs").join(spec)).unwrap();
-        let plan = Plan::build(spec, None).unwrap();
+        let mut plan = Plan::build(spec, None).unwrap();
+        plan.load_options.storage = storage;
         let eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
         let eng = match m {
             Some(m) => eng.mutated(m),
@@ -83,7 +89,21 @@ mod self_test {
     const NOT_YET_COVERED: [(Mutant, &str); 0] = [];
 
     #[test]
-    fn every_mutant_is_caught_and_localised() {
+    fn every_mutant_is_caught_and_localised_at_f32() {
+        caught_and_localised(DType::F32);
+    }
+
+    #[test]
+    fn every_mutant_is_caught_and_localised_at_f16() {
+        caught_and_localised(DType::F16);
+    }
+
+    #[test]
+    fn every_mutant_is_caught_and_localised_at_bf16() {
+        caught_and_localised(DType::BF16);
+    }
+
+    fn caught_and_localised(storage: DType) {
         let mut rows = Vec::new();
         let mut missed = Vec::new();
         let mut gaps = Vec::new();
@@ -92,7 +112,7 @@ mod self_test {
                 let (spec, _) = expectations(m);
                 if Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
                     // It must really be missed where it is expected to be caught.
-                    if let Some((at, check)) = earliest_failure(&run(spec, Some(m))) {
+                    if let Some((at, check)) = earliest_failure(&run(spec, Some(m), storage)) {
                         missed.push(format!(
                             "{m:?} is listed as not covered but is caught at {at} ({check})"
                         ));
@@ -112,7 +132,7 @@ mod self_test {
                 missed.push(format!("{m:?}: spec {spec} does not exist"));
                 continue;
             }
-            let got = earliest_failure(&run(spec, Some(m)));
+            let got = earliest_failure(&run(spec, Some(m), storage));
             let ok = got.as_ref().is_some_and(|(at, _)| at == want);
             let shown = got
                 .map(|(at, check)| format!("{at} ({check})"))
@@ -123,30 +143,42 @@ mod self_test {
             }
         }
         let caught = Mutant::ALL.len() - missed.len() - gaps.len();
+        println!("storage {storage}");
         println!("{:<28} {:<22} {:<28} earliest failure", "mutant", "spec", "expected");
         for r in &rows {
             println!("{r}");
         }
         println!(
-            "score: {caught}/{} mutants caught and localised ({} not covered yet)",
+            "score at {storage}: {caught}/{} mutants caught and localised ({} not covered yet)",
             Mutant::ALL.len(),
             gaps.len()
         );
-        assert!(missed.is_empty(), "not caught or not localised:\n{}", missed.join("\n"));
+        assert!(
+            missed.is_empty(),
+            "at {storage}, not caught or not localised:\n{}",
+            missed.join("\n")
+        );
     }
 
     #[test]
     fn the_unmutated_engine_passes_the_specs_the_self_test_uses() {
-        for spec in [
+        for (storage, spec) in STORAGES.into_iter().flat_map(|d| {
+            [
             "qwen2-tiny.yaml",
             "llama-tiny.yaml",
             "qwen2-tiny-long.yaml",
             "qwen2-tiny-sampling.yaml",
             "phi3-tiny.yaml",
             "qwen3-tiny.yaml",
-        ] {
-            let r = run(spec, None);
-            assert!(earliest_failure(&r).is_none(), "{spec}: {:?}", earliest_failure(&r));
+            ]
+            .map(move |s| (d, s))
+        }) {
+            let r = run(spec, None, storage);
+            assert!(
+                earliest_failure(&r).is_none(),
+                "{spec} at {storage}: {:?}",
+                earliest_failure(&r)
+            );
         }
     }
 }
