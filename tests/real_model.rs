@@ -386,17 +386,54 @@ fn q8_engine(p: &Path) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Issue 20: detection power measured, not assumed. On the real model at
+/// each storage, one token row of a mid-model stage is scaled by 1 + δ
+/// (`touchstone power`): the smallest δ from which that stage is the run's
+/// earliest failure must be at most 1e-3 at f32 and 1e-2 at f16 (bf16 is
+/// printed: its unit roundoff is 3.9e-3). blk.11.out is checked by the
+/// golden policy and by `residual` (the sum recomputed from the engine's
+/// own captures); blk.11.ffn_act by the golden policy alone, whose 16-bit
+/// allowances are printed for what they are.
+fn detection_power(p: &Path) -> Result<(), Failed> {
+    use touchstone::cmd::power::measure;
+    use touchstone::stage::parse_key;
+    use touchstone::tensor::DType;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = Spec::load(&root.join("specs/qwen2.5-0.5b.yaml")).map_err(|e| e.to_string())?;
+    for (storage, bound) in [(DType::F32, Some(1e-3)), (DType::F16, Some(1e-2)), (DType::BF16, None)] {
+        let mut plan = Plan::build(spec.clone(), Some(p)).map_err(|e| e.to_string())?;
+        plan.load_options.storage = storage;
+        let engine = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
+        for (key, bounded) in [("prefill/blk.11.out", true), ("prefill/blk.11.ffn_act", storage == DType::F32)] {
+            let (step, stage) = parse_key(key).ok_or("bad key")?;
+            let power = measure(&plan, &engine, step, stage).map_err(|e| e.to_string())?;
+            let smallest = power.smallest;
+            eprintln!(
+                "{storage}: one row of {key} scaled by 1 + δ is the earliest failure from δ = {}",
+                smallest.map_or("none (not even 1e-1)".into(), |d| format!("{d:.0e}"))
+            );
+            if let (Some(b), true) = (bound, bounded) {
+                check(smallest.is_some_and(|d| d <= b), || {
+                    format!("{storage}: {key} localised only from {smallest:?}, the claim is <= {b:e}")
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
 type Check = fn(&Path) -> Result<(), Failed>;
 
 fn main() {
     let args = Arguments::from_args();
     let (path, explicit) = model_path();
-    let trials: [(&str, Check); 5] = [
+    let trials: [(&str, Check); 6] = [
         ("config", config),
         ("inspect", inspect),
         ("load", load),
         ("tampered_goldens", tampered_goldens),
         ("q8_engine", q8_engine),
+        ("detection_power", detection_power),
     ];
     let trials = trials
         .into_iter()

