@@ -404,7 +404,10 @@ fn detection_power(p: &Path) -> Result<(), Failed> {
         let mut plan = Plan::build(spec.clone(), Some(p)).map_err(|e| e.to_string())?;
         plan.load_options.storage = storage;
         let engine = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
-        for (key, bounded) in [("prefill/blk.11.out", true), ("prefill/blk.11.ffn_act", storage == DType::F32)] {
+        for (key, bounded) in [
+            ("prefill/blk.11.out", true),
+            ("prefill/blk.11.ffn_act", storage == DType::F32),
+        ] {
             let (step, stage) = parse_key(key).ok_or("bad key")?;
             let power = measure(&plan, &engine, step, stage).map_err(|e| e.to_string())?;
             let smallest = power.smallest;

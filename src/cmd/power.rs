@@ -17,7 +17,7 @@ use crate::engine::replay::{Replay, RowScale};
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::report::SuiteRun;
-use crate::runner::{run_on, Filter, EngineSource};
+use crate::runner::{run_on, EngineSource, Filter};
 use crate::spec::Spec;
 use crate::stage::{parse_key, Stage, Step};
 use crate::tensor::DType;
@@ -100,9 +100,7 @@ pub fn run(args: PowerArgs) -> Result<Outcome> {
     }
     match p.smallest {
         Some(d) => {
-            println!(
-                "smallest relative change localised at {step}/{stage}: {d:.0e} (and every larger one tried)"
-            );
+            println!("smallest relative change localised at {step}/{stage}: {d:.0e} (and every larger one tried)");
             Ok(Outcome::Passed)
         }
         None => {
@@ -148,15 +146,13 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
         trials.push(Trial {
             delta,
             failed: r.outcomes.iter().filter(|o| o.status == Status::Fail).count(),
-            localised: earliest.as_ref().is_some_and(|(at, _)| *at == format!("{step}/{stage}")),
+            localised: earliest
+                .as_ref()
+                .is_some_and(|(at, _)| *at == format!("{step}/{stage}")),
             earliest,
         });
     }
-    let smallest = trials
-        .iter()
-        .take_while(|t| t.localised)
-        .last()
-        .map(|t| t.delta);
+    let smallest = trials.iter().take_while(|t| t.localised).last().map(|t| t.delta);
     Ok(Power { trials, smallest })
 }
 

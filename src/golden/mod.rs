@@ -107,8 +107,8 @@ impl GoldenSet {
             let (Some(r), Some(axis)) = (rows.get(step), stage.row_axis()) else {
                 continue;
             };
-            let last_logits = *stage == Stage::Logits
-                && provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last");
+            let last_logits =
+                *stage == Stage::Logits && provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last");
             if !last_logits && t.shape().get(axis) != Some(&r.len()) {
                 return Err(bad(format!(
                     "tensor `{step}/{stage}` has shape {:?}, but the provenance says rows {r:?} of {step} were kept \
@@ -230,7 +230,10 @@ impl GoldenSet {
 /// `record.rows` of a provenance ({step: [row, ...]}, written by the
 /// recorders' `--rows`): ascending rows inside each step's tokens. A step
 /// that kept every row is left out of the map.
-fn recorded_rows(prov: &Value, tokens: &BTreeMap<Step, Vec<u32>>) -> std::result::Result<BTreeMap<Step, Vec<usize>>, String> {
+fn recorded_rows(
+    prov: &Value,
+    tokens: &BTreeMap<Step, Vec<u32>>,
+) -> std::result::Result<BTreeMap<Step, Vec<usize>>, String> {
     let mut out = BTreeMap::new();
     let Some(map) = prov.pointer("/record/rows") else {
         return Ok(out);

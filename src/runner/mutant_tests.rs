@@ -101,7 +101,10 @@ mod self_test {
                                  nothing there judges a 16-bit engine (no floors without an oracle)";
         match storage {
             DType::F16 => &[
-                (RmsEpsWrong, "eps 1e-6 -> 1e-5 moves attn_norm by less than the f16 allowance there"),
+                (
+                    RmsEpsWrong,
+                    "eps 1e-6 -> 1e-5 moves attn_norm by less than the f16 allowance there",
+                ),
                 (
                     RmsLengthWrong,
                     "scales attn_norm by sqrt(63/64) = 1 - 7.8e-3, the size of the f16 allowance (7.8e-3·M)",
@@ -113,7 +116,10 @@ mod self_test {
                 (TemperatureMisapplied, NO_ORACLE),
             ],
             DType::BF16 => &[
-                (RmsEpsWrong, "eps 1e-6 -> 1e-5 moves attn_norm by less than the bf16 allowance there"),
+                (
+                    RmsEpsWrong,
+                    "eps 1e-6 -> 1e-5 moves attn_norm by less than the bf16 allowance there",
+                ),
                 (
                     RmsLengthWrong,
                     "7.8e-3 is 2 bf16 roundings: caught only downstream (greedy tokens)",
@@ -227,12 +233,12 @@ mod self_test {
     fn the_unmutated_engine_passes_the_specs_the_self_test_uses() {
         for (storage, spec) in STORAGES.into_iter().flat_map(|d| {
             [
-            "qwen2-tiny.yaml",
-            "llama-tiny.yaml",
-            "qwen2-tiny-long.yaml",
-            "qwen2-tiny-sampling.yaml",
-            "phi3-tiny.yaml",
-            "qwen3-tiny.yaml",
+                "qwen2-tiny.yaml",
+                "llama-tiny.yaml",
+                "qwen2-tiny-long.yaml",
+                "qwen2-tiny-sampling.yaml",
+                "phi3-tiny.yaml",
+                "qwen3-tiny.yaml",
             ]
             .map(move |s| (d, s))
         }) {

@@ -34,10 +34,7 @@ impl SourceFilter {
         match self {
             SourceFilter::All => true,
             // HF at any dtype (`hf`, `hf-bf16`, `hf-f16`).
-            SourceFilter::Hf => matches!(
-                Recorder::for_source(source),
-                Some(Recorder::Hf | Recorder::HfHalf(_))
-            ),
+            SourceFilter::Hf => matches!(Recorder::for_source(source), Some(Recorder::Hf | Recorder::HfHalf(_))),
             SourceFilter::LlamaCpp => Recorder::for_source(source) == Some(Recorder::LlamaCpp),
             SourceFilter::Oracle => Recorder::for_source(source) == Some(Recorder::Oracle),
         }
