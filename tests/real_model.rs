@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use sha2::{Digest, Sha256};
-use std::sync::Mutex;
 
 use touchstone::checks::Status;
 use touchstone::engine::cpu::CpuEngine;
-use touchstone::engine::{Engine, RunOutput, RunRequest, TapSet};
+use touchstone::engine::replay::Replay;
+use touchstone::engine::Engine;
 use touchstone::model::{self, LoadOptions};
 use touchstone::plan::Plan;
 use touchstone::runner::{run_on, Filter};
@@ -212,36 +212,6 @@ fn load(p: &Path) -> Result<(), Failed> {
     check(taken.len() == 291, || format!("{} tensors, expected 291", taken.len()))
 }
 
-/// Runs an engine once and answers every later identical request with the
-/// same output: the tamper trial judges one engine run against several
-/// golden copies without paying for the 0.5B forward pass each time.
-struct Memo {
-    inner: Box<dyn Engine>,
-    seen: Mutex<Option<(RunRequest, TapSet, RunOutput)>>,
-}
-
-impl Engine for Memo {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn arithmetic(&self) -> Option<touchstone::arithmetic::Arithmetic> {
-        self.inner.arithmetic()
-    }
-    fn config(&self) -> &touchstone::model::ModelConfig {
-        self.inner.config()
-    }
-    fn run(&self, req: &RunRequest, taps: &TapSet) -> touchstone::error::Result<RunOutput> {
-        let mut seen = self.seen.lock().unwrap();
-        if let Some((r, t, out)) = seen.as_ref() {
-            assert!(r == req && t == taps, "the tamper trial only ever runs one request");
-            return Ok(out.clone());
-        }
-        let out = self.inner.run(req, taps)?;
-        *seen = Some((req.clone(), taps.clone(), out.clone()));
-        Ok(out)
-    }
-}
-
 /// Issue 10's acceptance on the real model: with both references and the
 /// oracle under the default (scaled) policy the run passes, and a 1e-3
 /// relative perturbation of one block of one stage of a copy of the HF golden
@@ -252,10 +222,9 @@ fn tampered_goldens(p: &Path) -> Result<(), Failed> {
     let spec_path = root.join("specs/qwen2.5-0.5b.yaml");
     let spec = Spec::load(&spec_path).map_err(|e| e.to_string())?;
     let plan = Plan::build(spec.clone(), Some(p)).map_err(|e| e.to_string())?;
-    let engine = Memo {
-        inner: Box::new(CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?),
-        seen: Mutex::new(None),
-    };
+    // One engine run serves every golden copy (replayed).
+    let cpu = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
+    let engine = Replay::new(&cpu);
     // Stage checks only: one engine run serves every golden copy.
     let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));
     let base = run_on(&plan, &engine, &filter, &|id| id.to_string());
@@ -341,11 +310,9 @@ fn q8_engine(p: &Path) -> Result<(), Failed> {
     let spec = Spec::load(&root.join("specs/qwen2.5-0.5b.yaml")).map_err(|e| e.to_string())?;
     let mut plan = Plan::build(spec, Some(p)).map_err(|e| e.to_string())?;
     plan.load_options.activations = Activations::Q8 { block: 256 };
-    let engine = Memo {
-        inner: Box::new(CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?),
-        seen: Mutex::new(None),
-    };
-    check(engine.inner.arithmetic().is_some_and(|a| a.quantises()), || {
+    let cpu = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
+    let engine = Replay::new(&cpu);
+    check(engine.arithmetic().is_some_and(|a| a.quantises()), || {
         "the q8 mode does not declare its arithmetic".into()
     })?;
     let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));

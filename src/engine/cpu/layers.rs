@@ -139,6 +139,21 @@ pub struct Block {
     pub down: Linear,
 }
 
+impl Block {
+    /// The block's seven projections.
+    fn linears_mut(&mut self) -> [&mut Linear; 7] {
+        [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ]
+    }
+}
+
 /// Every weight of the model.
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
@@ -253,15 +268,7 @@ impl ModelWeights {
     /// blocks of `block` values before its GEMM.
     pub fn quantise_activations(&mut self, block: usize) {
         for b in &mut self.blocks {
-            for lin in [
-                &mut b.q,
-                &mut b.k,
-                &mut b.v,
-                &mut b.o,
-                &mut b.gate,
-                &mut b.up,
-                &mut b.down,
-            ] {
+            for lin in b.linears_mut() {
                 lin.q8_block = Some(block);
             }
         }
@@ -285,15 +292,7 @@ impl ModelWeights {
             for n in [&mut b.q_norm, &mut b.k_norm].into_iter().flatten() {
                 storage.round_slice(n);
             }
-            for lin in [
-                &mut b.q,
-                &mut b.k,
-                &mut b.v,
-                &mut b.o,
-                &mut b.gate,
-                &mut b.up,
-                &mut b.down,
-            ] {
+            for lin in b.linears_mut() {
                 lin.round_to(storage);
             }
         }
