@@ -43,6 +43,10 @@ pub struct RuleEnv {
     pub goldens: Vec<String>,
     /// Whether the spec names a float64 `oracle:`.
     pub has_oracle: bool,
+    /// The model's layer count, once a plan knows the model (None while a
+    /// spec is validated alone): a check whose input stage depends on it
+    /// (`rms_norm` at output_norm reads the last block's `out`) needs it.
+    pub layers: Option<usize>,
 }
 
 /// A problem found in a spec, and the text to locate it by.

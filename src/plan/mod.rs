@@ -16,6 +16,7 @@ use crate::checks::kind::{RunCheck, StageCheck};
 use crate::checks::{Facts, Family, Metric};
 use crate::error::{Error, Result};
 use crate::golden::{GoldenSet, ORACLE};
+use crate::model::norms::NormWeights;
 use crate::model::{self, LoadOptions, ModelConfig};
 use crate::sampling::Sampling;
 use crate::spec::Spec;
@@ -77,6 +78,8 @@ pub struct Plan {
     /// The model the plan runs (the spec's, or `--model`).
     pub model: PathBuf,
     pub config: ModelConfig,
+    /// The model file's norm weights, for checks that recompute a norm.
+    pub norms: NormWeights,
     /// How engines load the model (default: faithfully; see `LoadOptions`).
     pub load_options: LoadOptions,
     pub goldens: BTreeMap<String, Arc<GoldenSet>>,
@@ -118,9 +121,11 @@ impl Plan {
             storage: spec.storage,
             ..LoadOptions::default()
         };
+        let norms = NormWeights::new(&model);
         let facts = Facts {
             model: &model,
             config: &config,
+            norms: &norms,
             prompt: &p.ids,
             decode_steps: p.decode_steps,
             forced: p.forced.as_deref(),
@@ -151,6 +156,7 @@ impl Plan {
             spec,
             model,
             config,
+            norms,
             load_options,
             goldens,
             oracle,
@@ -166,6 +172,7 @@ impl Plan {
         Facts {
             model: &self.model,
             config: &self.config,
+            norms: &self.norms,
             prompt: &self.prompt,
             decode_steps: self.decode_steps,
             forced: self.forced.as_deref(),

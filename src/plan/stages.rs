@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{CheckInstance, CheckKind, Target};
-use crate::checks::kind::StageCheck;
+use crate::checks::kind::{RuleEnv, StageCheck};
 use crate::checks::Facts;
 use crate::error::{Error, Result};
 use crate::spec::{RuleItem, Spec};
@@ -40,7 +40,10 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
             }
         }
     }
-    let env = spec.rule_env();
+    let env = RuleEnv {
+        layers: Some(config.layers),
+        ..spec.rule_env()
+    };
     // stage -> [(check id, check)]; a later rule replaces an earlier one.
     let mut per_stage: BTreeMap<Stage, Vec<Planned>> = BTreeMap::new();
     for (pattern, items) in &spec.stages {

@@ -153,6 +153,7 @@ impl Spec {
         RuleEnv {
             goldens: self.goldens.keys().cloned().collect(),
             has_oracle: self.oracle.is_some(),
+            layers: None,
         }
     }
 }

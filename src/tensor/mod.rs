@@ -69,6 +69,17 @@ impl DType {
         }
     }
 
+    /// The greatest absolute error of one rounding into the dtype's
+    /// subnormal range (half its smallest subnormal), where the relative
+    /// bound |fl(x) − x| ≤ u·|x| no longer holds.
+    pub fn subnormal_error(self) -> f64 {
+        match self {
+            DType::F32 => 2f64.powi(-150),
+            DType::F16 => 2f64.powi(-25),
+            DType::BF16 => 2f64.powi(-134),
+        }
+    }
+
     /// The less precise of two dtypes (by mantissa bits): a comparison is only as
     /// exact as its coarsest side.
     pub fn coarser(self, other: DType) -> DType {

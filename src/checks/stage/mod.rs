@@ -11,4 +11,8 @@ super::registry::table!(StageRule;
     golden::Golden,
     references_agree::ReferencesAgree,
     residual::Residual,
+    rms_norm::RmsNorm,
+    swiglu::Swiglu,
 );
+
+mod recompute;

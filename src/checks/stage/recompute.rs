@@ -1,0 +1,72 @@
+//! What the recompute invariants (`rms_norm`, `swiglu`) share: an engine's
+//! stage compared element by element with the same function recomputed in
+//! f64 from the engine's own captured inputs, each element within its own
+//! allowance (derived in each check's module). They need no golden and
+//! inherit nothing from upstream: whatever drift the inputs carry, the stage
+//! must be its function of them, so a bug shows at the stage that has it.
+
+/// The element that misses its allowance by the greatest factor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Worst {
+    pub index: usize,
+    pub got: f32,
+    pub want: f64,
+    pub err: f64,
+    pub allowed: f64,
+}
+
+/// A running comparison of an engine's elements with their recomputation.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub n: usize,
+    pub bad: usize,
+    pub max_abs: f64,
+    /// Greatest error / allowance over every element (≤ 1 when all pass).
+    pub max_ratio: f64,
+    pub worst: Option<Worst>,
+}
+
+impl Tally {
+    pub fn add(&mut self, index: usize, got: f32, want: f64, allowed: f64) {
+        // NaN (in the stage or an input) is an infinite error: it fails.
+        let err = match (got as f64 - want).abs() {
+            e if e.is_nan() => f64::INFINITY,
+            e => e,
+        };
+        let ratio = err / allowed;
+        self.n += 1;
+        self.max_abs = self.max_abs.max(err);
+        self.max_ratio = self.max_ratio.max(ratio);
+        if err > allowed {
+            self.bad += 1;
+            if self.worst.is_none_or(|w| ratio > w.err / w.allowed) {
+                self.worst = Some(Worst {
+                    index,
+                    got,
+                    want,
+                    err,
+                    allowed,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_is_the_greatest_miss_relative_to_its_allowance_and_nan_fails() {
+        let mut t = Tally::default();
+        t.add(0, 1.0, 1.0, 1e-6);
+        t.add(1, 2.0, 1.0, 10.0); // within
+        t.add(2, 1.1, 1.0, 1e-3); // misses by 100x
+        t.add(3, 3.0, 1.0, 1.0); // misses by 2x, larger |Δ|
+        assert_eq!((t.n, t.bad), (4, 2));
+        assert_eq!(t.worst.unwrap().index, 2);
+        assert_eq!(t.max_abs, 2.0);
+        t.add(4, f32::NAN, 1.0, 1.0);
+        assert_eq!((t.bad, t.worst.unwrap().index), (3, 4));
+    }
+}

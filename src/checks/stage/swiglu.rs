@@ -1,0 +1,239 @@
+//! `swiglu`: the MLP's activation stage is `ffn_act = silu(ffn_gate)·ffn_up`
+//! element by element, recomputed in f64 from the engine's own captures of
+//! gate and up (every architecture the engines run uses SiLU; the config
+//! refuses another activation). SiLU on the wrong operand, a GELU where
+//! SiLU belongs, a product with the wrong buffer or a mis-fused kernel shows
+//! at ffn_act itself, whatever drift its inputs carry.
+//!
+//! The allowance, per element, with y = silu(g)·p, u the storage's unit
+//! roundoff and u32 = 2^-24:
+//! - own arithmetic, relative to |y|: exp in f32 within (2 + 1.16·|g|)·u32
+//!   (CUDA's `__expf` bound, the loosest in common use; libm's is 1 ulp),
+//!   the add and the division of silu and the product, 3·u32; silu's output
+//!   rounded to storage (HF's 16-bit MLP does) and the output stored, 2u;
+//! - inherited: gate and up as the engine used them may be wider than the
+//!   captures show (a fused gate/up/act kernel keeps them in f32), each off
+//!   by one storage rounding: |p·g·silu'(g)|·u + |silu(g)·p|·u, where
+//!   silu'(g) = σ(g)·(1 + g·(1 − σ(g)));
+//! - two subnormal roundings (`DType::subnormal_error`), the first scaled by
+//!   |p|.
+//!
+//! A bound, not an estimate: no safety factor. For moderate |g| it is about
+//! 4u·|y|: 2.4e-7 relative at f32, 2e-3 at f16, 1.6e-2 at bf16.
+
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer};
+
+use super::recompute::Tally;
+use crate::checks::facts::Facts;
+use crate::checks::family::{Family, Metric};
+use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
+use crate::checks::params::Empty;
+use crate::checks::scaled::{storage_unit, U_F32};
+use crate::checks::verdict::Verdict;
+use crate::stage::{BlockStage, Stage};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Swiglu;
+
+impl Kind for Swiglu {
+    const NAME: &'static str = "swiglu";
+    const PARAMS: &'static str = "none";
+    const ABOUT: &'static str = "blk.*.ffn_act only: the stage is silu(ffn_gate)·ffn_up of the engine's own captures, \
+                                 within the roundings of its arithmetic";
+    fn bare() -> Self {
+        Swiglu
+    }
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Empty::deserialize(d).map(|_| Swiglu)
+    }
+}
+
+impl StageRule for Swiglu {
+    fn kind(&self) -> &'static str {
+        Self::NAME
+    }
+    fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        match stage {
+            Stage::Block(l, BlockStage::FfnAct) => Ok(vec![Arc::new(SwigluCheck { layer: l })]),
+            _ => Err(format!("`swiglu` applies to blk.*.ffn_act, not `{stage}`")),
+        }
+    }
+}
+
+/// The check at one layer's ffn_act.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SwigluCheck {
+    pub layer: usize,
+}
+
+impl SwigluCheck {
+    fn gate(&self) -> Stage {
+        Stage::Block(self.layer, BlockStage::FfnGate)
+    }
+    fn up(&self) -> Stage {
+        Stage::Block(self.layer, BlockStage::FfnUp)
+    }
+}
+
+impl StageCheck for SwigluCheck {
+    fn id(&self) -> String {
+        Swiglu::NAME.into()
+    }
+    fn family(&self) -> Family {
+        Family::Invariant
+    }
+    fn metric(&self) -> Option<Metric> {
+        Some(Metric::MaxAbs)
+    }
+    fn reads(&self, stage: Stage) -> Vec<Stage> {
+        vec![stage, self.gate(), self.up()]
+    }
+    fn judge(&self, facts: &Facts, at: &At) -> Verdict {
+        let (y, g, p) = match (at.capture(), at.capture_of(self.gate()), at.capture_of(self.up())) {
+            (Ok(y), Ok(g), Ok(p)) => (y, g, p),
+            (Err(v), _, _) | (_, Err(v), _) | (_, _, Err(v)) => return v,
+        };
+        let d = y.dtype().coarser(g.dtype()).coarser(p.dtype()).coarser(facts.storage);
+        judge(y, g, p, storage_unit(d), d.subnormal_error(), at.stage)
+    }
+}
+
+fn sigmoid(g: f64) -> f64 {
+    1.0 / (1.0 + (-g).exp())
+}
+
+/// `y = silu(g)·p` element by element within the allowance (module comment).
+fn judge(y: &Tensor, g: &Tensor, p: &Tensor, u: f64, eta: f64, stage: Stage) -> Verdict {
+    if y.shape() != g.shape() || y.shape() != p.shape() {
+        return Verdict::fail(format!(
+            "swiglu: {stage} has shape {:?}, ffn_gate {:?}, ffn_up {:?}: an elementwise product needs one shape",
+            y.shape(),
+            g.shape(),
+            p.shape()
+        ));
+    }
+    let mut tally = Tally::default();
+    for (i, ((&yv, &gv), &pv)) in y.data().iter().zip(g.data()).zip(p.data()).enumerate() {
+        let (gf, pf) = (gv as f64, pv as f64);
+        let s = sigmoid(gf);
+        let silu = gf * s;
+        let want = silu * pf;
+        let own = 2.0 * u + (5.0 + 1.16 * gf.abs()) * U_F32;
+        let dsilu = s * (1.0 + gf * (1.0 - s));
+        let inherited = u * ((pf * gf * dsilu).abs() + want.abs());
+        let allowed = own / (1.0 - own) * want.abs() + inherited + eta * (1.0 + pf.abs());
+        tally.add(i, yv, want, allowed);
+    }
+    let v = match tally.worst {
+        None => Verdict::pass(format!(
+            "{stage} = silu(gate)·up at all {} elements (max |Δ| {:.2e}, {:.2} of the allowance; u {u:.1e})",
+            tally.n, tally.max_abs, tally.max_ratio
+        )),
+        Some(w) => {
+            let (gv, pv) = (g.data()[w.index], p.data()[w.index]);
+            Verdict::fail(format!(
+                "{} of {} elements of {stage} are not silu(gate)·up within the allowance (u {u:.1e}); worst at \
+                 index {:?}: {stage} {:e}, silu({gv:e})·{pv:e} = {:e} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): \
+                 silu on the wrong operand, another activation, or the wrong buffer?",
+                tally.bad,
+                tally.n,
+                y.unravel(w.index),
+                w.got,
+                w.want,
+                w.err,
+                w.err / w.allowed,
+                w.allowed
+            ))
+        }
+    };
+    v.metric("max_abs", tally.max_abs).metric("violations", tally.bad as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::mutants::Mutant;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::{Engine, RunRequest, TapSet};
+    use crate::sampling::Sampling;
+    use crate::stage::Step;
+    use crate::tensor::DType;
+    use std::path::Path;
+
+    const Y: Stage = Stage::Block(0, BlockStage::FfnAct);
+
+    fn t(v: &[f32], d: DType) -> Tensor {
+        Tensor::new(vec![1, v.len()], v.iter().map(|x| d.round(*x)).collect()).with_dtype(d)
+    }
+
+    fn silu(g: f32) -> f32 {
+        g / (1.0 + (-g).exp())
+    }
+
+    #[test]
+    fn silu_gate_times_up_passes_at_every_storage_and_silu_on_up_or_a_small_scale_fails() {
+        let g: Vec<f32> = (0..200).map(|i| (i as f32 - 100.0) * 0.11).collect();
+        let p: Vec<f32> = (0..200).map(|i| ((i * 31 % 23) as f32 - 11.0) * 0.07).collect();
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            let (tg, tp) = (t(&g, d), t(&p, d));
+            let y: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| silu(*g) * p).collect();
+            let u = storage_unit(d);
+            assert!(judge(&t(&y, d), &tg, &tp, u, d.subnormal_error(), Y).passed(), "{d}");
+            // SiLU on up instead of gate.
+            let bug: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| g * silu(*p)).collect();
+            let v = judge(&t(&bug, d), &tg, &tp, u, d.subnormal_error(), Y);
+            assert!(v.failed() && v.message.contains("silu on the wrong operand"), "{d}: {}", v.message);
+            // Every element 8 storage roundings too large: over the ~4u allowance.
+            let scaled: Vec<f32> = y.iter().map(|v| v * (1.0 + 8.0 * u as f32)).collect();
+            assert!(judge(&t(&scaled, d), &tg, &tp, u, d.subnormal_error(), Y).failed(), "{d}");
+        }
+    }
+
+    #[test]
+    fn only_ffn_act_takes_it() {
+        assert!(Swiglu.expand(Stage::Block(3, BlockStage::FfnAct), &RuleEnv::default()).is_ok());
+        assert!(Swiglu.expand(Stage::Block(3, BlockStage::FfnUp), &RuleEnv::default()).is_err());
+    }
+
+    #[test]
+    fn the_cpu_engine_passes_at_every_storage_and_silu_on_up_is_caught_at_the_first_ffn_act() {
+        let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/qwen2-tiny/model");
+        let req = RunRequest {
+            prompt: vec![1, 17, 42, 99, 7],
+            decode_steps: 2,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            forced: None,
+        };
+        let verdicts = |engine: &CpuEngine, d: DType| {
+            let layers = engine.config().layers;
+            let out = engine.run(&req, &TapSet::all(layers)).unwrap();
+            let mut v = Vec::new();
+            for step in Step::sequence(2) {
+                for l in 0..layers {
+                    let c = SwigluCheck { layer: l };
+                    let got = |s| out.captures.get(step, s).unwrap();
+                    let stage = Stage::Block(l, BlockStage::FfnAct);
+                    let u = storage_unit(d);
+                    v.push((format!("{step}/{stage}"), judge(got(stage), got(c.gate()), got(c.up()), u, d.subnormal_error(), stage)));
+                }
+            }
+            v
+        };
+        for d in [DType::F32, DType::F16, DType::BF16] {
+            let opts = crate::model::LoadOptions {
+                storage: d,
+                ..Default::default()
+            };
+            for (at, v) in verdicts(&CpuEngine::load_with(&model, &opts).unwrap(), d) {
+                assert!(v.passed(), "{d} {at}: {}", v.message);
+            }
+        }
+        let bug = verdicts(&CpuEngine::load(&model).unwrap().mutated(Mutant::SiluOnUp), DType::F32);
+        let first = bug.iter().find(|(_, v)| v.failed()).expect("silu on up is caught");
+        assert_eq!(first.0, "prefill/blk.0.ffn_act", "{}", first.1.message);
+    }
+}
