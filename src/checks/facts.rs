@@ -14,7 +14,7 @@ use super::scaled::ScaledSpec;
 use crate::arithmetic::Arithmetic;
 use crate::engine::RunOutput;
 use crate::golden::{GoldenSet, ORACLE};
-use crate::model::norms::NormWeights;
+use crate::model::file_tensors::FileTensors;
 use crate::model::ModelConfig;
 use crate::stage::shape::canonical_shape;
 use crate::stage::{Stage, Step};
@@ -25,8 +25,8 @@ pub struct Facts<'a> {
     /// The model file or folder the engine loaded.
     pub model: &'a Path,
     pub config: &'a ModelConfig,
-    /// The model file's norm weights, read on first use (`rms_norm`).
-    pub norms: &'a NormWeights,
+    /// The model file's tensors, read on first use (`rms_norm`, `linear`).
+    pub file: &'a FileTensors,
     pub prompt: &'a [u32],
     /// Decode steps of the main run.
     pub decode_steps: usize,

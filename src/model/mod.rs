@@ -5,7 +5,7 @@ pub mod cache;
 pub mod config;
 pub mod fused;
 pub mod gguf;
-pub mod norms;
+pub mod file_tensors;
 pub mod weights;
 
 use std::path::Path;

@@ -16,7 +16,7 @@ use crate::checks::kind::{RunCheck, StageCheck};
 use crate::checks::{Facts, Family, Metric};
 use crate::error::{Error, Result};
 use crate::golden::{GoldenSet, ORACLE};
-use crate::model::norms::NormWeights;
+use crate::model::file_tensors::FileTensors;
 use crate::model::{self, LoadOptions, ModelConfig};
 use crate::sampling::Sampling;
 use crate::spec::Spec;
@@ -78,8 +78,8 @@ pub struct Plan {
     /// The model the plan runs (the spec's, or `--model`).
     pub model: PathBuf,
     pub config: ModelConfig,
-    /// The model file's norm weights, for checks that recompute a norm.
-    pub norms: NormWeights,
+    /// The model file's tensors, for checks that recompute a stage.
+    pub file: FileTensors,
     /// How engines load the model (default: faithfully; see `LoadOptions`).
     pub load_options: LoadOptions,
     pub goldens: BTreeMap<String, Arc<GoldenSet>>,
@@ -121,11 +121,11 @@ impl Plan {
             storage: spec.storage,
             ..LoadOptions::default()
         };
-        let norms = NormWeights::new(&model);
+        let file = FileTensors::new(&model, &config);
         let facts = Facts {
             model: &model,
             config: &config,
-            norms: &norms,
+            file: &file,
             prompt: &p.ids,
             decode_steps: p.decode_steps,
             forced: p.forced.as_deref(),
@@ -156,7 +156,7 @@ impl Plan {
             spec,
             model,
             config,
-            norms,
+            file,
             load_options,
             goldens,
             oracle,
@@ -172,7 +172,7 @@ impl Plan {
         Facts {
             model: &self.model,
             config: &self.config,
-            norms: &self.norms,
+            file: &self.file,
             prompt: &self.prompt,
             decode_steps: self.decode_steps,
             forced: self.forced.as_deref(),

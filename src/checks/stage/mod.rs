@@ -13,6 +13,7 @@ super::registry::table!(StageRule;
     residual::Residual,
     rms_norm::RmsNorm,
     swiglu::Swiglu,
+    linear::Linear,
 );
 
 mod recompute;

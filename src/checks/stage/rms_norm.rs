@@ -119,7 +119,7 @@ impl StageCheck for RmsNormCheck {
             (Ok(y), Ok(x)) => (y, x),
             (Err(v), _) | (_, Err(v)) => return v,
         };
-        let w = match facts.norms.get(&self.weight) {
+        let w = match facts.file.norm(&self.weight) {
             Ok(w) => w,
             Err(e) => return Verdict::fail(format!("rms_norm at {}: {e}", at.stage)),
         };
@@ -206,7 +206,7 @@ mod tests {
     use crate::engine::cpu::mutants::Mutant;
     use crate::engine::cpu::CpuEngine;
     use crate::engine::{Engine, RunRequest, TapSet};
-    use crate::model::norms::NormWeights;
+    use crate::model::file_tensors::FileTensors;
     use crate::sampling::Sampling;
     use crate::stage::Step;
     use std::path::Path;
@@ -262,7 +262,7 @@ mod tests {
     /// Every norm stage of a model's run, judged.
     fn verdicts(dir: &str, engine: &CpuEngine, storage: DType) -> Vec<(String, Verdict)> {
         let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens").join(dir).join("model");
-        let norms = NormWeights::new(&model);
+        let norms = FileTensors::new(&model, engine.config());
         let cfg = engine.config().clone();
         let req = RunRequest {
             prompt: vec![1, 17, 42, 99, 7],
@@ -278,7 +278,7 @@ mod tests {
                 let Some((input, weight)) = norm_of(stage, Some(cfg.layers)) else { continue };
                 let Some(y) = out.captures.get(step, stage) else { continue };
                 let x = out.captures.get(step, input).unwrap();
-                let w = norms.get(&weight).unwrap();
+                let w = norms.norm(&weight).unwrap();
                 v.push((format!("{step}/{stage}"), judge(y, x, w, cfg.rms_eps, Units::at(storage), stage, input)));
             }
         }
