@@ -16,6 +16,7 @@ use crate::engine::RunOutput;
 use crate::golden::{GoldenSet, ORACLE};
 use crate::model::file_tensors::FileTensors;
 use crate::model::ModelConfig;
+use crate::sampling::Sampling;
 use crate::stage::shape::canonical_shape;
 use crate::stage::{Stage, Step};
 use crate::tensor::{DType, Tensor};
@@ -33,6 +34,8 @@ pub struct Facts<'a> {
     /// Tokens fed at decode steps (teacher forcing), when the prompt comes from a golden.
     pub forced: Option<&'a [u32]>,
     pub seed: u64,
+    /// How the main run picks tokens (`sampler` recomputes the distribution).
+    pub sampling: &'a Sampling,
     /// The storage dtype the engine runs in.
     pub storage: DType,
     /// The engine's arithmetic: what it declared, else plain arithmetic at

@@ -22,6 +22,8 @@
 //!   - RoPE rotates pairs: |Δy| ≤ √2·max|Δx|, plus the angle's rounding u·P;
 //!   - scores q·k: (e_q/M_q + e_k/M_k)·M;
 //!   - softmax: |Δp_j| ≤ p_j(|Δs_j| + Σp_k|Δs_k|) ≤ 2·M·e_scores;
+//!   - sample_probs = softmax(l/T) over the kept tokens: 2·M·e_logits/T,
+//!     e_logits over the step's last logits row;
 //!   - attn_ctx = Σ p_j v_j: Σ|Δp_j| ≤ 2·e_scores, so 2·e_scores·M_v + e_v;
 //!   - SwiGLU act = silu(g)·u: 1.1·|Δg_j|·|u_j| + |g_j|·|Δu_j| (|silu'| ≤ 1.1,
 //!     |silu(g)| ≤ |g|);
@@ -103,7 +105,8 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
     use BlockStage::*;
     let resid = |l: usize| if l == 0 { Stage::Embed } else { Stage::Block(l - 1, Out) };
     match stage {
-        Stage::Embed | Stage::SampleProbs => vec![],
+        Stage::Embed => vec![],
+        Stage::SampleProbs => vec![Stage::Logits],
         Stage::OutputNorm => vec![resid(cfg.layers)],
         Stage::Logits => vec![Stage::OutputNorm],
         Stage::Block(l, b) => {
@@ -316,6 +319,18 @@ impl<'a> FloorAt<'a> {
         }
         match stage {
             Stage::OutputNorm => self.norm(stage, ins[0], x, cfg.hidden).and_then(named),
+            Stage::SampleProbs => {
+                // softmax(l/T) over the kept tokens, from the step's last
+                // logits row: |Δp_j| ≤ p_j(|Δl_j| + Σ_k p_k|Δl_k|)/T ≤ 2·M·e/T.
+                let crate::sampling::Sampling::Random { temperature, .. } = *self.facts.sampling else {
+                    return None;
+                };
+                let d = self.diffs(x, Stage::Logits)?;
+                let last = d.get(d.len().checked_sub(cfg.vocab)?..)?;
+                let e = last.iter().fold(0.0f64, |a, b| a.max(*b));
+                (temperature > 0.0).then_some(())?;
+                named(2.0 * m * e / temperature as f64)
+            }
             Stage::Block(l, b) => {
                 let s = |b| Stage::Block(l, b);
                 match b {

@@ -88,7 +88,10 @@ impl FileTensors {
         let src = self.source()?;
         let cfg = &self.config;
         let Some((stored, piece)) = find(src, cfg, name) else {
-            return Err(format!("the model file {} has no tensor `{name}`", self.model.display()));
+            return Err(format!(
+                "the model file {} has no tensor `{name}`",
+                self.model.display()
+            ));
         };
         let mut t = match src {
             Source::Dir(files) => files
@@ -112,7 +115,10 @@ impl FileTensors {
         };
         if let Some((first, rows)) = piece {
             if t.shape().len() != 2 || first + rows > t.shape()[0] {
-                return Err(format!("fused tensor `{stored}` has shape {:?}, too small for `{name}`", t.shape()));
+                return Err(format!(
+                    "fused tensor `{stored}` has shape {:?}, too small for `{name}`",
+                    t.shape()
+                ));
             }
             t = t.rows(first, rows);
         }
@@ -130,7 +136,11 @@ fn open(model: &Path) -> Result<Source> {
         .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
         .collect();
     files.sort();
-    files.iter().map(|f| crate::tensor::io::read_safetensors(f)).collect::<Result<_>>().map(Source::Dir)
+    files
+        .iter()
+        .map(|f| crate::tensor::io::read_safetensors(f))
+        .collect::<Result<_>>()
+        .map(Source::Dir)
 }
 
 /// Every tensor name of the file, in HF naming.
@@ -163,7 +173,8 @@ fn find(src: &Source, cfg: &ModelConfig, name: &str) -> Option<(String, Option<(
         name.replace("self_attn.q_proj.", "self_attn.qkv_proj.")
             .replace("self_attn.k_proj.", "self_attn.qkv_proj.")
             .replace("self_attn.v_proj.", "self_attn.qkv_proj."),
-        name.replace("mlp.gate_proj.", "mlp.gate_up_proj.").replace("mlp.up_proj.", "mlp.gate_up_proj."),
+        name.replace("mlp.gate_proj.", "mlp.gate_up_proj.")
+            .replace("mlp.up_proj.", "mlp.gate_up_proj."),
     ] {
         if fused_name == name {
             continue;
@@ -187,17 +198,27 @@ mod tests {
         let cfg = crate::model::read_config(&model).unwrap();
         let n = FileTensors::new(&model, &cfg);
         assert_eq!(n.norm("model.norm.weight").unwrap().len(), cfg.hidden);
-        assert_eq!(n.norm("model.layers.1.post_attention_layernorm.weight").unwrap().len(), cfg.hidden);
+        assert_eq!(
+            n.norm("model.layers.1.post_attention_layernorm.weight").unwrap().len(),
+            cfg.hidden
+        );
         let e = n.norm("model.layers.99.input_layernorm.weight").unwrap_err();
-        assert!(e.contains("no norm weight `model.layers.99.input_layernorm.weight`"), "{e}");
+        assert!(
+            e.contains("no norm weight `model.layers.99.input_layernorm.weight`"),
+            "{e}"
+        );
     }
 
     #[test]
     fn an_unreadable_model_is_an_error_not_a_panic() {
-        let cfg = crate::model::read_config(&Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/qwen2-tiny/model")).unwrap();
+        let cfg =
+            crate::model::read_config(&Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/qwen2-tiny/model")).unwrap();
         let f = FileTensors::new(Path::new("/nonexistent/model.gguf"), &cfg);
         let e = f.norm("model.norm.weight").unwrap_err();
         assert!(e.starts_with("cannot read the model's norm weights"), "{e}");
-        assert!(f.tensor("lm_head.weight").unwrap_err().starts_with("cannot read the model file"));
+        assert!(f
+            .tensor("lm_head.weight")
+            .unwrap_err()
+            .starts_with("cannot read the model file"));
     }
 }

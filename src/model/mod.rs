@@ -3,9 +3,9 @@
 //! a `.gguf` file.
 pub mod cache;
 pub mod config;
+pub mod file_tensors;
 pub mod fused;
 pub mod gguf;
-pub mod file_tensors;
 pub mod weights;
 
 use std::path::Path;

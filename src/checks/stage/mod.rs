@@ -14,6 +14,7 @@ super::registry::table!(StageRule;
     rms_norm::RmsNorm,
     swiglu::Swiglu,
     linear::Linear,
+    sampler::Sampler,
 );
 
 mod recompute;
