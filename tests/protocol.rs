@@ -224,17 +224,20 @@ fn dumps_with_engine_names_are_mapped_by_the_spec() {
     let dump = d.path().join("dump");
     for (k, t) in &f.floats {
         let (step, stage) = k.split_once('/').unwrap();
-        // The run also tapped the stages q's floor reads (its inputs).
-        let Some(layer) = stage.strip_prefix("blk.").and_then(|r| r.strip_suffix(".q")) else {
-            continue;
-        };
         std::fs::create_dir_all(dump.join(step)).unwrap();
-        let sh = t.shape();
-        let flat = touchstone::tensor::Tensor::new(vec![sh[0], sh[1] * sh[2]], t.data().to_vec());
-        write_npy(
-            &dump.join(step).join(format!("layers.{layer}.attn.q_proj.out.npy")),
-            &flat,
-        );
+        // q, under the engine's own name, and attn_norm, q's input (the
+        // `linear` check recomputes q from it), under its canonical one;
+        // the run also tapped the other stages q's floor reads, left out.
+        if let Some(layer) = stage.strip_prefix("blk.").and_then(|r| r.strip_suffix(".q")) {
+            let sh = t.shape();
+            let flat = touchstone::tensor::Tensor::new(vec![sh[0], sh[1] * sh[2]], t.data().to_vec());
+            write_npy(
+                &dump.join(step).join(format!("layers.{layer}.attn.q_proj.out.npy")),
+                &flat,
+            );
+        } else if let Some(layer) = stage.strip_prefix("blk.").and_then(|r| r.strip_suffix(".attn_norm")) {
+            write_npy(&dump.join(step).join(format!("blk.{layer}.attn_norm.npy")), t);
+        }
     }
     let (shape, ids) = &f.ints["tokens"];
     write_npy_i64(&dump.join("tokens.npy"), shape, ids);
