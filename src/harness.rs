@@ -111,6 +111,7 @@ impl Harness {
                     filter: &Filter::default(),
                     rerun: &rerun,
                     save: None,
+                    from: None,
                 };
                 runner::run(plan, &source, &opts).map_err(|e| e.to_string())
             });

@@ -17,6 +17,7 @@ pub mod error;
 pub mod gguf;
 pub mod golden;
 pub mod harness;
+pub mod isa;
 pub mod model;
 pub mod plan;
 pub mod report;

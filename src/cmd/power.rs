@@ -6,6 +6,14 @@
 //! every larger δ of the grid makes that very stage the run's earliest
 //! failure: the smallest change of one block of one stage the policy
 //! localises, at the engine's storage and arithmetic.
+//!
+//! A trial judges only the stage checks of the changed step at the changed
+//! stage or a later one: a stage check reads captures of its own step only,
+//! its stage and that stage's inputs (a forward pass reads only what it has
+//! computed), so every other check's verdict is the unchanged run's, a pass
+//! (the run must pass unchanged). The earliest failure and the count of
+//! failures are therefore those of a full judgement, at a fraction of its
+//! cost.
 
 use std::path::PathBuf;
 
@@ -17,7 +25,7 @@ use crate::engine::replay::{Replay, RowScale};
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::report::SuiteRun;
-use crate::runner::{run_on, EngineSource, Filter};
+use crate::runner::{run_on, run_on_from, EngineSource, Filter};
 use crate::spec::Spec;
 use crate::stage::{parse_key, Stage, Step};
 use crate::tensor::DType;
@@ -117,8 +125,7 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
     // Stage checks only (ids `<step>/<stage>::<check>`): one engine run
     // serves every judgement; run checks would run the engine again.
     let filter = Filter(Some(vec!["::prefill/".into(), "::decode".into()]));
-    let judge = || run_on(plan, &replay, &filter, &|id| id.to_string());
-    let base = judge();
+    let base = run_on(plan, &replay, &filter, &|id| id.to_string());
     if let Some(o) = base.outcomes.iter().find(|o| o.status == Status::Fail) {
         return Err(Error::Usage(format!(
             "the unchanged run already fails {} stage check(s), first {}: power is measured from a passing run",
@@ -141,7 +148,7 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
             row,
             factor: (1.0 + delta) as f32,
         }));
-        let r = judge();
+        let r = run_on_from(plan, &replay, &filter, Some((step, stage)), &|id| id.to_string());
         let earliest = earliest_failure(&r);
         trials.push(Trial {
             delta,

@@ -101,6 +101,7 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
                 filter: &filter,
                 rerun: &rerun,
                 save: save_captures.as_deref(),
+                from: None,
             };
             let run = runner::run(plan, sel, &opts);
             if let Some(s) = spinner {

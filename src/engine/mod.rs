@@ -124,6 +124,10 @@ impl TapSet {
     pub fn iter(&self) -> impl Iterator<Item = Stage> + '_ {
         self.stages.iter().copied()
     }
+    /// Whether every stage of `self` is in `other`.
+    pub fn is_subset(&self, other: &TapSet) -> bool {
+        self.stages.is_subset(&other.stages)
+    }
 }
 
 impl FromIterator<Stage> for TapSet {

@@ -24,6 +24,7 @@ use crate::engine::{Availability, Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::plan::{CheckInstance, CheckKind, Plan};
 use crate::report::{Outcome, SuiteRun};
+use crate::stage::{Stage, Step};
 
 /// Where the runner gets its engine: the registry's selection (`EngineSel`),
 /// or an engine crate's own loader (`harness`).
@@ -62,6 +63,9 @@ pub struct RunOptions<'a> {
     /// The command that reruns one check id as this run ran it.
     pub rerun: &'a (dyn Fn(&str) -> String + Sync),
     pub save: Option<&'a Path>,
+    /// Only the stage checks of this step at this stage or a later one
+    /// (None: every check the filter keeps).
+    pub from: Option<(Step, Stage)>,
 }
 
 /// Runs the checks of `plan` that `opts.filter` selects on the engine
@@ -70,7 +74,7 @@ pub struct RunOptions<'a> {
 /// mid-run fails the affected checks instead.
 pub fn run(plan: &Plan, source: &dyn EngineSource, opts: &RunOptions) -> Result<SuiteRun> {
     let name = source.name();
-    let selected = select(plan, &name, opts.filter);
+    let selected = select(plan, &name, opts);
     // Every selected check with one verdict: an engine that cannot run here
     // (skipped), or an external one that could not start (failed).
     let all_with = |verdict: Verdict, skipped: Option<String>| {
@@ -102,10 +106,23 @@ pub fn run(plan: &Plan, source: &dyn EngineSource, opts: &RunOptions) -> Result<
 /// `run` on an engine the caller already loaded (a test's planted bug, a
 /// wrapper around another engine); nothing is saved.
 pub fn run_on(plan: &Plan, engine: &dyn Engine, filter: &Filter, rerun: &(dyn Fn(&str) -> String + Sync)) -> SuiteRun {
+    run_on_from(plan, engine, filter, None, rerun)
+}
+
+/// `run_on`, judging only the stage checks of `from`'s step at its stage or
+/// a later one.
+pub fn run_on_from(
+    plan: &Plan,
+    engine: &dyn Engine,
+    filter: &Filter,
+    from: Option<(Step, Stage)>,
+    rerun: &(dyn Fn(&str) -> String + Sync),
+) -> SuiteRun {
     let opts = RunOptions {
         filter,
         rerun,
         save: None,
+        from,
     };
     run_loaded(plan, engine, &opts).0
 }
@@ -143,12 +160,17 @@ fn spec_path(plan: &Plan) -> String {
     plan.spec.path.display().to_string()
 }
 
-/// The checks of `plan` the filter keeps, matched as `<engine>::<spec>::<id>`.
-fn select<'a>(plan: &'a Plan, engine: &str, filter: &Filter) -> Vec<&'a CheckInstance> {
+/// The checks of `plan` the filter keeps, matched as `<engine>::<spec>::<id>`
+/// (and of `opts.from`'s step at its stage or later, when given).
+fn select<'a>(plan: &'a Plan, engine: &str, opts: &RunOptions) -> Vec<&'a CheckInstance> {
     let spec = plan.spec.name.as_str();
     plan.checks
         .iter()
-        .filter(|c| filter.accepts(&format!("{engine}::{spec}::{}", c.id)))
+        .filter(|c| opts.filter.accepts(&format!("{engine}::{spec}::{}", c.id)))
+        .filter(|c| {
+            opts.from
+                .is_none_or(|(step, stage)| c.at().is_some_and(|(s, t)| s == step && t >= stage))
+        })
         .collect()
 }
 
@@ -168,7 +190,7 @@ fn outcome(plan: &Plan, engine: &str, c: &CheckInstance, verdict: Verdict, opts:
 /// The selected checks on an engine already loaded; the second value is the
 /// result of saving the main run (Ok when nothing was to be saved).
 fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun, Result<()>) {
-    let selected = select(plan, engine.name(), opts.filter);
+    let selected = select(plan, engine.name(), opts);
     let mut facts = plan.facts();
     // The engine's arithmetic: what it declares, else plain at its storage.
     if let Some(a) = engine.arithmetic() {
@@ -307,6 +329,7 @@ pub fn run_all(plan: &Plan, sel: &EngineSel) -> Result<SuiteRun> {
             filter: &Filter::default(),
             rerun: &rerun,
             save: None,
+            from: None,
         },
     )
 }

@@ -26,8 +26,10 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use serde::de::{Deserialize, Deserializer};
 
+use super::exact_dot::{abs_dot, dot_and_abs};
 use super::recompute::Tally;
 use crate::arithmetic::{Activations, Arithmetic};
 use crate::checks::facts::Facts;
@@ -186,32 +188,47 @@ fn judge(y: &Tensor, x: &Tensor, w: &Tensor, b: Option<&[f32]>, units: Units, st
     let nf = n as f64 * U_F32;
     let gamma = nf / (1.0 - nf);
     let per_s = units.u_w + units.u + gamma;
-    let wd = w.data();
-    let mut tally = Tally::default();
-    let mut steps = vec![0.0f64; n];
-    for (r, (xr, yr)) in x.data().chunks_exact(n).zip(y.data().chunks_exact(out)).enumerate() {
-        // Half a quantisation step of each input (its block's amax/254).
-        if let Some(block) = units.q8_block {
-            for (xs, st) in xr.chunks(block).zip(steps.chunks_mut(block)) {
-                let amax = xs.iter().fold(0.0f64, |m, v| m.max((*v as f64).abs()));
-                st.iter_mut().for_each(|s| *s = amax / 254.0);
-            }
-        }
-        for (i, (&yv, wr)) in yr.iter().zip(wd.chunks_exact(n)).enumerate() {
-            let (mut acc, mut s, mut q) = (0.0f64, 0.0f64, 0.0f64);
-            for (j, (&wv, &xv)) in wr.iter().zip(xr).enumerate() {
-                let p = wv as f64 * xv as f64;
-                acc += p;
-                s += p.abs();
-                if units.q8_block.is_some() {
-                    q += (wv as f64).abs() * steps[j];
-                }
-            }
+    let xd = x.data();
+    // Half a quantisation step of each input (its block's amax/254).
+    let steps: Vec<f64> = match units.q8_block {
+        Some(block) => xd
+            .chunks_exact(n)
+            .flat_map(|xr| {
+                xr.chunks(block).flat_map(|xs| {
+                    let amax = xs.iter().fold(0.0f64, |m, v| m.max((*v as f64).abs()));
+                    std::iter::repeat_n(amax / 254.0, xs.len())
+                })
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    // The recomputation is the check's whole cost (the LM head is 136M
+    // products per token row on a 0.5B model). Weight rows run in parallel,
+    // each against every token row while it is in cache: the matrix is read
+    // from memory once, not once per token row.
+    let wanted: Vec<Vec<(f64, f64)>> = w
+        .data()
+        .par_chunks_exact(n)
+        .enumerate()
+        .map(|(i, wr)| {
             let bi = b.map_or(0.0, |b| b[i] as f64);
-            let want = acc + bi;
-            let allowed = (per_s * s + q + units.u_w * bi.abs()) * (1.0 + units.u)
-                + (units.u + units.u_kv) * want.abs()
-                + units.eta;
+            (0..rows)
+                .map(|r| {
+                    let (acc, s) = dot_and_abs(wr, &xd[r * n..(r + 1) * n]);
+                    let q = if steps.is_empty() { 0.0 } else { abs_dot(wr, &steps[r * n..(r + 1) * n]) };
+                    let want = acc + bi;
+                    let allowed = (per_s * s + q + units.u_w * bi.abs()) * (1.0 + units.u)
+                        + (units.u + units.u_kv) * want.abs()
+                        + units.eta;
+                    (want, allowed)
+                })
+                .collect()
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for (r, yr) in y.data().chunks_exact(out).enumerate() {
+        for (i, &yv) in yr.iter().enumerate() {
+            let (want, allowed) = wanted[i][r];
             tally.add(r * out + i, yv, want, allowed);
         }
     }
@@ -242,6 +259,11 @@ fn judge(y: &Tensor, x: &Tensor, w: &Tensor, b: Option<&[f32]>, units: Units, st
     v.metric("max_abs", tally.max_abs).metric("violations", tally.bad as f64)
 }
 
+/// Lanes of the f64 sums below: independent partial sums let the compiler
+/// keep several additions in flight (a single running sum is bound by the
+/// add's latency). Each product of two f32s is exact in f64, so the order of
+/// summation moves the result by a few f64 ulps, 2^-29 of the f32 roundings
+/// the allowance is made of.
 #[cfg(test)]
 mod tests {
     use super::*;

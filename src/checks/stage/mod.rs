@@ -17,4 +17,5 @@ super::registry::table!(StageRule;
     sampler::Sampler,
 );
 
+mod exact_dot;
 mod recompute;

@@ -36,6 +36,7 @@
 //!   zeroed out of every metric, then `screen_non_finite` counts them.
 
 use super::Tolerance;
+use crate::isa::Isa;
 
 /// f64 lanes per row (see the module comment for why 8).
 const W: usize = 8;
@@ -84,41 +85,6 @@ impl Partial {
         self.sum_a2 += later.sum_a2;
         self.sum_ae += later.sum_ae;
         self
-    }
-}
-
-/// The instruction sets the fold is compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Baseline,
-}
-
-impl Isa {
-    /// Every variant this CPU can run, widest first.
-    fn available() -> Vec<Isa> {
-        let mut v = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("avx512bw") && has!("fma") {
-                v.push(Isa::Avx512);
-            }
-            if has!("avx2") && has!("fma") {
-                v.push(Isa::Avx2);
-            }
-        }
-        v.push(Isa::Baseline);
-        v
-    }
-
-    /// The widest variant this CPU runs, decided once.
-    fn best() -> Isa {
-        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| Isa::available()[0])
     }
 }
 
