@@ -71,6 +71,7 @@ fn main() {
                     filter: &Filter::default(),
                     rerun: &rerun,
                     save: None,
+                    from: None,
                 };
                 runner::run(plan, &sel, &opts).map_err(|e| e.to_string())
             });
