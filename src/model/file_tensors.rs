@@ -96,6 +96,26 @@ impl FileTensors {
         })
     }
 
+    /// Every tensor of the file under the HF name an engine holds it by, a
+    /// fused projection as its pieces (Phi-3's `qkv_proj`, `gate_up_proj`,
+    /// which a Phi-3 GGUF stores as `attn_qkv` and `ffn_up`): the names
+    /// [`FileTensors::read`] answers.
+    pub fn names(&self) -> std::result::Result<Vec<String>, String> {
+        let src = self.source()?;
+        let phi3_gguf = matches!(src, Source::Gguf(_)) && self.config.arch == "phi3";
+        let mut out = Vec::new();
+        for mut n in names(src) {
+            if phi3_gguf && n.ends_with(".mlp.up_proj.weight") {
+                n = n.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
+            }
+            match fused::pieces(&self.config, &n) {
+                Some(parts) => out.extend(parts.into_iter().map(|p| p.0)),
+                None => out.push(n),
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether the file holds `name` (as itself or as a piece of a fused tensor).
     pub fn has(&self, name: &str) -> bool {
         self.source().is_ok_and(|src| find(src, &self.config, name).is_some())

@@ -7,9 +7,10 @@
 //! norm is zero), except a 1-D `*.bias`, which a model may legitimately
 //! zero: that is reported as a warning in the passing message.
 //!
-//! The file is read here independently of `model::load` (the engine's loader):
-//! safetensors tensors as stored, GGUF tensors dequantised and renamed one at a
-//! time (Llama's Q/K rows un-permuted as llama.cpp's converter permuted them),
+//! The file is read independently of `model::load` (the engine's loader), by
+//! `model::file_tensors` (as the recompute checks read it): safetensors
+//! tensors as stored, GGUF tensors dequantised and renamed one at a time
+//! (Llama's Q/K rows un-permuted as llama.cpp's converter permuted them),
 //! fused Phi-3 projections mapped onto their pieces. A bug in the engine's
 //! loading — a tensor left zeroed, two layers swapped, a tensor never mapped —
 //! therefore shows as a difference named by tensor.
@@ -25,10 +26,9 @@ use crate::checks::facts::Facts;
 use crate::checks::kind::{Kind, RuleEnv, RunCheck, RunRule};
 use crate::checks::verdict::Verdict;
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
-use crate::model::{fused, ModelConfig};
-use crate::tensor::{DType, Tensor};
+use crate::model::file_tensors::FileTensors;
+use crate::model::ModelConfig;
+use crate::tensor::DType;
 
 /// `weights` takes no parameters: written bare, `{weights: null}` or `{weights: {}}`.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,7 +41,7 @@ impl Kind for Weights {
     fn bare() -> Self {
         Weights
     }
-    fn parse<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+    fn parse<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match Option::<BTreeMap<String, serde_yaml::Value>>::deserialize(d)? {
             Some(m) if !m.is_empty() => Err(de::Error::custom(format!(
                 "weights takes no parameters, got: {}",
@@ -109,54 +109,16 @@ fn is_buffer(name: &str) -> bool {
     name.ends_with("rotary_emb.inv_freq") || name.ends_with("_cached")
 }
 
-/// The file's tensors under the names an engine holds them by: HF names,
-/// fused projections as their pieces. Read one tensor at a time.
-fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTreeMap<String, Digested>> {
+/// The file's tensors under the names an engine holds them by (HF names,
+/// fused projections as their pieces), digested one at a time: read through
+/// `FileTensors`, the loader-independent reader the recompute checks use,
+/// without keeping any.
+fn file_digests(model: &Path, cfg: &ModelConfig, storage: DType) -> Result<BTreeMap<String, Digested>, String> {
+    let file = FileTensors::new(model, cfg);
     let mut out = BTreeMap::new();
-    let mut add = |name: String, t: &Tensor| match fused::pieces(cfg, &name) {
-        Some(parts) => {
-            for (piece, first, rows) in parts {
-                let p = t.rows(first, rows);
-                out.insert(piece, digest(p.shape(), p.data(), storage));
-            }
-        }
-        None => {
-            out.insert(name, digest(t.shape(), t.data(), storage));
-        }
-    };
-    if model.is_dir() {
-        let mut files: Vec<_> = std::fs::read_dir(model)
-            .map_err(|e| Error::io(model, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect();
-        files.sort();
-        for f in files {
-            let tf = crate::tensor::io::read_safetensors(&f)?;
-            for (name, t) in &tf.floats {
-                if !is_buffer(name) {
-                    add(name.clone(), t);
-                }
-            }
-        }
-    } else {
-        let f = GgufFile::open(model)?;
-        for info in &f.tensors {
-            let mut t = f.read_tensor(info)?;
-            let heads = match (cfg.arch.as_str(), info.name.as_str()) {
-                ("llama", n) if n.contains(".attn_q.") => Some(cfg.heads),
-                ("llama", n) if n.contains(".attn_k.") => Some(cfg.kv_heads),
-                _ => None,
-            };
-            if let Some(h) = heads {
-                t = crate::model::gguf::unpermute_rows(t, h);
-            }
-            let mut name = crate::model::gguf::hf_name(&info.name).unwrap_or_else(|| info.name.clone());
-            if cfg.arch == "phi3" && name.ends_with(".mlp.up_proj.weight") {
-                name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
-            }
-            add(name, &t);
-        }
+    for name in file.names()?.into_iter().filter(|n| !is_buffer(n)) {
+        let t = file.read(&name)?;
+        out.insert(name, digest(t.shape(), t.data(), storage));
     }
     Ok(out)
 }
@@ -407,7 +369,7 @@ mod tests {
                 &self,
                 r: &crate::engine::RunRequest,
                 t: &crate::engine::TapSet,
-            ) -> Result<crate::engine::RunOutput> {
+            ) -> crate::error::Result<crate::engine::RunOutput> {
                 self.0.run(r, t)
             }
         }

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 use serde::de::{Deserialize, Deserializer};
 
 use super::exact_dot::{abs_dot, dot_and_abs};
-use super::recompute::Tally;
+use super::recompute::{Tally, Wording};
 use crate::arithmetic::{Activations, Arithmetic};
 use crate::checks::facts::Facts;
 use crate::checks::family::{Family, Metric};
@@ -232,31 +232,12 @@ fn judge(y: &Tensor, x: &Tensor, w: &Tensor, b: Option<&[f32]>, units: Units, st
             tally.add(r * out + i, yv, want, allowed);
         }
     }
-    let v = match tally.worst {
-        None => Verdict::pass(format!(
-            "{stage} = {input}·{wname}ᵀ{} at all {} elements (max |Δ| {:.2e}, {:.2} of the allowance)",
-            if b.is_some() { " + bias" } else { "" },
-            tally.n,
-            tally.max_abs,
-            tally.max_ratio
-        )),
-        Some(wst) => Verdict::fail(format!(
-            "{} of {} elements of {stage} are not {input}·{wname}ᵀ{} within the allowance (u {:.1e}, n {n}); worst \
-             at index {:?}: {stage} {:e}, recomputed {:e} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): a bias dropped, \
-             the wrong weight, or a GEMM reading the wrong rows?",
-            tally.bad,
-            tally.n,
-            if b.is_some() { " + bias" } else { "" },
-            units.u,
-            y.unravel(wst.index),
-            wst.got,
-            wst.want,
-            wst.err,
-            wst.err / wst.allowed,
-            wst.allowed
-        )),
+    let words = Wording {
+        what: &format!("{input}·{wname}ᵀ{}", if b.is_some() { " + bias" } else { "" }),
+        within: &format!("u {:.1e}, n {n}", units.u),
+        hint: "a bias dropped, the wrong weight, or a GEMM reading the wrong rows?",
     };
-    v.metric("max_abs", tally.max_abs).metric("violations", tally.bad as f64)
+    tally.verdict(y, stage, words, |w| format!("recomputed {:e}", w.want))
 }
 
 /// Lanes of the f64 sums below: independent partial sums let the compiler

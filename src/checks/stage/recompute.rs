@@ -1,9 +1,14 @@
-//! What the recompute invariants (`rms_norm`, `swiglu`) share: an engine's
+//! What the recompute invariants (`residual`, `rms_norm`, `swiglu`,
+//! `linear`) share: an engine's
 //! stage compared element by element with the same function recomputed in
 //! f64 from the engine's own captured inputs, each element within its own
 //! allowance (derived in each check's module). They need no golden and
 //! inherit nothing from upstream: whatever drift the inputs carry, the stage
 //! must be its function of them, so a bug shows at the stage that has it.
+
+use crate::checks::verdict::Verdict;
+use crate::stage::Stage;
+use crate::tensor::Tensor;
 
 /// The element that misses its allowance by the greatest factor.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,6 +54,46 @@ impl Tally {
                 });
             }
         }
+    }
+}
+
+/// How a recompute check words its verdict.
+pub struct Wording<'a> {
+    /// What the stage must be, e.g. `silu(gate)·up`.
+    pub what: &'a str,
+    /// The allowance's parameters, e.g. `u 4.9e-4`.
+    pub within: &'a str,
+    /// The likely causes a failure names.
+    pub hint: &'a str,
+}
+
+impl Tally {
+    /// The verdict on stage `y`: a pass saying `what` held at every element,
+    /// or a failure with the count and the worst element, its value and the
+    /// recomputation (`recomputed` words it, e.g. with its inputs), both
+    /// errors and the allowance; with the `max_abs` and `violations` metrics.
+    pub fn verdict(&self, y: &Tensor, stage: Stage, w: Wording, recomputed: impl FnOnce(&Worst) -> String) -> Verdict {
+        let v = match self.worst {
+            None => Verdict::pass(format!(
+                "{stage} = {} at all {} elements (max |Δ| {:.2e}, {:.2} of the allowance; {})",
+                w.what, self.n, self.max_abs, self.max_ratio, w.within
+            )),
+            Some(wst) => Verdict::fail(format!(
+                "{} of {} elements of {stage} are not {} within the allowance ({}); worst at index {:?}: {stage}                  {:e}, {} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): {}",
+                self.bad,
+                self.n,
+                w.what,
+                w.within,
+                y.unravel(wst.index),
+                wst.got,
+                recomputed(&wst),
+                wst.err,
+                wst.err / wst.allowed,
+                wst.allowed,
+                w.hint
+            )),
+        };
+        v.metric("max_abs", self.max_abs).metric("violations", self.bad as f64)
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer};
 
+use super::recompute::{Tally, Wording};
 use crate::checks::facts::Facts;
 use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
@@ -106,38 +107,21 @@ fn judge(y: &Tensor, a: &Tensor, b: &Tensor, stage: Stage, sa: Stage, sb: Stage)
         ));
     }
     let u = storage_unit(y.dtype().coarser(a.dtype()).coarser(b.dtype()));
-    let (mut bad, mut max_abs, mut worst) = (0usize, 0.0f64, None);
-    for (i, ((&y, &a), &b)) in y.data().iter().zip(a.data()).zip(b.data()).enumerate() {
-        let (yv, av, bv) = (y as f64, a as f64, b as f64);
+    let mut tally = Tally::default();
+    for (i, ((&yv, &av), &bv)) in y.data().iter().zip(a.data()).zip(b.data()).enumerate() {
+        let (av, bv) = (av as f64, bv as f64);
         let s = av + bv;
-        // NaN (in the stage or an input) is an infinite error: it fails.
-        let err = match (yv - s).abs() {
-            e if e.is_nan() => f64::INFINITY,
-            e => e,
-        };
         let allowed = U_F32 * s.abs() + u * (s.abs() + av.abs() + bv.abs()) + f32::MIN_POSITIVE as f64;
-        if err > allowed {
-            bad += 1;
-            if worst.is_none_or(|(_, e, _, _, _)| err > e) {
-                worst = Some((i, err, y, a, b));
-            }
-        }
-        max_abs = max_abs.max(err);
+        tally.add(i, yv, s, allowed);
     }
-    let n = y.numel();
-    let v = match worst {
-        None => Verdict::pass(format!(
-            "{stage} = {sa} + {sb} at all {n} elements within one rounding (max |Δ| {max_abs:.2e}, u {u:.1e})"
-        )),
-        Some((i, err, yv, av, bv)) => Verdict::fail(format!(
-            "{bad} of {n} elements of {stage} are not {sa} + {sb} within one rounding (u {u:.1e}); worst at \
-             index {:?}: {stage} {yv:e}, {sa} + {sb} = {av:e} + {bv:e} = {:e} (|Δ| {err:.2e}): a residual \
-             dropped, added twice or read from the wrong buffer?",
-            y.unravel(i),
-            av as f64 + bv as f64
-        )),
+    let words = Wording {
+        what: &format!("{sa} + {sb}"),
+        within: &format!("one rounding, u {u:.1e}"),
+        hint: "a residual dropped, added twice or read from the wrong buffer?",
     };
-    v.metric("max_abs", max_abs).metric("violations", bad as f64)
+    tally.verdict(y, stage, words, |w| {
+        format!("{sa} + {sb} = {:e} + {:e} = {:e}", a.data()[w.index], b.data()[w.index], w.want)
+    })
 }
 
 #[cfg(test)]

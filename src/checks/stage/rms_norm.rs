@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer};
 
-use super::recompute::Tally;
+use super::recompute::{Tally, Wording};
 use crate::checks::facts::Facts;
 use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
@@ -178,26 +178,12 @@ fn judge(y: &Tensor, x: &Tensor, w: &[f32], eps: f64, units: Units, stage: Stage
             tally.add(r * n + i, yv, want, allowed);
         }
     }
-    let v = match tally.worst {
-        None => Verdict::pass(format!(
-            "{stage} = RMSNorm({input})·w at all {} elements (max |Δ| {:.2e}, {:.2} of the allowance; rel {rel:.1e})",
-            tally.n, tally.max_abs, tally.max_ratio
-        )),
-        Some(w) => Verdict::fail(format!(
-            "{} of {} elements of {stage} are not RMSNorm({input})·w (eps {eps:e}, rows of {n}) within the \
-             allowance (rel {rel:.1e}); worst at index {:?}: {stage} {:e}, recomputed {:e} (|Δ| {:.2e}, {:.1}× \
-             the allowed {:.2e}): eps, the mean's length or the weight wrong?",
-            tally.bad,
-            tally.n,
-            y.unravel(w.index),
-            w.got,
-            w.want,
-            w.err,
-            w.err / w.allowed,
-            w.allowed
-        )),
+    let words = Wording {
+        what: &format!("RMSNorm({input})·w"),
+        within: &format!("rel {rel:.1e}, eps {eps:e}, rows of {n}"),
+        hint: "eps, the mean's length or the weight wrong?",
     };
-    v.metric("max_abs", tally.max_abs).metric("violations", tally.bad as f64)
+    tally.verdict(y, stage, words, |w| format!("recomputed {:e}", w.want))
 }
 
 #[cfg(test)]

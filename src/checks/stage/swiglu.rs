@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer};
 
-use super::recompute::Tally;
+use super::recompute::{Tally, Wording};
 use crate::checks::facts::Facts;
 use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
@@ -127,29 +127,14 @@ fn judge(y: &Tensor, g: &Tensor, p: &Tensor, u: f64, eta: f64, stage: Stage) -> 
         let allowed = own / (1.0 - own) * want.abs() + inherited + eta * (1.0 + pf.abs());
         tally.add(i, yv, want, allowed);
     }
-    let v = match tally.worst {
-        None => Verdict::pass(format!(
-            "{stage} = silu(gate)·up at all {} elements (max |Δ| {:.2e}, {:.2} of the allowance; u {u:.1e})",
-            tally.n, tally.max_abs, tally.max_ratio
-        )),
-        Some(w) => {
-            let (gv, pv) = (g.data()[w.index], p.data()[w.index]);
-            Verdict::fail(format!(
-                "{} of {} elements of {stage} are not silu(gate)·up within the allowance (u {u:.1e}); worst at \
-                 index {:?}: {stage} {:e}, silu({gv:e})·{pv:e} = {:e} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): \
-                 silu on the wrong operand, another activation, or the wrong buffer?",
-                tally.bad,
-                tally.n,
-                y.unravel(w.index),
-                w.got,
-                w.want,
-                w.err,
-                w.err / w.allowed,
-                w.allowed
-            ))
-        }
+    let words = Wording {
+        what: "silu(gate)·up",
+        within: &format!("u {u:.1e}"),
+        hint: "silu on the wrong operand, another activation, or the wrong buffer?",
     };
-    v.metric("max_abs", tally.max_abs).metric("violations", tally.bad as f64)
+    tally.verdict(y, stage, words, |w| {
+        format!("silu({:e})·{:e} = {:e}", g.data()[w.index], p.data()[w.index], w.want)
+    })
 }
 
 #[cfg(test)]
