@@ -495,6 +495,44 @@ fn regen_passes_the_spec_prompt_and_record_and_keeps_work_files_out_of_the_check
 }
 
 #[test]
+fn regen_records_a_token_prompt_as_given_and_refuses_to_invent_a_prompt() {
+    let sc = scratch("tokens");
+    let spec_text = std::fs::read_to_string(&sc.spec).unwrap();
+    let text = spec_text.replace(
+        "prompt: {golden: hf}",
+        "prompt: {tokens: [7, 300, 2, 41], decode_steps: 2}",
+    );
+    std::fs::write(&sc.spec, text).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python(sc.dir.path());
+    let env = [("FAKE_LOG", s(&log)), ("FAKE_GOLDEN", s(&sc.golden))];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)], &env);
+    assert!(o.code <= 1, "{}", o.all());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let call = calls.lines().next().unwrap();
+    assert!(call.starts_with("record_hf.py "), "{call}");
+    assert!(call.contains(" --prompt-tokens 7,300,2,41 --decode-steps 2"), "{call}");
+    assert!(!call.contains("--prompt "), "a token prompt is not text: {call}");
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+
+    // No prompt in the spec and no golden to take one from: refused, never a
+    // recorder's default prompt.
+    std::fs::write(&sc.spec, &spec_text).unwrap();
+    std::fs::remove_file(&sc.golden).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)], &env);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("gives no prompt to record"), "{}", o.stderr);
+    assert!(
+        !log.exists(),
+        "a recorder ran: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(!pending(&sc.golden).exists());
+}
+
+#[test]
 fn regen_removes_its_work_folder_when_a_recorder_fails() {
     let sc = scratch("fail");
     let tmp = sc.dir.path().join("tmp");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record golden tensors for every canonical stage with HF transformers.
 
-usage: record_hf.py MODEL OUT_FILE [--prompt TEXT] [--chat] [--decode-steps N]
+usage: record_hf.py MODEL OUT_FILE [--prompt TEXT [--chat] | --prompt-tokens ID,...] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
                     [--stages-at STEP=PATTERN,...] [--rows ROW,...]
                     [--dtype float32|float64|bfloat16|float16]
@@ -17,7 +17,8 @@ the KV cache, and writes the canonical stages of the steps into ONE
 safetensors file, OUT_FILE.
 
 --chat renders the prompt with the tokenizer's chat template as one user
-message with add_generation_prompt=True. --steps, --stages and --logits last
+message with add_generation_prompt=True. --prompt-tokens ID,... feeds those
+token ids exactly as given, untokenised (provenance `prompt.given: tokens`). --steps, --stages and --logits last
 store a subset (a real model's full goldens are gigabytes): every step still
 runs, `tokens` and `positions` are stored for every step (teacher forcing
 needs them), and the provenance says what was stored (`record`).
@@ -595,6 +596,8 @@ def main():
     ap.add_argument("model", help="HF model folder (single or sharded safetensors) or a .gguf file")
     ap.add_argument("out_file")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
+    ap.add_argument("--prompt-tokens", default=None, metavar="ID,...",
+                    help="feed these token ids as the prompt, exactly as given (no tokenizer)")
     ap.add_argument("--chat", action="store_true",
                     help="render the prompt with the tokenizer's chat template (one user message, "
                          "add_generation_prompt=True)")
@@ -644,6 +647,16 @@ def main():
         ap.error("--decode-steps must be >= 0")
     if not args.prompt:
         ap.error("--prompt must not be empty")
+    given_ids = None
+    if args.prompt_tokens is not None:
+        if args.prompt != DEFAULT_PROMPT or args.chat or args.tokens_from is not None:
+            ap.error("--prompt-tokens is the whole prompt: leave out --prompt, --chat and --tokens-from")
+        try:
+            given_ids = [int(t) for t in args.prompt_tokens.split(",")]
+        except ValueError:
+            ap.error(f"--prompt-tokens {args.prompt_tokens!r}: expected comma-separated token ids, e.g. 1,2,3")
+        if len(given_ids) < 2 or min(given_ids) < 0:
+            ap.error(f"--prompt-tokens {args.prompt_tokens!r}: need at least 2 ids, none negative")
     all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     try:
         keep_steps = all_steps if args.steps is None else golden_io.parse_steps(args.steps, args.decode_steps)
@@ -739,6 +752,14 @@ def main():
         prompt_ids = forced["tokens"]["prefill"]
         text = prompt.get("rendered", prompt.get("text"))
         assert prompt["token_ids"] == prompt_ids
+    elif given_ids is not None:
+        too_big = [t for t in given_ids if t >= cfg.vocab_size]
+        if too_big:
+            sys.exit(f"record_hf.py: --prompt-tokens: ids {too_big} are outside the vocabulary of "
+                     f"{cfg.vocab_size} tokens")
+        prompt_ids = given_ids
+        text = None
+        prompt = {"given": "tokens", "token_ids": prompt_ids}
     elif args.chat:
         if not getattr(tok, "chat_template", None):
             sys.exit(f"record_hf.py: --chat, but the tokenizer of {args.model} has no chat template")
@@ -751,7 +772,7 @@ def main():
         text = args.prompt
         prompt_ids = tok(text, add_special_tokens=True)["input_ids"]
         prompt = {"text": args.prompt, "token_ids": prompt_ids}
-    if source["kind"] == "hf" and forced is None:
+    if source["kind"] == "hf" and forced is None and given_ids is None:
         # The tokenizer.json in the folder is what engines read; make sure the
         # transformers wrapper did not tokenize differently from it.
         raw = tokenizers.Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))

@@ -461,14 +461,18 @@ def main():
     # llama.cpp's own tokenization of the prompt text: recorded, and must
     # agree with HF's (the tokens fed are HF's either way). A chat prompt is
     # the rendered template, whose special tokens must be parsed as such.
+    # A prompt given as token ids has no text: nothing to tokenize.
     chat = bool(hf_prov["prompt"].get("chat"))
-    text = hf_prov["prompt"].get("rendered", hf_prov["prompt"]["text"]).encode()
-    n_max = len(text) + 16
-    tbuf = (lc.llama_token * n_max)()
-    nt = lc.llama_tokenize(vocab, text, len(text), tbuf, n_max, False, chat)
-    assert nt >= 0, "tokenize failed"
-    lcpp_ids = list(tbuf[:nt])
-    assert lcpp_ids == prompt_ids, f"llama.cpp tokenizes the prompt as {lcpp_ids}, HF as {prompt_ids}"
+    given_tokens = hf_prov["prompt"].get("given") == "tokens"
+    lcpp_ids = None
+    if not given_tokens:
+        text = hf_prov["prompt"].get("rendered", hf_prov["prompt"]["text"]).encode()
+        n_max = len(text) + 16
+        tbuf = (lc.llama_token * n_max)()
+        nt = lc.llama_tokenize(vocab, text, len(text), tbuf, n_max, False, chat)
+        assert nt >= 0, "tokenize failed"
+        lcpp_ids = list(tbuf[:nt])
+        assert lcpp_ids == prompt_ids, f"llama.cpp tokenizes the prompt as {lcpp_ids}, HF as {prompt_ids}"
 
     n_total = sum(len(hf[f"{s}/tokens"]) for s in steps)
     rec = NodeRecorder(g)
@@ -583,8 +587,8 @@ def main():
         "gguf_architecture": arch,
         "qk_unpermuted": permuted,
         "hf_golden_sha256": sha256_file(args.hf_golden),
-        "prompt": {"text": hf_prov["prompt"]["text"], "token_ids": prompt_ids,
-                   "llamacpp_token_ids": lcpp_ids},
+        "prompt": ({"given": "tokens", "token_ids": prompt_ids} if given_tokens else
+                   {"text": hf_prov["prompt"]["text"], "token_ids": prompt_ids, "llamacpp_token_ids": lcpp_ids}),
         "greedy_ids": greedy_ids,
         "decode_steps": len(steps) - 1,
         "steps": steps,

@@ -4,8 +4,10 @@
 #   goldens/{qwen2,llama,qwen3,phi3}-tiny/: model/, hf.safetensors,
 #     model.gguf, llamacpp.safetensors, oracle.safetensors (--dtype float64)
 #   goldens/qwen2-tiny/long-hf.safetensors, long-oracle.safetensors (the
-#     prompt of specs/qwen2-tiny-long.yaml) and sampling-hf.safetensors
-#     (--sample-probs 0.7,40,0.9)
+#     prompt of specs/qwen2-tiny-long.yaml), sampling-hf.safetensors and
+#     sampling-oracle.safetensors (--sample-probs 0.7,40,0.9), and
+#     tokens-{hf,llamacpp,oracle}.safetensors (the token-id prompt of
+#     specs/qwen2-tiny-tokens.yaml)
 #   goldens/qwen2.5-0.5b/: hf, llamacpp and oracle .safetensors, from the
 #     prompt and `record:` of specs/qwen2.5-0.5b.yaml, when the real model's
 #     GGUF is in $TOUCHSTONE_CACHE/models/ (ci/fetch_real_model.py puts it
@@ -111,7 +113,8 @@ say "libllama in $LIBDIR"
 
 FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors model.gguf llamacpp.safetensors oracle.safetensors"
 # Extra goldens per model folder (compared like FILES).
-EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safetensors"
+EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safetensors sampling-oracle.safetensors
+                  tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 REAL=qwen2.5-0.5b
 REAL_SPEC="$ROOT/specs/qwen2.5-0.5b.yaml"
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
@@ -128,7 +131,10 @@ spec = yaml.safe_load(open(path))
 out = []
 if what == "prompt":
     p = spec["prompt"]
-    out += ["--prompt", p["text"]]
+    if "tokens" in p:
+        out += ["--prompt-tokens", ",".join(str(t) for t in p["tokens"])]
+    else:
+        out += ["--prompt", p["text"]]
     if p.get("chat"):
         out.append("--chat")
     if "decode_steps" in p:
@@ -183,9 +189,25 @@ for kind in hf oracle; do
     "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/long-$kind.safetensors" --prompt "${LONG_PROMPT[1]}" \
         "${LONG_ARGS[@]}" --dtype "$dt" >/dev/null || die "record_hf.py (long, $dt) failed"
 done
-say "[qwen2-tiny] recording the sampling golden into $dir/sampling-hf.safetensors"
-"$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/sampling-hf.safetensors" --decode-steps 3 \
-    --sample-probs 0.7,40,0.9 --stages logits,sample_probs >/dev/null || die "record_hf.py --sample-probs failed"
+for kind in hf oracle; do
+    dt=float32; [ "$kind" = oracle ] && dt=float64
+    say "[qwen2-tiny] recording the sampling golden into $dir/sampling-$kind.safetensors ($dt)"
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/sampling-$kind.safetensors" --decode-steps 3 \
+        --sample-probs 0.7,40,0.9 --stages logits,sample_probs --dtype "$dt" >/dev/null \
+        || die "record_hf.py --sample-probs ($dt) failed"
+done
+# qwen2-tiny on a prompt given as token ids (specs/qwen2-tiny-tokens.yaml).
+mapfile -d '' TOKENS_PROMPT < <(spec_args prompt "$ROOT/specs/qwen2-tiny-tokens.yaml")
+[ "${TOKENS_PROMPT[0]:-}" = --prompt-tokens ] || die "cannot read the tokens of specs/qwen2-tiny-tokens.yaml"
+for kind in hf oracle; do
+    dt=float32; [ "$kind" = oracle ] && dt=float64
+    say "[qwen2-tiny] recording the token-prompt golden into $dir/tokens-$kind.safetensors ($dt)"
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/tokens-$kind.safetensors" "${TOKENS_PROMPT[@]}" \
+        --dtype "$dt" >/dev/null || die "record_hf.py (tokens, $dt) failed"
+done
+say "[qwen2-tiny] recording the token-prompt llama.cpp golden into $dir/tokens-llamacpp.safetensors"
+"$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/tokens-llamacpp.safetensors" \
+    --hf-golden "$dir/tokens-hf.safetensors" >/dev/null || die "record_llamacpp.py (tokens) failed"
 
 # The real model (specs/qwen2.5-0.5b.yaml), when its GGUF is cached.
 mapfile -d '' REAL_MODEL < <(spec_args model "$REAL_SPEC")

@@ -105,6 +105,7 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
 /// and its `record:` subset.
 fn record_args(spec: &Spec) -> RecordArgs {
     RecordArgs {
+        tokens: spec.prompt.tokens.clone(),
         prompt: spec.prompt.text.clone(),
         chat: spec.prompt.chat,
         decode_steps: spec.prompt.decode_steps,

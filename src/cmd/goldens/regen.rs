@@ -88,7 +88,10 @@ impl Recorder {
 /// What a spec asks the recorders to record (its `prompt:` and `record:`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecordArgs {
-    /// `prompt.text`; without it the current golden's prompt is recorded again.
+    /// `prompt.tokens`: the ids recorded exactly as given.
+    pub tokens: Option<Vec<u32>>,
+    /// `prompt.text`; without it (and without `tokens`) the current golden's
+    /// prompt is recorded again.
     pub prompt: Option<String>,
     /// `prompt.chat`: render the text with the model's chat template.
     pub chat: bool,
@@ -193,25 +196,47 @@ pub fn refuse_on_ci(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The prompt arguments of both recorders: the spec's prompt, else the one
-/// the current golden was recorded with (so a regen records the same prompt
-/// and number of decode steps).
-fn prompt_args(golden: &Path, args: &RecordArgs) -> Vec<String> {
+/// The prompt arguments of the HF recorder (llama.cpp's is fed the HF
+/// golden's tokens): the spec's prompt (token ids as given, or text), else
+/// the one the current golden was recorded with, so a regen records the same
+/// prompt and number of decode steps. With neither, regen refuses: a
+/// recorder's default prompt is never substituted for the spec's.
+fn prompt_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<Vec<String>> {
     let current = GoldenSet::load("current", golden).ok();
     let recorded = |ptr: &str| current.as_ref().and_then(|g| g.provenance.pointer(ptr).cloned());
     let mut out = Vec::new();
-    let (text, chat) = match &args.prompt {
-        Some(t) => (Some(t.clone()), args.chat),
-        None => (
-            recorded("/prompt/text").and_then(|v| v.as_str().map(String::from)),
-            recorded("/prompt/chat").and_then(|v| v.as_bool()).unwrap_or(false),
-        ),
-    };
-    if let Some(t) = text {
-        out.extend(["--prompt".to_string(), t]);
-        if chat {
+    let given_ids = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    if let Some(ids) = &args.tokens {
+        out.extend(["--prompt-tokens".to_string(), given_ids(ids)]);
+    } else if let Some(t) = &args.prompt {
+        out.extend(["--prompt".to_string(), t.clone()]);
+        if args.chat {
             out.push("--chat".to_string());
         }
+    } else if recorded("/prompt/given")
+        .and_then(|v| v.as_str().map(String::from))
+        .as_deref()
+        == Some("tokens")
+    {
+        let ids: Vec<u32> = recorded("/prompt/token_ids")
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        out.extend(["--prompt-tokens".to_string(), given_ids(&ids)]);
+    } else if let Some(t) = recorded("/prompt/text").and_then(|v| v.as_str().map(String::from)) {
+        out.extend(["--prompt".to_string(), t]);
+        if recorded("/prompt/chat").and_then(|v| v.as_bool()).unwrap_or(false) {
+            out.push("--chat".to_string());
+        }
+    } else {
+        return Err(Error::Usage(format!(
+            "spec `{spec}` gives no prompt to record (`prompt: {{text: ...}}` or `prompt: {{tokens: [...]}}`) and \
+             {} records none to record again: give the spec a prompt",
+            if current.is_some() {
+                format!("its golden {}", golden.display())
+            } else {
+                format!("its golden {} does not exist yet, so it", golden.display())
+            }
+        )));
     }
     let steps = args
         .decode_steps
@@ -220,7 +245,7 @@ fn prompt_args(golden: &Path, args: &RecordArgs) -> Vec<String> {
     if let Some(n) = steps {
         out.extend(["--decode-steps".to_string(), n.to_string()]);
     }
-    out
+    Ok(out)
 }
 
 /// The subset arguments (`record:`), the same for both recorders.
@@ -375,7 +400,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
                 c.arg(&j.model)
                     .arg(&out)
-                    .args(prompt_args(&g.golden, &j.args))
+                    .args(prompt_args(&g.spec, &g.golden, &j.args)?)
                     .args(subset_args(&j.args));
                 if let Some(sp) = &j.args.sample_probs {
                     c.arg("--sample-probs").arg(sp);
