@@ -533,6 +533,39 @@ fn regen_records_a_token_prompt_as_given_and_refuses_to_invent_a_prompt() {
 }
 
 #[test]
+fn a_recording_whose_greedy_picks_left_hfs_is_written_and_reviewed_with_its_margins() {
+    let sc = scratch("disagree");
+    // What record_llamacpp.py writes when its arithmetic resolves a near-tie
+    // otherwise: the golden, with the disagreement in its provenance.
+    let recorded = sc.dir.path().join("recorded.safetensors");
+    let f = touchstone::tensor::io::read_safetensors(&hf_golden()).unwrap();
+    let mut meta = f.metadata.clone();
+    let mut prov: serde_json::Value = serde_json::from_str(&meta["provenance"]).unwrap();
+    prov["greedy_disagreement"] = serde_json::json!({
+        "step": "decode2", "index": 2, "hf_id": 57, "llamacpp_id": 504,
+        "llamacpp_margin": 0.0125, "hf_margin": 0.003
+    });
+    meta.insert("provenance".into(), prov.to_string());
+    touchstone::tensor::io::write_safetensors(&recorded, &f.floats, &f.ints, &meta).unwrap();
+    let fake = fake_python(sc.dir.path());
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)],
+        &[
+            ("FAKE_LOG", &s(&sc.dir.path().join("log"))),
+            ("FAKE_GOLDEN", &s(&recorded)),
+        ],
+    );
+    assert_eq!(o.code, 1, "a changed golden: {}", o.all());
+    assert!(pending(&sc.golden).exists(), "the golden is written: {}", o.all());
+    assert!(
+        o.stdout.contains("greedy picks differ from HF's at decode2 (token 2): `hf` picks 504 by a margin of 0.0125 over HF's 57; HF's margin the other way 0.0030"),
+        "{}",
+        o.all()
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}
+
+#[test]
 fn regen_removes_its_work_folder_when_a_recorder_fails() {
     let sc = scratch("fail");
     let tmp = sc.dir.path().join("tmp");

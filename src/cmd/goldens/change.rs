@@ -2,7 +2,8 @@
 //! are byte-identical, per step the largest change over its stages, per stage
 //! (changed ones) the max abs change and NMSE from the same comparator the
 //! checks use (pending as actual, current as expected), token-id changes, and
-//! the provenance key by key.
+//! the provenance key by key; and where a reference's free-running greedy
+//! picks left HF's, that disagreement and both margins.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -14,6 +15,31 @@ use crate::compare::{compare, sci, Tolerance};
 use crate::error::Result;
 use crate::stage::parse_key;
 use crate::tensor::io::read_safetensors;
+
+/// The review lines for a golden whose recorder's greedy picks differ from
+/// HF's (provenance `greedy_disagreement`, written by `record_llamacpp.py`):
+/// both picks, both margins, and what it means. None when they agree.
+pub fn greedy_disagreement(source: &str, provenance: &Value) -> Option<String> {
+    let d = provenance.get("greedy_disagreement")?;
+    let num = |k: &str| d.get(k).and_then(Value::as_f64);
+    let id = |k: &str| {
+        d.get(k)
+            .and_then(Value::as_u64)
+            .map_or("?".to_string(), |v| v.to_string())
+    };
+    let margin = |k: &str| num(k).map_or("not recorded".to_string(), |m| format!("{m:.4}"));
+    Some(format!(
+        "  greedy picks differ from HF's at {} (token {}): `{source}` picks {} by a margin of {} over HF's {}; HF's \
+         margin the other way {}. A near-tie its arithmetic resolves otherwise: both goldens stay fed HF's tokens, \
+         and `greedy_tokens: {source}` judges an engine against `{source}`'s picks only\n",
+        d.get("step").and_then(Value::as_str).unwrap_or("?"),
+        id("index"),
+        id("llamacpp_id"),
+        margin("llamacpp_margin"),
+        id("hf_id"),
+        margin("hf_margin"),
+    ))
+}
 
 /// The review text for `pending` against `current` (absent for a new golden).
 /// Returns the text and whether anything changed (bytes differ).
@@ -196,5 +222,26 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
         other => {
             out.insert(prefix.to_string(), other.to_string());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_greedy_disagreement_is_reviewed_with_both_picks_and_margins() {
+        let prov: Value = serde_json::from_str(
+            r#"{"greedy_disagreement": {"step": "decode2", "index": 2, "hf_id": 57, "llamacpp_id": 504,
+                "llamacpp_margin": 0.0125, "hf_margin": null}}"#,
+        )
+        .unwrap();
+        let t = greedy_disagreement("llama.cpp", &prov).unwrap();
+        assert!(
+            t.contains("at decode2 (token 2): `llama.cpp` picks 504 by a margin of 0.0125 over HF's 57"),
+            "{t}"
+        );
+        assert!(t.contains("HF's margin the other way not recorded"), "{t}");
+        assert!(greedy_disagreement("hf", &serde_json::json!({"greedy_ids": [1]})).is_none());
     }
 }

@@ -441,18 +441,19 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         }
         let bytes = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
         // Refuse to stage something that is not a usable golden.
-        GoldenSet::load(&g.source, &out)?;
+        let recorded = GoldenSet::load(&g.source, &out)?;
         write_atomic(&g.pending(), &bytes)?;
         let took = t.elapsed();
         record_times.push(format!("{} `{}` {:.1} s", g.spec, g.source, took.as_secs_f64()));
         let (desc, differs) = change::describe(&g.golden, &g.pending())?;
         changed |= differs;
         text += &format!(
-            "{} `{}`: pending {} vs current {}\n{desc}\n",
+            "{} `{}`: pending {} vs current {}\n{desc}{}\n",
             g.spec,
             g.source,
             g.pending().display(),
-            g.golden.display()
+            g.golden.display(),
+            change::greedy_disagreement(&g.source, &recorded.provenance).unwrap_or_default()
         );
     }
     progress.finish();
