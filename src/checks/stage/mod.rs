@@ -17,5 +17,8 @@ super::registry::table!(StageRule;
     sampler::Sampler,
 );
 
+// The golden check at one stage, which `greedy_tokens` asks for the logits' allowance.
+pub use golden::GoldenCheck;
+
 mod exact_dot;
 mod recompute;
