@@ -116,7 +116,7 @@ fn evaluate(facts: &Facts, engine: &dyn Engine, source: &str) -> Result<Verdict,
     }
     // The logits and what their allowance reads, to tell a near-tie.
     let taps: TapSet = std::iter::once(Stage::Logits)
-        .chain(floor::inputs(&facts.config, Stage::Logits))
+        .chain(floor::inputs(facts.config, Stage::Logits))
         .collect();
     let out = run_engine(
         engine,

@@ -181,11 +181,23 @@ fn a_16_bit_near_tie_passes_and_a_wrong_logit_does_not() {
     let v = eval(&plan, &engine, check(&plan, "greedy_tokens:hf"));
     assert!(v.passed(), "{}", v.message);
     assert_eq!(v.metrics.get("near_tie"), Some(&1.0), "{}", v.message);
-    assert!(v.message.contains("within twice the logits' allowance"), "{}", v.message);
+    assert!(
+        v.message.contains("within twice the logits' allowance"),
+        "{}",
+        v.message
+    );
 
     // A pick its logits support, but the logits are wrong: not excused.
     let plan = self::plan();
-    let v = eval(&plan, &faulty(&plan, Fault::WrongLogit), check(&plan, "greedy_tokens:hf"));
+    let v = eval(
+        &plan,
+        &faulty(&plan, Fault::WrongLogit),
+        check(&plan, "greedy_tokens:hf"),
+    );
     assert!(v.failed(), "{}", v.message);
-    assert!(v.message.contains("decode2/logits are outside their allowance"), "{}", v.message);
+    assert!(
+        v.message.contains("decode2/logits are outside their allowance"),
+        "{}",
+        v.message
+    );
 }
