@@ -353,6 +353,7 @@ fn main() {
         // Fixture data only: runs whether or not the real model is here.
         trials.push(Trial::test(tname, f));
     }
+    trials.extend(pre_tokenizer_trials(root, &doc, &texts));
     trials.push(Trial::test(
         "tokenizer::report::prompt_and_continuation_as_text",
         move || report_text(root),
@@ -364,6 +365,87 @@ fn main() {
         ));
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// One trial per vocabulary and pre-tokenizer name of the fixture's
+/// `pre_tokenizers` section: the GGUF vocabulary under that `tokenizer.ggml.pre`
+/// (metadata only, rewritten here as the fixture script rewrote it for
+/// llama.cpp) must tokenise every text to llama.cpp's ids. A name we do not
+/// implement would fail to load: every name in the fixture is claimed.
+fn pre_tokenizer_trials(root: &Path, doc: &Value, texts: &Arc<BTreeMap<String, String>>) -> Vec<Trial> {
+    let Some(vocabularies) = doc.get("pre_tokenizers").and_then(Value::as_object) else {
+        return vec![Trial::test("tokenizer::pre_tokenizers", || {
+            Err(format!("{FIXTURE} has no `pre_tokenizers` section: regenerate it with llama.cpp").into())
+        })];
+    };
+    let mut trials = Vec::new();
+    for (vocab, section) in vocabularies {
+        let src = if vocab == REAL {
+            real_model_path()
+        } else {
+            root.join("goldens").join(vocab).join("model.gguf")
+        };
+        trials.extend(pre_trials_of(vocab, src, section, texts));
+    }
+    trials
+}
+
+/// The trials of one vocabulary (ignored, with why, when its GGUF is absent).
+fn pre_trials_of(vocab: &str, src: PathBuf, section: &Value, texts: &Arc<BTreeMap<String, String>>) -> Vec<Trial> {
+    use touchstone::gguf::writer::GgufWriter;
+    use touchstone::gguf::{GgufFile, Value as Gv};
+    let keys: Vec<String> = serde_json::from_value(section["texts"].clone()).unwrap_or_default();
+    let want_sha = section["gguf"].as_str().unwrap_or_default().to_string();
+    let by_name = section["ids"].as_object().cloned().unwrap_or_default();
+    by_name
+        .into_iter()
+        .map(|(pre, by_text)| {
+            let name = format!("tokenizer::pre_tokenizers::{vocab}::{pre}");
+            if !src.exists() {
+                let why = format!(
+                    "{} is not here (fetch it: python3 ci/fetch_real_model.py)",
+                    src.display()
+                );
+                return Trial::ignorable_test(name, move || Ok(Completion::ignored_with(why)));
+            }
+            let (src, keys, texts, want_sha) = (src.clone(), keys.clone(), texts.clone(), want_sha.clone());
+            Trial::test(name, move || {
+                let have = sha256_file(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+                check(have == want_sha, || {
+                    format!(
+                        "{} changed since the fixture was recorded: regenerate {FIXTURE}",
+                        src.display()
+                    )
+                })?;
+                let f = GgufFile::open(&src).map_err(|e| e.to_string())?;
+                let mut w = GgufWriter::new();
+                for (k, v) in &f.metadata {
+                    let v = if k == "tokenizer.ggml.pre" {
+                        Gv::String(pre.clone())
+                    } else {
+                        v.clone()
+                    };
+                    w.kv(k, v);
+                }
+                let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+                let path = dir.path().join(format!("pre-{pre}.gguf"));
+                w.write(&path).map_err(|e| e.to_string())?;
+                let tok = Tokenizer::load(&path).map_err(|e| e.to_string())?;
+                let mut problems = Vec::new();
+                for key in &keys {
+                    let text = texts.get(key).ok_or("text missing from the fixture")?;
+                    let want = ids(&by_text[key]).ok_or("ids missing from the fixture")?;
+                    let got = tok.encode(text).map_err(|e| e.to_string())?;
+                    if got != want {
+                        problems.push(format!("{key} ({text:?}): ours {got:?}, llama.cpp {want:?}"));
+                    }
+                }
+                check(problems.is_empty(), || {
+                    format!("pre-tokenizer {pre}:\n{}", problems.join("\n"))
+                })
+            })
+        })
+        .collect()
 }
 
 /// A text-prompt spec on the tiny Qwen2: the plan's prompt is the text's ids,

@@ -202,6 +202,54 @@ def record_chat_folder(real_gguf, notes):
     return out
 
 
+# Every pre-tokenizer name touchstone implements (src/tokenizer/pre.rs), each
+# checked on the texts below with qwen2-tiny's vocabulary under that name.
+PRE_NAMES = [
+    "qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral",
+    "dbrx", "smaug-bpe", "chatglm-bpe", "gpt-2", "phi-2", "mpt", "olmo", "jais", "deepseek-llm", "deepseek-v3",
+    "falcon", "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "poro-chat",
+    "bloom", "gpt3-finnish", "tekken", "gpt-4o", "llama4", "seed-coder",
+]
+PRE_TEXTS = ["ascii_prose", "python_code", "digits", "digits_mixed", "contractions", "tabs_crlf",
+             "leading_trailing_spaces", "empty_line_run", "emoji_cjk", "combining_accents", "real_spec_prompt"]
+
+
+def with_pre(src_gguf, pre, out):
+    """A vocabulary-only copy of `src_gguf` (its metadata, no tensors) whose
+    `tokenizer.ggml.pre` is `pre`: llama.cpp then tokenises with that
+    pre-tokenizer. The other key-value pairs are copied byte for byte."""
+    import struct
+    import gguf
+
+    r = gguf.GGUFReader(src_gguf)
+    kvs = []
+    for name, field in r.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        if name == "tokenizer.ggml.pre":
+            k, v = name.encode(), pre.encode()
+            kvs.append(struct.pack("<Q", len(k)) + k + struct.pack("<I", int(gguf.GGUFValueType.STRING))
+                       + struct.pack("<Q", len(v)) + v)
+        else:
+            kvs.append(b"".join(bytes(part.tobytes()) for part in field.parts))
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+    body += b"\0" * (-len(body) % 32)
+    with open(out, "wb") as f:
+        f.write(body)
+
+
+def record_pre_tokenizers(lcpp, work, src, tag):
+    """llama.cpp's ids for each implemented pre-tokenizer name on the
+    vocabulary of `src` (the tiny one always; the real 151k-token one, whose
+    merges make every split difference show, when given)."""
+    out = {"gguf": sha256(src), "texts": PRE_TEXTS, "ids": {}}
+    for pre in PRE_NAMES:
+        path = os.path.join(work, f"{tag}-pre-{pre}.gguf")
+        with_pre(src, pre, path)
+        out["ids"][pre] = {key: lcpp.tokenize(path, TEXTS[key], True, True) for key in PRE_TEXTS}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -236,6 +284,18 @@ def main():
     else:
         notes.append("real model not recorded (no --real-gguf), nor qwen2-tiny-chat (its template comes from it)")
 
+    pre_tokenizers = None
+    if lcpp is not None:
+        import tempfile
+        with tempfile.TemporaryDirectory() as work:
+            tiny = os.path.join(ROOT, "goldens", "qwen2-tiny", "model.gguf")
+            pre_tokenizers = {"qwen2-tiny": record_pre_tokenizers(lcpp, work, tiny, "tiny")}
+            if args.real_gguf:
+                pre_tokenizers["qwen2.5-coder-0.5b-instruct-q4_k_m"] = record_pre_tokenizers(
+                    lcpp, work, os.path.abspath(args.real_gguf), "real")
+    else:
+        notes.append("pre-tokenizers not recorded (they are llama.cpp's)")
+
     doc = {
         "format": "touchstone-tokenizer-fixtures/1",
         "generator": "goldens/recorders/make_tokenizer_fixtures.py",
@@ -256,6 +316,7 @@ def main():
         "texts": TEXTS,
         "notes": notes,
         "models": models,
+        "pre_tokenizers": pre_tokenizers,
     }
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1, sort_keys=True)

@@ -5,9 +5,9 @@
 //! - `tokenizer.ggml.model` must be `gpt2` (byte-level BPE); `tokens` are the
 //!   vocabulary by id, `merges` the BPE merges by rank (`"a b"`, split at the
 //!   first space after the first character, as llama.cpp splits them).
-//! - `tokenizer.ggml.pre` selects the pre-tokenizer regex (llama.cpp's table);
-//!   `llama-bpe` also turns on `ignore_merges` (a word that is itself a token is
-//!   not merged) and adds BOS by default.
+//! - `tokenizer.ggml.pre` selects the pre-tokenizer: its regexes, whether
+//!   `ignore_merges` is on (a word that is itself a token is not merged) and
+//!   whether BOS is added by default (`super::pre`, llama.cpp's table).
 //! - `token_type` CONTROL (3), USER_DEFINED (4) and UNKNOWN (2) tokens are
 //!   matched in the text before BPE (llama.cpp's special-token partition with
 //!   `parse_special`, as for a prompt).
@@ -32,22 +32,6 @@ use super::chat::ChatTemplate;
 use super::Tokenizer;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, Value, ValueType};
-
-/// Qwen2's split (llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2`; HF's Qwen2
-/// tokenizer.json has the same): one digit per piece.
-const QWEN2_REGEX: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Llama 3's split (`LLAMA_VOCAB_PRE_TYPE_LLAMA3`): digits in groups of up to three.
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// llama.cpp's defaults for a pre-tokenizer name: (regex, ignore_merges, add_bos).
-fn pre_tokenizer(name: &str) -> Option<(&'static str, bool, bool)> {
-    match name {
-        "qwen2" => Some((QWEN2_REGEX, false, false)),
-        "llama3" | "llama-v3" | "llama-bpe" => Some((LLAMA3_REGEX, true, true)),
-        _ => None,
-    }
-}
 
 /// llama.cpp's token types (`llama_token_type`).
 const TYPE_UNKNOWN: i64 = 2;
@@ -131,10 +115,15 @@ pub(super) fn from_gguf(path: &Path) -> Result<Tokenizer> {
     }
     let pre_key = "tokenizer.ggml.pre";
     let pre = m.string(pre_key, m.required(pre_key, "pre-tokenizer name")?)?;
-    let (regex, ignore_merges, default_bos) = pre_tokenizer(pre).ok_or_else(|| {
+    let super::pre::Pre {
+        regexes,
+        ignore_merges,
+        add_bos: default_bos,
+    } = super::pre::by_name(pre).ok_or_else(|| {
         m.err(format!(
-            "metadata key `{pre_key}` is {pre:?}, a pre-tokenizer this harness does not implement \
-             (supported: \"qwen2\", \"llama-bpe\", \"llama3\", \"llama-v3\")"
+            "metadata key `{pre_key}` is {pre:?}, a pre-tokenizer this harness does not implement (supported: \
+             {}; give `prompt.tokens` instead)",
+            super::pre::names().join(", ")
         ))
     })?;
 
@@ -192,16 +181,20 @@ pub(super) fn from_gguf(path: &Path) -> Result<Tokenizer> {
         .build()
         .map_err(|e| m.err(format!("the vocabulary and merges do not form a BPE model: {e}")))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    let split = Split::new(
-        SplitPattern::Regex(regex.to_string()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| m.err(format!("pre-tokenizer regex for {pre:?} does not compile: {e}")))?;
-    inner.with_pre_tokenizer(Some(Sequence::new(vec![
-        PreTokenizerWrapper::Split(split),
-        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-    ])));
+    // Each regex splits the pieces the previous one left (llama.cpp's
+    // `unicode_regex_split`), then the bytes are mapped to BPE's alphabet.
+    let mut steps = Vec::new();
+    for regex in regexes {
+        let split = Split::new(
+            SplitPattern::Regex(regex.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| m.err(format!("pre-tokenizer regex for {pre:?} does not compile: {e}")))?;
+        steps.push(PreTokenizerWrapper::Split(split));
+    }
+    steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
     inner.with_decoder(Some(ByteLevel::default()));
 
     // Tokens matched in the text before BPE. HF's added-token matcher takes

@@ -22,6 +22,7 @@
 mod chat;
 mod decode;
 mod gguf;
+pub mod pre;
 #[cfg(test)]
 mod tests;
 
