@@ -4,10 +4,13 @@
 // to f32 before summing (--fmad=false), sum / width, 1/sqrt in two IEEE roundings,
 // then w * (x * r) in that order. Only the summation order differs from the CPU
 // (a block tree here, ATen's 8-lane cascade there).
+// plus_one (Gemma): the weight multiplies as 1 + w, formed in f32 (HF's
+// `1.0 + weight.float()`), i.e. out = (1 + w) * (x * r).
 // Launch: one block per row, blockDim a multiple of 32 (<= 1024), no dynamic smem.
 
 template <typename T>
-__device__ __forceinline__ void rmsnorm(const T* x, const T* w, T* out, int width, float eps) {
+__device__ __forceinline__ void rmsnorm(const T* x, const T* w, T* out, int width, float eps,
+                                        int plus_one) {
     __shared__ float scratch[32];
     const T* row = x + (long long)blockIdx.x * width;
     T* o = out + (long long)blockIdx.x * width;
@@ -21,13 +24,15 @@ __device__ __forceinline__ void rmsnorm(const T* x, const T* w, T* out, int widt
     const float r = 1.0f / sqrtf(var + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         const float v = to_f32(row[i]);
-        o[i] = from_f32<T>(to_f32(w[i]) * (v * r));
+        const float wi = plus_one ? 1.0f + to_f32(w[i]) : to_f32(w[i]);
+        o[i] = from_f32<T>(wi * (v * r));
     }
 }
 
 #define RMSNORM_OP(NAME, T)                                                                 \
-    extern "C" __global__ void NAME(const T* x, const T* w, T* out, int width, float eps) {  \
-        rmsnorm<T>(x, w, out, width, eps);                                                  \
+    extern "C" __global__ void NAME(const T* x, const T* w, T* out, int width, float eps,   \
+                                    int plus_one) {                                         \
+        rmsnorm<T>(x, w, out, width, eps, plus_one);                                        \
     }
 RMSNORM_OP(rmsnorm_f32, float)
 RMSNORM_OP(rmsnorm_f16, f16_t)

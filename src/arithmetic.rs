@@ -8,7 +8,9 @@
 //! quantised to 8 bits in blocks of 32 or 256 before each matmul, as
 //! llama.cpp does for quantised weights) — or as a map
 //! `{storage: f32, activations: q8_k, kv: f16}` (llama.cpp's defaults on a
-//! K-quant model: its KV cache is f16).
+//! K-quant model: its KV cache is f16), with `act: f16` where the gated
+//! activation is evaluated at a coarser precision than the storage
+//! (llama.cpp's CPU GELU rounds its input to f16 and reads an f16 table).
 
 use std::fmt;
 
@@ -37,6 +39,10 @@ pub struct Arithmetic {
     pub activations: Activations,
     /// The KV cache's element type (k and v are rounded to it once).
     pub kv: DType,
+    /// The precision the MLP's gate activation is evaluated at: its input
+    /// and its result rounded to it (the storage's, unless a source says
+    /// otherwise).
+    pub act: DType,
 }
 
 /// f32's unit roundoff: the accumulation's.
@@ -49,6 +55,7 @@ impl Arithmetic {
             storage,
             activations: Activations::Exact,
             kv: storage,
+            act: storage,
         }
     }
 
@@ -56,6 +63,7 @@ impl Arithmetic {
         storage: DType::F32,
         activations: Activations::Exact,
         kv: DType::F32,
+        act: DType::F32,
     };
 
     /// Unit roundoff of a stored stage output.
@@ -82,21 +90,39 @@ impl Arithmetic {
         }
     }
 
+    /// Unit roundoff of the gate activation beyond the stored stage output
+    /// (0 when it is evaluated at the storage's precision).
+    pub fn u_act(&self) -> f64 {
+        if self.act == self.storage {
+            0.0
+        } else {
+            self.act.unit_roundoff()
+        }
+    }
+
     pub fn quantises(&self) -> bool {
         matches!(self.activations, Activations::Q8 { .. })
     }
 
     /// A name as a spec writes it: `f32`, `q8_k`, or the map form.
     pub fn name(&self) -> String {
-        match (self.activations, self.kv == self.storage) {
+        let plain = self.kv == self.storage && self.act == self.storage;
+        match (self.activations, plain) {
             (Activations::Exact, true) => self.storage.to_string(),
             (Activations::Q8 { block: 32 }, true) if self.storage == DType::F32 => "q8_0".into(),
             (Activations::Q8 { block: 256 }, true) if self.storage == DType::F32 => "q8_k".into(),
-            (a, _) => format!(
+            (a, _) if self.act == self.storage => format!(
                 "{{storage: {}, activations: {}, kv: {}}}",
                 self.storage,
                 activations_name(a),
                 self.kv
+            ),
+            (a, _) => format!(
+                "{{storage: {}, activations: {}, kv: {}, act: {}}}",
+                self.storage,
+                activations_name(a),
+                self.kv,
+                self.act
             ),
         }
     }
@@ -152,7 +178,7 @@ fn parse_activations(s: &str) -> Option<Activations> {
     }
 }
 
-const NAMES: &str = "f32, f16, bf16, q8_0, q8_k, or {storage, activations, kv}";
+const NAMES: &str = "f32, f16, bf16, q8_0, q8_k, or {storage, activations, kv, act}";
 
 /// A name: a storage dtype, or f32 storage with 8-bit activations.
 fn parse_name(s: &str) -> Option<Arithmetic> {
@@ -176,6 +202,8 @@ struct Full {
     activations: Option<String>,
     #[serde(default)]
     kv: Option<String>,
+    #[serde(default)]
+    act: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for Arithmetic {
@@ -201,10 +229,15 @@ impl<'de> Deserialize<'de> for Arithmetic {
                     None => storage,
                     Some(k) => parse_dtype(k).ok_or_else(|| bad("kv", k, "f32, f16 or bf16"))?,
                 };
+                let act = match f.act.as_deref() {
+                    None => storage,
+                    Some(k) => parse_dtype(k).ok_or_else(|| bad("act", k, "f32, f16 or bf16"))?,
+                };
                 Ok(Arithmetic {
                     storage,
                     activations,
                     kv,
+                    act,
                 })
             }
         }

@@ -11,7 +11,10 @@
 //!   plus, where activations are quantised before a matmul, `c·M·ρ_q` with
 //!   ρ_q the relative RMS error that quantising the oracle's own input in
 //!   the declared blocks causes (computed, not assumed), plus one KV-cache
-//!   rounding where k or v are read from a coarser cache.
+//!   rounding where k or v are read from a coarser cache, plus at ffn_act
+//!   two roundings (its input and its result) of a gate activation
+//!   evaluated coarser than storage (`Arithmetic::act`: llama.cpp's CPU GELU
+//!   reads an f16 table at an f16 input).
 //! - **inherited**: what X's errors at the stage's direct inputs become at
 //!   the stage, to first order, from X's own measured errors there (so a
 //!   stage is judged on what it adds, and a bug fails where it is):
@@ -26,7 +29,7 @@
 //!     e_logits over the step's last logits row;
 //!   - attn_ctx = Σ p_j v_j: Σ|Δp_j| ≤ 2·e_scores, so 2·e_scores·M_v + e_v;
 //!   - SwiGLU act = silu(g)·u: 1.1·|Δg_j|·|u_j| + |g_j|·|Δu_j| (|silu'| ≤ 1.1,
-//!     |silu(g)| ≤ |g|);
+//!     |silu(g)| ≤ |g|; GeGLU's gelu_tanh: |gelu'| ≤ 1.13, |gelu(g)| ≤ |g|);
 //!   - matmuls y = W·x: X's relative error at x times M, times the map's
 //!     conditioning on this input, `gain = max(1, ρ_ref(y)/ρ_ref(x))`
 //!     measured from an f32 reference's own rounding errors at the same
@@ -86,7 +89,7 @@ pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) ->
         Stage::OutputNorm | Stage::Logits => e,
         Stage::SampleProbs => cfg.vocab,
         Stage::Block(_, b) => match b {
-            BlockStage::AttnNorm | BlockStage::FfnNorm => e,
+            BlockStage::AttnNorm | BlockStage::FfnNorm | BlockStage::AttnPostNorm | BlockStage::FfnPostNorm => e,
             BlockStage::Q | BlockStage::K | BlockStage::V => e,
             BlockStage::QNorm | BlockStage::KNorm => cfg.head_dim,
             BlockStage::QRope | BlockStage::KRope => e,
@@ -122,14 +125,25 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
                 AttnProbs => vec![s(AttnScores)],
                 AttnCtx => vec![s(AttnScores), s(V)],
                 AttnOut => vec![s(AttnCtx)],
-                FfnInp => vec![resid(l), s(AttnOut)],
+                AttnPostNorm => vec![s(AttnOut)],
+                FfnInp => vec![resid(l), s(if cfg.post_norms { AttnPostNorm } else { AttnOut })],
                 FfnNorm => vec![s(FfnInp)],
                 FfnGate | FfnUp => vec![s(FfnNorm)],
                 FfnAct => vec![s(FfnGate), s(FfnUp)],
                 FfnOut => vec![s(FfnAct)],
-                Out => vec![s(FfnInp), s(FfnOut)],
+                FfnPostNorm => vec![s(FfnOut)],
+                Out => vec![s(FfnInp), s(if cfg.post_norms { FfnPostNorm } else { FfnOut })],
             }
         }
+    }
+}
+
+/// A bound on |act'| over the reals (and |act(g)| ≤ |g| for both): SiLU's
+/// derivative peaks at 1.0998; GELU-tanh's at 1.1289 (x ≈ 2.4).
+fn act_slope_bound(act: crate::model::config::Activation) -> f64 {
+    match act {
+        crate::model::config::Activation::Silu => 1.1,
+        crate::model::config::Activation::GeluTanh => 1.13,
     }
 }
 
@@ -250,7 +264,12 @@ impl<'a> FloorAt<'a> {
                     | Stage::OutputNorm
                     | Stage::Block(
                         _,
-                        BlockStage::AttnNorm | BlockStage::FfnNorm | BlockStage::QNorm | BlockStage::KNorm
+                        BlockStage::AttnNorm
+                            | BlockStage::FfnNorm
+                            | BlockStage::QNorm
+                            | BlockStage::KNorm
+                            | BlockStage::AttnPostNorm
+                            | BlockStage::FfnPostNorm
                     )
             );
         if reads_weights {
@@ -271,6 +290,12 @@ impl<'a> FloorAt<'a> {
                     notes.push(format!("angle u·P, P {p}"));
                 }
                 BlockStage::AttnScores | BlockStage::AttnCtx => own += self.c * a.u_kv(),
+                // An activation evaluated coarser than storage rounds its input
+                // (|g·act'(g)| ≤ 1.13·|g|) and its result once each.
+                BlockStage::FfnAct if a.u_act() > 0.0 => {
+                    own += self.c * 2.13 * a.u_act();
+                    notes.push(format!("act {}", a.act));
+                }
                 _ => {}
             }
         }
@@ -334,7 +359,9 @@ impl<'a> FloorAt<'a> {
             Stage::Block(l, b) => {
                 let s = |b| Stage::Block(l, b);
                 match b {
-                    AttnNorm | FfnNorm => self.norm(stage, ins[0], x, cfg.hidden).and_then(named),
+                    AttnNorm | FfnNorm | AttnPostNorm | FfnPostNorm => {
+                        self.norm(stage, ins[0], x, cfg.hidden).and_then(named)
+                    }
                     QNorm | KNorm => self.norm(stage, ins[0], x, cfg.head_dim).and_then(named),
                     QRope | KRope => named(2f64.sqrt() * self.err(x, ins[0])?),
                     AttnScores => {
@@ -353,13 +380,14 @@ impl<'a> FloorAt<'a> {
                         named(a.iter().zip(&b).fold(0.0f64, |m, (p, q)| m.max(p + q)))
                     }
                     FfnAct => {
+                        let act_slope = act_slope_bound(cfg.act);
                         let (dg, du) = (self.diffs(x, s(FfnGate))?, self.diffs(x, s(FfnUp))?);
                         let (g, u) = (self.o(s(FfnGate))?, self.o(s(FfnUp))?);
                         (dg.len() == du.len() && g.data().len() == dg.len() && u.data().len() == dg.len())
                             .then_some(())?;
                         let v = (0..dg.len()).fold(0.0f64, |mx, j| {
                             let (gj, uj) = (g.data()[j].abs() as f64, u.data()[j].abs() as f64);
-                            mx.max(1.1 * dg[j] * uj + gj * du[j])
+                            mx.max(act_slope * dg[j] * uj + gj * du[j])
                         });
                         named(v)
                     }

@@ -47,6 +47,10 @@ pub struct RuleEnv {
     /// spec is validated alone): a check whose input stage depends on it
     /// (`rms_norm` at output_norm reads the last block's `out`) needs it.
     pub layers: Option<usize>,
+    /// Whether the model has post norms (Gemma), once a plan knows the
+    /// model: its residual adds then sum the normed branches, and its MLP's
+    /// input norm is `pre_feedforward_layernorm`.
+    pub post_norms: bool,
 }
 
 /// A problem found in a spec, and the text to locate it by.

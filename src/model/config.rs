@@ -1,6 +1,7 @@
 //! The architecture hyper-parameters an engine and the shape check need, read
 //! from an HF `config.json`: Llama-family decoders (Llama, Mistral, Qwen2,
-//! Qwen3 with its per-head q/k norms, Phi-3 with fused projections).
+//! Qwen3 with its per-head q/k norms, Phi-3 with fused projections) and
+//! Gemma 3 (`model::gemma`: its features are general fields here).
 //!
 //! A config that asks for maths the engines do not implement (RoPE scaling,
 //! an activation other than SiLU, soft-capping, ...) is refused with the field
@@ -37,11 +38,67 @@ pub struct ModelConfig {
     /// The longest context the model was built for (`max_position_embeddings`,
     /// GGUF `context_length`), when the file says.
     pub context_length: Option<usize>,
+    /// The MLP's gate activation: SiLU (SwiGLU) or GELU-tanh (Gemma's GeGLU).
+    pub act: Activation,
+    /// Every RMSNorm multiplies by `1 + w` (Gemma), `w` as HF holds it.
+    pub norm_plus_one: bool,
+    /// Embedding rows are multiplied by this before block 0 (Gemma: √hidden
+    /// rounded to f32, as HF's float32 `embed_scale` and llama.cpp's
+    /// `sqrtf(n_embd)`).
+    pub embed_scale: Option<f32>,
+    /// RMSNorms on the attention and MLP outputs before each residual add
+    /// (Gemma): the `attn_post_norm` and `ffn_post_norm` stages.
+    pub post_norms: bool,
+    /// The scale of q·kᵀ: head_dim^-½, or Gemma's `query_pre_attn_scalar^-½`.
+    pub attn_scale: f64,
+    /// Local (sliding-window) layers interleaved with global ones, each with
+    /// its own RoPE base (Gemma 3): implemented by the engines, unlike
+    /// `sliding_window`.
+    pub local: Option<LocalAttention>,
+}
+
+/// The MLP's gate activation, `act(gate)·up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// x·σ(x) (HF `silu`).
+    Silu,
+    /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (HF `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The HF name's activation (`gelu` is the exact erf GELU: not this one).
+    pub fn parse(name: &str) -> Option<Activation> {
+        match name {
+            "silu" | "swish" => Some(Activation::Silu),
+            "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+}
+
+/// Interleaved local attention (see `ModelConfig::local`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LocalAttention {
+    /// A query at position p sees keys at positions p − window < j ≤ p (HF's
+    /// `sliding_window_overlay`, llama.cpp's `p1 − p0 >= n_swa` masked).
+    pub window: usize,
+    /// Per layer: true for a local layer.
+    pub layers: Vec<bool>,
+    /// The RoPE base of local layers (global ones use `rope_theta`).
+    pub rope_theta: f64,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
 /// two RMSNorms per block, NEOX rotate-half RoPE).
-const SUPPORTED: &[&str] = &["qwen2", "qwen3", "llama", "mistral", "phi3"];
+const SUPPORTED: &[&str] = &["qwen2", "qwen3", "llama", "mistral", "phi3", "gemma3_text"];
 
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
@@ -58,7 +115,36 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .ok_or("missing string key `model_type`")?
             .to_string();
-        if !SUPPORTED.contains(&arch.as_str()) {
+        if arch == "gemma3_text" {
+            // Gemma 3 is read as the Llama form plus its features; the family
+            // is called `gemma3` as llama.cpp calls it.
+            let (rest, parts) = super::gemma::normalise(v)?;
+            let mut rest = rest;
+            rest["model_type"] = "gemma3".into();
+            let mut cfg = Self::from_json_llama(&rest, "gemma3".into())?;
+            cfg.act = Activation::GeluTanh;
+            cfg.norm_plus_one = true;
+            cfg.embed_scale = Some((cfg.hidden as f64).sqrt() as f32);
+            cfg.post_norms = true;
+            cfg.qk_norm = true;
+            cfg.attn_scale = parts.attn_scale;
+            cfg.rope_theta = parts.rope_theta;
+            cfg.local = parts.local;
+            return Ok(cfg);
+        }
+        if arch == "gemma3" {
+            return Err(
+                "model_type `gemma3` is Gemma 3's vision-language checkpoint; touchstone runs its text \
+                        decoder: give a `gemma3_text` model (Gemma3ForCausalLM)"
+                    .into(),
+            );
+        }
+        Self::from_json_llama(v, arch)
+    }
+
+    /// A Llama-layout config (`arch` its family).
+    fn from_json_llama(v: &Value, arch: String) -> std::result::Result<ModelConfig, String> {
+        if !SUPPORTED.contains(&arch.as_str()) && arch != "gemma3" {
             return Err(format!(
                 "model_type `{arch}` is not supported (supported: {})",
                 SUPPORTED.join(", ")
@@ -113,6 +199,12 @@ impl ModelConfig {
             qk_norm: arch == "qwen3",
             sliding_window,
             context_length,
+            act: Activation::Silu,
+            norm_plus_one: false,
+            embed_scale: None,
+            post_norms: false,
+            attn_scale: (head_dim as f64).powf(-0.5),
+            local: None,
             arch,
         };
         cfg.validate()?;
@@ -158,7 +250,47 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for RoPE", self.head_dim));
         }
+        if let Some(l) = &self.local {
+            if l.layers.len() != self.layers {
+                return Err(format!(
+                    "the local-layer pattern covers {} layers but the model has {}",
+                    l.layers.len(),
+                    self.layers
+                ));
+            }
+            if l.window == 0 {
+                return Err("the sliding window must be positive".into());
+            }
+        }
         Ok(())
+    }
+
+    /// The sliding window of layer `l`, if it is a local layer.
+    pub fn window_of(&self, l: usize) -> Option<usize> {
+        self.local
+            .as_ref()
+            .filter(|a| a.layers.get(l) == Some(&true))
+            .map(|a| a.window)
+    }
+
+    /// The RoPE base of layer `l` (local layers have their own).
+    pub fn rope_theta_of(&self, l: usize) -> f64 {
+        match &self.local {
+            Some(a) if a.layers.get(l) == Some(&true) => a.rope_theta,
+            _ => self.rope_theta,
+        }
+    }
+
+    /// The distinct RoPE bases the layers use, in layer order of first use.
+    pub fn rope_thetas(&self) -> Vec<f64> {
+        let mut v: Vec<f64> = Vec::new();
+        for l in 0..self.layers {
+            let t = self.rope_theta_of(l);
+            if !v.contains(&t) {
+                v.push(t);
+            }
+        }
+        v
     }
 
     /// Whether a run reaching `positions` positions (prompt + decode steps)

@@ -77,7 +77,10 @@ impl FileTensors {
             .get_or_init(|| {
                 let src = self.source()?;
                 let mut out = BTreeMap::new();
-                for n in names(src).into_iter().filter(|n| n.ends_with("norm.weight")) {
+                for n in names(src, &self.config.arch)
+                    .into_iter()
+                    .filter(|n| n.ends_with("norm.weight"))
+                {
                     let t = self.read(&n)?;
                     if t.shape().len() == 1 {
                         out.insert(n, t.data().to_vec());
@@ -104,7 +107,7 @@ impl FileTensors {
         let src = self.source()?;
         let phi3_gguf = matches!(src, Source::Gguf(_)) && self.config.arch == "phi3";
         let mut out = Vec::new();
-        for mut n in names(src) {
+        for mut n in names(src, &self.config.arch) {
             if phi3_gguf && n.ends_with(".mlp.up_proj.weight") {
                 n = n.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
             }
@@ -165,15 +168,7 @@ impl FileTensors {
             Source::Gguf(f) => {
                 let info = f.tensors.iter().find(|i| i.name == stored).expect("find located it");
                 let t = f.read_tensor(info).map_err(|e| e.to_string())?;
-                let heads = match (cfg.arch.as_str(), stored.as_str()) {
-                    ("llama", n) if n.contains(".attn_q.") => Some(cfg.heads),
-                    ("llama", n) if n.contains(".attn_k.") => Some(cfg.kv_heads),
-                    _ => None,
-                };
-                match heads {
-                    Some(h) => super::gguf::unpermute_rows(t, h),
-                    None => t,
-                }
+                super::gguf::as_hf(cfg, &stored, t, false)
             }
         };
         if let Some((first, rows)) = piece {
@@ -207,13 +202,13 @@ fn open(model: &Path) -> Result<Source> {
 }
 
 /// Every tensor name of the file, in HF naming.
-fn names(src: &Source) -> Vec<String> {
+fn names(src: &Source, arch: &str) -> Vec<String> {
     match src {
         Source::Dir(files) => files.iter().flat_map(|f| f.floats.keys().cloned()).collect(),
         Source::Gguf(f) => f
             .tensors
             .iter()
-            .map(|i| super::gguf::hf_name(&i.name).unwrap_or_else(|| i.name.clone()))
+            .map(|i| super::gguf::hf_name_in(arch, &i.name).unwrap_or_else(|| i.name.clone()))
             .collect(),
     }
 }
@@ -225,7 +220,7 @@ fn find(src: &Source, cfg: &ModelConfig, name: &str) -> Option<(String, Option<(
         match src {
             Source::Dir(files) => files.iter().any(|f| f.floats.contains_key(hf)).then(|| hf.to_string()),
             Source::Gguf(f) => {
-                let g = super::gguf::gguf_name(hf)?;
+                let g = super::gguf::gguf_name_in(&cfg.arch, hf)?;
                 f.tensors.iter().any(|i| i.name == g).then_some(g)
             }
         }

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod config;
 pub mod file_tensors;
 pub mod fused;
+pub mod gemma;
 pub mod gguf;
 pub mod weights;
 

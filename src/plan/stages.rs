@@ -42,6 +42,7 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
     }
     let env = RuleEnv {
         layers: Some(config.layers),
+        post_norms: config.post_norms,
         ..spec.rule_env()
     };
     // stage -> [(check id, check)]; a later rule replaces an earlier one.

@@ -79,6 +79,9 @@ mod self_test {
             ArgmaxTieLast => ("phi3-tiny.yaml", "run::greedy_tokens:hf"),
             OProjHeadShareOff => ("qwen2-tiny.yaml", "prefill/blk.0.attn_out"),
             SkipQkNorm => ("qwen3-tiny.yaml", "prefill/blk.0.q_norm"),
+            EmbedNotScaled => ("gemma3-tiny.yaml", "prefill/embed"),
+            LocalRopeGlobalBase => ("gemma3-tiny.yaml", "prefill/blk.0.q_rope"),
+            NormWithoutPlusOne => ("gemma3-tiny.yaml", "prefill/blk.0.attn_norm"),
         }
     }
 

@@ -154,6 +154,7 @@ impl Spec {
             goldens: self.goldens.keys().cloned().collect(),
             has_oracle: self.oracle.is_some(),
             layers: None,
+            post_norms: false,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::fmt;
 pub use rope::RopeStyle;
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 19] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 21] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
@@ -25,12 +25,14 @@ pub const BLOCK_STAGES: [(&str, BlockStage); 19] = [
     ("attn_probs", BlockStage::AttnProbs),
     ("attn_ctx", BlockStage::AttnCtx),
     ("attn_out", BlockStage::AttnOut),
+    ("attn_post_norm", BlockStage::AttnPostNorm),
     ("ffn_inp", BlockStage::FfnInp),
     ("ffn_norm", BlockStage::FfnNorm),
     ("ffn_gate", BlockStage::FfnGate),
     ("ffn_up", BlockStage::FfnUp),
     ("ffn_act", BlockStage::FfnAct),
     ("ffn_out", BlockStage::FfnOut),
+    ("ffn_post_norm", BlockStage::FfnPostNorm),
     ("out", BlockStage::Out),
 ];
 
@@ -52,12 +54,16 @@ pub enum BlockStage {
     AttnProbs,
     AttnCtx,
     AttnOut,
+    /// Gemma: RMSNorm of attn_out, the branch the residual adds.
+    AttnPostNorm,
     FfnInp,
     FfnNorm,
     FfnGate,
     FfnUp,
     FfnAct,
     FfnOut,
+    /// Gemma: RMSNorm of ffn_out, the branch the residual adds.
+    FfnPostNorm,
     Out,
 }
 
@@ -102,7 +108,7 @@ impl Stage {
 
     /// Every stage of the vocabulary for `n_layers` blocks, in execution
     /// order, including stages only some architectures have (`q_norm`,
-    /// `k_norm`): what patterns are validated against. A model's own stages
+    /// `k_norm`, the post norms): what patterns are validated against. A model's own stages
     /// are [`Stage::of_model`].
     pub fn all(n_layers: usize) -> Vec<Stage> {
         let mut v = vec![Stage::Embed];
@@ -122,6 +128,9 @@ impl Stage {
         Stage::all(cfg.layers)
             .into_iter()
             .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
+            .filter(|s| {
+                cfg.post_norms || !matches!(s, Stage::Block(_, BlockStage::AttnPostNorm | BlockStage::FfnPostNorm))
+            })
             .filter(|s| random_sampling || *s != Stage::SampleProbs)
             .collect()
     }
@@ -246,7 +255,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 19 + 3);
+        assert_eq!(all.len(), 1 + 2 * 21 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

@@ -22,6 +22,8 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
             BlockStage::AttnNorm
             | BlockStage::AttnOut
+            | BlockStage::AttnPostNorm
+            | BlockStage::FfnPostNorm
             | BlockStage::FfnInp
             | BlockStage::FfnNorm
             | BlockStage::FfnOut

@@ -49,20 +49,26 @@ impl StageRule for Residual {
     fn kind(&self) -> &'static str {
         Self::NAME
     }
-    fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
-        let (a, b) = inputs(stage)
+    fn expand(&self, stage: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        let (a, b) = inputs(stage, env.post_norms)
             .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp and blk.*.out, not `{stage}`"))?;
         Ok(vec![Arc::new(ResidualCheck { a, b })])
     }
 }
 
-/// The two stages a residual stage sums.
-fn inputs(stage: Stage) -> Option<(Stage, Stage)> {
-    use BlockStage::{AttnOut, FfnInp, FfnOut, Out};
+/// The two stages a residual stage sums (with post norms, the normed
+/// branches: Gemma's `attn_post_norm` and `ffn_post_norm`).
+fn inputs(stage: Stage, post_norms: bool) -> Option<(Stage, Stage)> {
+    use BlockStage::{AttnOut, AttnPostNorm, FfnInp, FfnOut, FfnPostNorm, Out};
+    let (attn, ffn) = if post_norms {
+        (AttnPostNorm, FfnPostNorm)
+    } else {
+        (AttnOut, FfnOut)
+    };
     Some(match stage {
-        Stage::Block(0, FfnInp) => (Stage::Embed, Stage::Block(0, AttnOut)),
-        Stage::Block(l, FfnInp) => (Stage::Block(l - 1, Out), Stage::Block(l, AttnOut)),
-        Stage::Block(l, Out) => (Stage::Block(l, FfnInp), Stage::Block(l, FfnOut)),
+        Stage::Block(0, FfnInp) => (Stage::Embed, Stage::Block(0, attn)),
+        Stage::Block(l, FfnInp) => (Stage::Block(l - 1, Out), Stage::Block(l, attn)),
+        Stage::Block(l, Out) => (Stage::Block(l, FfnInp), Stage::Block(l, ffn)),
         _ => return None,
     })
 }
@@ -198,7 +204,7 @@ mod tests {
             for step in Step::sequence(2) {
                 for l in 0..layers {
                     for stage in [Stage::Block(l, BlockStage::FfnInp), Stage::Block(l, BlockStage::Out)] {
-                        let (a, b) = inputs(stage).unwrap();
+                        let (a, b) = inputs(stage, false).unwrap();
                         let got = |s| out.captures.get(step, s).unwrap();
                         v.push((format!("{step}/{stage}"), judge(got(stage), got(a), got(b), stage, a, b)));
                     }

@@ -50,9 +50,10 @@ pub struct RmsNorm;
 impl Kind for RmsNorm {
     const NAME: &'static str = "rms_norm";
     const PARAMS: &'static str = "none";
-    const ABOUT: &'static str = "blk.*.attn_norm, blk.*.ffn_norm, output_norm, blk.*.q_norm/k_norm: the stage is RMSNorm \
-                                 of its input capture with the model file's weight and eps, within the roundings \
-                                 of the engine's arithmetic";
+    const ABOUT: &'static str = "blk.*.attn_norm, blk.*.ffn_norm, output_norm, blk.*.q_norm/k_norm (and Gemma's \
+                                 blk.*.attn_post_norm/ffn_post_norm): the stage is RMSNorm of its input capture with \
+                                 the model file's weight (1 + w for Gemma) and eps, within the roundings of the \
+                                 engine's arithmetic";
     fn bare() -> Self {
         RmsNorm
     }
@@ -68,25 +69,34 @@ impl StageRule for RmsNorm {
     fn expand(&self, stage: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
         let refuse = || {
             format!(
-                "`rms_norm` applies to blk.*.attn_norm, blk.*.ffn_norm, output_norm, blk.*.q_norm and \
-                 blk.*.k_norm, not `{stage}`"
+                "`rms_norm` applies to blk.*.attn_norm, blk.*.ffn_norm, output_norm, blk.*.q_norm, \
+                 blk.*.k_norm, blk.*.attn_post_norm and blk.*.ffn_post_norm, not `{stage}`"
             )
         };
-        let (input, weight) = norm_of(stage, env.layers).ok_or_else(refuse)?;
+        let (input, weight) = norm_of(stage, env.layers, env.post_norms).ok_or_else(refuse)?;
         Ok(vec![Arc::new(RmsNormCheck { input, weight })])
     }
 }
 
 /// The stage a norm stage normalises, and the HF name of its weight. None
 /// for a stage that is no norm (or output_norm while the layer count is
-/// unknown).
-fn norm_of(stage: Stage, layers: Option<usize>) -> Option<(Stage, String)> {
-    use BlockStage::{AttnNorm, FfnInp, FfnNorm, KNorm, Out, QNorm, K, Q};
+/// unknown). With post norms (Gemma) HF's `post_attention_layernorm` is the
+/// attention output's norm and the MLP's input norm is
+/// `pre_feedforward_layernorm`.
+fn norm_of(stage: Stage, layers: Option<usize>, post_norms: bool) -> Option<(Stage, String)> {
+    use BlockStage::{AttnNorm, AttnOut, AttnPostNorm, FfnInp, FfnNorm, FfnOut, FfnPostNorm, KNorm, Out, QNorm, K, Q};
     let p = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
+    let ffn_norm = if post_norms {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    };
     Some(match stage {
         Stage::Block(0, AttnNorm) => (Stage::Embed, p(0, "input_layernorm")),
         Stage::Block(l, AttnNorm) => (Stage::Block(l - 1, Out), p(l, "input_layernorm")),
-        Stage::Block(l, FfnNorm) => (Stage::Block(l, FfnInp), p(l, "post_attention_layernorm")),
+        Stage::Block(l, FfnNorm) => (Stage::Block(l, FfnInp), p(l, ffn_norm)),
+        Stage::Block(l, AttnPostNorm) => (Stage::Block(l, AttnOut), p(l, "post_attention_layernorm")),
+        Stage::Block(l, FfnPostNorm) => (Stage::Block(l, FfnOut), p(l, "post_feedforward_layernorm")),
         Stage::Block(l, QNorm) => (Stage::Block(l, Q), p(l, "self_attn.q_norm")),
         Stage::Block(l, KNorm) => (Stage::Block(l, K), p(l, "self_attn.k_norm")),
         Stage::OutputNorm => (Stage::Block(layers?.checked_sub(1)?, Out), "model.norm.weight".into()),
@@ -128,7 +138,15 @@ impl StageCheck for RmsNormCheck {
             u_w: facts.arithmetic.u_weight(),
             eta: facts.storage.coarser(y.dtype()).subnormal_error(),
         };
-        judge(y, x, w, facts.config.rms_eps, units, at.stage, self.input)
+        judge(
+            y,
+            x,
+            Weight::of(w, facts.config.norm_plus_one),
+            facts.config.rms_eps,
+            units,
+            at.stage,
+            self.input,
+        )
     }
 }
 
@@ -155,8 +173,37 @@ impl Units {
     }
 }
 
+/// A norm's weight as it multiplies: `w`, or Gemma's `1 + w` formed in f32
+/// (HF's `1.0 + self.weight.float()`; llama.cpp's converter stores it so
+/// rounded). For `1 + w` an engine holding `w` at its storage dtype is off by
+/// u_w·|w|, which relative to |1 + w| is unbounded near w = −1: that term is
+/// allowed per element, absolutely, besides u_w relative to |1 + w| (an
+/// engine holding 1 + w itself at storage).
+struct Weight<'a> {
+    raw: &'a [f32],
+    plus_one: bool,
+}
+
+impl<'a> Weight<'a> {
+    fn of(raw: &'a [f32], plus_one: bool) -> Weight<'a> {
+        Weight { raw, plus_one }
+    }
+    fn len(&self) -> usize {
+        self.raw.len()
+    }
+    /// (the multiplier, the raw weight's magnitude held at storage).
+    fn at(&self, i: usize) -> (f64, f64) {
+        let w = self.raw[i];
+        if self.plus_one {
+            ((1.0 + w) as f64, (w as f64).abs())
+        } else {
+            (w as f64, 0.0)
+        }
+    }
+}
+
 /// `y` is RMSNorm of `x` (rows of `w.len()`) within the allowance.
-fn judge(y: &Tensor, x: &Tensor, w: &[f32], eps: f64, units: Units, stage: Stage, input: Stage) -> Verdict {
+fn judge(y: &Tensor, x: &Tensor, w: Weight, eps: f64, units: Units, stage: Stage, input: Stage) -> Verdict {
     let n = w.len();
     if y.shape() != x.shape() || n == 0 || y.shape().last().is_none_or(|&d| d % n != 0) {
         return Verdict::fail(format!(
@@ -172,9 +219,11 @@ fn judge(y: &Tensor, x: &Tensor, w: &[f32], eps: f64, units: Units, stage: Stage
     for (r, (yr, xr)) in y.data().chunks_exact(n).zip(x.data().chunks_exact(n)).enumerate() {
         let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / n as f64;
         let inv = 1.0 / (ms + eps).sqrt();
-        for (i, ((&yv, &xv), &wv)) in yr.iter().zip(xr).zip(w).enumerate() {
-            let want = xv as f64 * inv * wv as f64;
-            let allowed = gamma * want.abs() + 2.0 * units.eta * (1.0 + (wv as f64).abs());
+        for (i, (&yv, &xv)) in yr.iter().zip(xr).enumerate() {
+            let (wv, raw) = w.at(i);
+            let xh = xv as f64 * inv;
+            let want = xh * wv;
+            let allowed = gamma * want.abs() + units.u_w * raw * xh.abs() + 2.0 * units.eta * (1.0 + wv.abs());
             tally.add(r * n + i, yv, want, allowed);
         }
     }
@@ -216,17 +265,17 @@ mod tests {
         let w: Vec<f32> = (0..64).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
         for d in [DType::F32, DType::F16, DType::BF16] {
             let xs = t(&x, d);
-            let ok = judge(&t(&norm(xs.data(), &w, 1e-6, 64), d), &xs, &w, 1e-6, Units::at(d), Y, X);
+            let ok = judge(&t(&norm(xs.data(), &w, 1e-6, 64), d), &xs, Weight::of(&w, false), 1e-6, Units::at(d), Y, X);
             assert!(ok.passed(), "{d}: {}", ok.message);
-            let bug = judge(&t(&norm(xs.data(), &w, 1e-6, 63), d), &xs, &w, 1e-6, Units::at(d), Y, X);
+            let bug = judge(&t(&norm(xs.data(), &w, 1e-6, 63), d), &xs, Weight::of(&w, false), 1e-6, Units::at(d), Y, X);
             // 1/(2·64) = 7.8e-3 relative: over the f32 and f16 allowances
             // (1e-6, 2.4e-3), under bf16's (1.9e-2).
             assert_eq!(bug.failed(), d != DType::BF16, "{d}: {}", bug.message);
         }
-        let bug = judge(&t(&norm(&x, &w, 1e-6, 63), DType::F32), &t(&x, DType::F32), &w, 1e-6, Units::at(DType::F32), Y, X);
+        let bug = judge(&t(&norm(&x, &w, 1e-6, 63), DType::F32), &t(&x, DType::F32), Weight::of(&w, false), 1e-6, Units::at(DType::F32), Y, X);
         assert!(bug.message.contains(" of 64 elements of blk.0.attn_norm are not RMSNorm(embed)·w"), "{}", bug.message);
         // A shape that is no norm of rows of the weight's length.
-        let v = judge(&t(&x[..60], DType::F32), &t(&x[..60], DType::F32), &w, 1e-6, Units::at(DType::F32), Y, X);
+        let v = judge(&t(&x[..60], DType::F32), &t(&x[..60], DType::F32), Weight::of(&w, false), 1e-6, Units::at(DType::F32), Y, X);
         assert!(v.failed() && v.message.contains("multiple of 64"), "{}", v.message);
     }
 
@@ -261,11 +310,19 @@ mod tests {
         let mut v = Vec::new();
         for step in Step::sequence(2) {
             for stage in Stage::of_model(&cfg, false) {
-                let Some((input, weight)) = norm_of(stage, Some(cfg.layers)) else { continue };
+                let Some((input, weight)) = norm_of(stage, Some(cfg.layers), cfg.post_norms) else { continue };
                 let Some(y) = out.captures.get(step, stage) else { continue };
                 let x = out.captures.get(step, input).unwrap();
                 let w = norms.norm(&weight).unwrap();
-                v.push((format!("{step}/{stage}"), judge(y, x, w, cfg.rms_eps, Units::at(storage), stage, input)));
+                v.push((format!("{step}/{stage}"), judge(
+                    y,
+                    x,
+                    Weight::of(w, cfg.norm_plus_one),
+                    cfg.rms_eps,
+                    Units::at(storage),
+                    stage,
+                    input,
+                )));
             }
         }
         v

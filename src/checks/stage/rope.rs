@@ -142,6 +142,8 @@ impl StageCheck for RopeCheck {
                 at.step, self.input
             ));
         };
-        invariants::rope(input, t, at.positions(), self.style, self.tol, facts.config.rope_theta)
+        // Each layer rotates by its own base (Gemma 3's local layers have theirs).
+        let theta = at.stage.layer().map_or(facts.config.rope_theta, |l| facts.config.rope_theta_of(l));
+        invariants::rope(input, t, at.positions(), self.style, self.tol, theta)
     }
 }

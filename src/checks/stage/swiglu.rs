@@ -1,9 +1,10 @@
-//! `swiglu`: the MLP's activation stage is `ffn_act = silu(ffn_gate)·ffn_up`
+//! `swiglu`: the MLP's activation stage is `ffn_act = act(ffn_gate)·ffn_up`
 //! element by element, recomputed in f64 from the engine's own captures of
-//! gate and up (every architecture the engines run uses SiLU; the config
-//! refuses another activation). SiLU on the wrong operand, a GELU where
-//! SiLU belongs, a product with the wrong buffer or a mis-fused kernel shows
-//! at ffn_act itself, whatever drift its inputs carry.
+//! gate and up, `act` the model's gate activation: SiLU (SwiGLU), or
+//! GELU-tanh for Gemma's GeGLU (the config refuses any other). The
+//! activation on the wrong operand, a GELU where SiLU belongs, a product with
+//! the wrong buffer or a mis-fused kernel shows at ffn_act itself, whatever
+//! drift its inputs carry.
 //!
 //! The allowance, per element, with y = silu(g)·p, u the storage's unit
 //! roundoff and u32 = 2^-24:
@@ -17,6 +18,15 @@
 //!   silu'(g) = σ(g)·(1 + g·(1 − σ(g)));
 //! - two subnormal roundings (`DType::subnormal_error`), the first scaled by
 //!   |p|.
+//!
+//! GELU-tanh, gelu(g) = ½·g·(1 + tanh(z)), z = √(2/π)·(g + 0.044715·g³): the
+//! same terms with gelu' for silu', and its own f32 arithmetic taken
+//! absolutely, 4·u32·|g·p|: z's five operations (5·u32·|z|, times tanh's
+//! slope sech²(z), and |z|·sech²(z) ≤ 0.45) and tanh's own error (2·u32,
+//! CUDA's `tanhf` bound; an exp-based tanh is within it) land on
+//! (1 + tanh z), which cancels for g ≪ 0 — so relative to |y| there is no
+//! bound, but ½·|g·p| times those ≤ 4.3·u32 is one; plus the final products'
+//! 3·u32·|y|.
 //!
 //! A bound, not an estimate: no safety factor. For moderate |g| it is about
 //! 4u·|y|: 2.4e-7 relative at f32, 2e-3 at f16, 1.6e-2 at bf16.
@@ -32,6 +42,7 @@ use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
 use crate::checks::params::Empty;
 use crate::checks::scaled::{storage_unit, U_F32};
 use crate::checks::verdict::Verdict;
+use crate::model::config::Activation;
 use crate::stage::{BlockStage, Stage};
 use crate::tensor::Tensor;
 
@@ -41,8 +52,9 @@ pub struct Swiglu;
 impl Kind for Swiglu {
     const NAME: &'static str = "swiglu";
     const PARAMS: &'static str = "none";
-    const ABOUT: &'static str = "blk.*.ffn_act only: the stage is silu(ffn_gate)·ffn_up of the engine's own captures, \
-                                 within the roundings of its arithmetic";
+    const ABOUT: &'static str = "blk.*.ffn_act only: the stage is act(ffn_gate)·ffn_up of the engine's own captures \
+                                 (act: the model's silu, or gelu_tanh for GeGLU), within the roundings of its \
+                                 arithmetic";
     fn bare() -> Self {
         Swiglu
     }
@@ -97,7 +109,7 @@ impl StageCheck for SwigluCheck {
             (Err(v), _, _) | (_, Err(v), _) | (_, _, Err(v)) => return v,
         };
         let d = y.dtype().coarser(g.dtype()).coarser(p.dtype()).coarser(facts.storage);
-        judge(y, g, p, storage_unit(d), d.subnormal_error(), at.stage)
+        judge(y, g, p, facts.config.act, storage_unit(d), d.subnormal_error(), at.stage)
     }
 }
 
@@ -105,8 +117,27 @@ fn sigmoid(g: f64) -> f64 {
     1.0 / (1.0 + (-g).exp())
 }
 
-/// `y = silu(g)·p` element by element within the allowance (module comment).
-fn judge(y: &Tensor, g: &Tensor, p: &Tensor, u: f64, eta: f64, stage: Stage) -> Verdict {
+/// act(g), act'(g), and act's own f32 error bound (relative to |act(g)|,
+/// absolute per unit |g|): see the module comment.
+fn act_terms(act: Activation, g: f64) -> (f64, f64, f64, f64) {
+    match act {
+        Activation::Silu => {
+            let s = sigmoid(g);
+            (g * s, s * (1.0 + g * (1.0 - s)), (5.0 + 1.16 * g.abs()) * U_F32, 0.0)
+        }
+        Activation::GeluTanh => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let z = c * (g + 0.044715 * g * g * g);
+            let t = z.tanh();
+            let sech2 = 1.0 - t * t;
+            let d = 0.5 * (1.0 + t) + 0.5 * g * sech2 * c * (1.0 + 3.0 * 0.044715 * g * g);
+            (0.5 * g * (1.0 + t), d, 3.0 * U_F32, 4.0 * U_F32)
+        }
+    }
+}
+
+/// `y = act(g)·p` element by element within the allowance (module comment).
+fn judge(y: &Tensor, g: &Tensor, p: &Tensor, act: Activation, u: f64, eta: f64, stage: Stage) -> Verdict {
     if y.shape() != g.shape() || y.shape() != p.shape() {
         return Verdict::fail(format!(
             "swiglu: {stage} has shape {:?}, ffn_gate {:?}, ffn_up {:?}: an elementwise product needs one shape",
@@ -118,22 +149,25 @@ fn judge(y: &Tensor, g: &Tensor, p: &Tensor, u: f64, eta: f64, stage: Stage) -> 
     let mut tally = Tally::default();
     for (i, ((&yv, &gv), &pv)) in y.data().iter().zip(g.data()).zip(p.data()).enumerate() {
         let (gf, pf) = (gv as f64, pv as f64);
-        let s = sigmoid(gf);
-        let silu = gf * s;
-        let want = silu * pf;
-        let own = 2.0 * u + (5.0 + 1.16 * gf.abs()) * U_F32;
-        let dsilu = s * (1.0 + gf * (1.0 - s));
-        let inherited = u * ((pf * gf * dsilu).abs() + want.abs());
-        let allowed = own / (1.0 - own) * want.abs() + inherited + eta * (1.0 + pf.abs());
+        let (a, da, own_rel, own_abs) = act_terms(act, gf);
+        let want = a * pf;
+        let own = 2.0 * u + own_rel;
+        let inherited = u * ((pf * gf * da).abs() + want.abs());
+        let allowed = own / (1.0 - own) * want.abs()
+            + own_abs * (gf * pf).abs()
+            + inherited
+            + eta * (1.0 + pf.abs());
         tally.add(i, yv, want, allowed);
     }
+    let name = act.name();
+    let what = format!("{name}(gate)·up");
     let words = Wording {
-        what: "silu(gate)·up",
+        what: &what,
         within: &format!("u {u:.1e}"),
-        hint: "silu on the wrong operand, another activation, or the wrong buffer?",
+        hint: &format!("{name} on the wrong operand, another activation, or the wrong buffer?"),
     };
     tally.verdict(y, stage, words, |w| {
-        format!("silu({:e})·{:e} = {:e}", g.data()[w.index], p.data()[w.index], w.want)
+        format!("{name}({:e})·{:e} = {:e}", g.data()[w.index], p.data()[w.index], w.want)
     })
 }
 
@@ -166,14 +200,14 @@ mod tests {
             let (tg, tp) = (t(&g, d), t(&p, d));
             let y: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| silu(*g) * p).collect();
             let u = storage_unit(d);
-            assert!(judge(&t(&y, d), &tg, &tp, u, d.subnormal_error(), Y).passed(), "{d}");
+            assert!(judge(&t(&y, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y).passed(), "{d}");
             // SiLU on up instead of gate.
             let bug: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| g * silu(*p)).collect();
-            let v = judge(&t(&bug, d), &tg, &tp, u, d.subnormal_error(), Y);
+            let v = judge(&t(&bug, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y);
             assert!(v.failed() && v.message.contains("silu on the wrong operand"), "{d}: {}", v.message);
             // Every element 8 storage roundings too large: over the ~4u allowance.
             let scaled: Vec<f32> = y.iter().map(|v| v * (1.0 + 8.0 * u as f32)).collect();
-            assert!(judge(&t(&scaled, d), &tg, &tp, u, d.subnormal_error(), Y).failed(), "{d}");
+            assert!(judge(&t(&scaled, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y).failed(), "{d}");
         }
     }
 
@@ -203,7 +237,7 @@ mod tests {
                     let got = |s| out.captures.get(step, s).unwrap();
                     let stage = Stage::Block(l, BlockStage::FfnAct);
                     let u = storage_unit(d);
-                    v.push((format!("{step}/{stage}"), judge(got(stage), got(c.gate()), got(c.up()), u, d.subnormal_error(), stage)));
+                    v.push((format!("{step}/{stage}"), judge(got(stage), got(c.gate()), got(c.up()), Activation::Silu, u, d.subnormal_error(), stage)));
                 }
             }
             v

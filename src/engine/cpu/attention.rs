@@ -15,6 +15,10 @@ pub struct AttnShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The scale of q·kᵀ (`ModelConfig::attn_scale`).
+    pub scale: f64,
+    /// A local layer's sliding window: query at p sees keys p − window < j ≤ p.
+    pub window: Option<usize>,
     /// Planted bugs (test builds only).
     pub mutants: Mutants,
 }
@@ -59,6 +63,8 @@ pub fn attend(
         heads,
         kv_heads,
         head_dim: d,
+        scale,
+        window,
         mutants,
     } = shape;
     let kv_row = kv_heads * d;
@@ -66,9 +72,9 @@ pub fn attend(
     assert_eq!(q.len(), t * heads * d, "attend: q is not [T,H,D]");
     assert_eq!(values.len(), keys.len(), "attend: keys and values differ in length");
     assert!(pos0 + t <= s, "attend: queries past the cache");
-    // HF's `scaling = head_dim ** -0.5`, a Python float rounded to f32 when it
-    // multiplies the f32 scores.
-    let mut scale = (d as f64).powf(-0.5) as f32;
+    // HF's `scaling = head_dim ** -0.5` (Gemma: query_pre_attn_scalar ** -0.5),
+    // a Python float rounded to f32 when it multiplies the f32 scores.
+    let mut scale = scale as f32;
     if mutants.is(Mutant::AttnScaleOverD) {
         scale = 1.0 / d as f32;
     }
@@ -115,11 +121,13 @@ pub fn attend(
                 if mutants.is(Mutant::KvReadShort) {
                     visible = visible.min(32);
                 }
-                scale_and_mask(row, visible, scale);
+                // A local layer sees only the last `window` positions.
+                let first = window.map_or(0, |w| (pos0 + row_i + 1).saturating_sub(w));
+                scale_and_mask(row, first, visible, scale);
                 if keep_scores {
                     sc[row_i * s..][..s].copy_from_slice(row);
                 }
-                softmax_visible(row, visible, mutants.is(Mutant::SoftmaxUnnormalised));
+                softmax_visible(row, first, visible, mutants.is(Mutant::SoftmaxUnnormalised));
             }
             unsafe {
                 // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
@@ -154,11 +162,13 @@ pub fn attend(
 }
 
 /// Multiplies the raw scores by the attention scale and zeroes everything
-/// from `visible` on: the `attn_scores` stage.
-fn scale_and_mask(row: &mut [f32], visible: usize, scale: f32) {
+/// before `first` and from `visible` on: the `attn_scores` stage.
+fn scale_and_mask(row: &mut [f32], first: usize, visible: usize, scale: f32) {
     let (live, masked) = row.split_at_mut(visible.min(row.len()));
     masked.fill(0.0);
-    for x in live.iter_mut() {
+    let first = first.min(live.len());
+    live[..first].fill(0.0);
+    for x in live[first..].iter_mut() {
         *x *= scale;
     }
 }
@@ -166,9 +176,9 @@ fn scale_and_mask(row: &mut [f32], visible: usize, scale: f32) {
 /// An f32 softmax over the visible prefix of scaled scores, in place, in
 /// torch's order: max, exp(x−max), sum, multiply by 1/sum. Masked entries stay
 /// exactly 0, as exp(−inf) makes them in HF (its mask adds f32::MIN).
-fn softmax_visible(row: &mut [f32], visible: usize, unnormalised: bool) {
+fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: bool) {
     let n = visible.min(row.len());
-    let live = &mut row[..n];
+    let live = &mut row[first.min(n)..n];
     let mut max = f32::NEG_INFINITY;
     for x in live.iter() {
         max = max.max(*x);
@@ -200,6 +210,8 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            scale: (8 as f64).powf(-0.5),
+            window: None,
             mutants: Mutants::default(),
         };
         let (t, s) = (5, 5);
@@ -227,6 +239,8 @@ mod tests {
             heads: 6,
             kv_heads: 2,
             head_dim: 4,
+            scale: (4 as f64).powf(-0.5),
+            window: None,
             mutants: Mutants::default(),
         };
         assert_eq!((0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(), [0, 0, 0, 1, 1, 1]);
@@ -241,11 +255,42 @@ mod tests {
     }
 
     #[test]
+    fn a_window_masks_keys_older_than_it_in_scores_and_probs() {
+        let shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: Some(2),
+            mutants: Mutants::default(),
+        };
+        let (t, s) = (4, 4);
+        let a = attend(&data(t * 8, 9), t, 0, &data(s * 4, 10), &data(s * 4, 11), shape, true);
+        let scores = a.scores.unwrap();
+        for h in 0..2 {
+            for r in 0..t {
+                let row = &a.probs[(h * t + r) * s..][..s];
+                let first = (r + 1).saturating_sub(2);
+                assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+                for (j, &p) in row.iter().enumerate() {
+                    let seen = (first..=r).contains(&j);
+                    assert_eq!(p > 0.0, seen, "head {h} row {r} key {j}");
+                    if !seen {
+                        assert_eq!(scores[(h * t + r) * s + j], 0.0, "masked score is exactly 0");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn decode_row_equals_last_prefill_row() {
         let shape = AttnShape {
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
+            scale: (4 as f64).powf(-0.5),
+            window: None,
             mutants: Mutants::default(),
         };
         let (t, s) = (3, 3);

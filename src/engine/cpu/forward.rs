@@ -21,7 +21,7 @@ use super::kv_cache::KvCache;
 use super::layers::{Linear, ModelWeights};
 use super::matmul::matmul_wt;
 use super::mutants::{Mutant, Mutants};
-use super::ops::{add, rmsnorm_over, silu_mul, Rope};
+use super::ops::{act_mul, add, rmsnorm_over, LayerRopes};
 use crate::model::ModelConfig;
 
 /// Where a step's tapped tensors go.
@@ -69,7 +69,7 @@ impl Tap<'_> {
 pub fn forward(
     cfg: &ModelConfig,
     w: &ModelWeights,
-    rope: &Rope,
+    ropes: &LayerRopes,
     tokens: &[u32],
     pos0: usize,
     cache: &mut KvCache,
@@ -82,6 +82,8 @@ pub fn forward(
         heads: h,
         kv_heads: kv,
         head_dim: d,
+        scale: cfg.attn_scale,
+        window: None,
         mutants: mx,
     };
     // RMSNorm of `width`-wide rows (with the planted norm bugs of tests).
@@ -92,10 +94,15 @@ pub fn forward(
         } else {
             width
         };
-        let ones;
+        // Gemma multiplies by 1 + w, formed in f32 as HF does.
+        let plus_one = cfg.norm_plus_one && !mx.is(Mutant::NormWithoutPlusOne);
+        let owned;
         let w = if mx.is(Mutant::RmsWeightMissing) {
-            ones = vec![1.0f32; width];
-            &ones[..]
+            owned = vec![1.0f32; width];
+            &owned[..]
+        } else if plus_one {
+            owned = w.iter().map(|w| 1.0 + w).collect();
+            &owned[..]
         } else {
             w
         };
@@ -124,10 +131,15 @@ pub fn forward(
         y
     };
 
-    // The gather of rounded embedding rows is already in storage.
+    // The gather of rounded embedding rows is already in storage; Gemma's
+    // scale (an f32 product, as HF's) is stored again.
     let mut x = Vec::with_capacity(t * e);
     for &tok in tokens {
         x.extend_from_slice(&w.embed.data()[tok as usize * e..][..e]);
+    }
+    if let Some(scale) = cfg.embed_scale.filter(|_| !mx.is(Mutant::EmbedNotScaled)) {
+        x.iter_mut().for_each(|v| *v *= scale);
+        sd.round_slice(&mut x);
     }
     tap.copy(Stage::Embed, &[t, e], &x);
 
@@ -150,6 +162,11 @@ pub fn forward(
             tap.copy(st(B::QNorm), &[t, h, d], &q);
             tap.copy(st(B::KNorm), &[t, kv, d], &k);
         }
+        let rope = if mx.is(Mutant::LocalRopeGlobalBase) {
+            &ropes.global
+        } else {
+            ropes.of(l)
+        };
         rope.apply(&mut q, h, &rope_positions);
         rope.apply(&mut k, kv, &rope_positions);
         sd.round_slice(&mut q);
@@ -163,6 +180,10 @@ pub fn forward(
             lc.swap_last_two();
         }
         let s = lc.len();
+        let shape = AttnShape {
+            window: cfg.window_of(l),
+            ..shape
+        };
         let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape, tap.wants(st(B::AttnScores)));
         // Scores and probabilities stay f32 (not rounded); the context is stored.
         if let Some(scores) = att.scores {
@@ -182,6 +203,15 @@ pub fn forward(
             b.o.forward(&ctx, t, sd)
         };
         tap.copy(st(B::AttnOut), &[t, e], &attn_out);
+        // Gemma: the branch is normed before the residual add.
+        let attn_out = match &b.attn_post_norm {
+            Some(n) => {
+                let y = stored(rmsnorm(&attn_out, e, n, cfg.rms_eps));
+                tap.copy(st(B::AttnPostNorm), &[t, e], &y);
+                y
+            }
+            None => attn_out,
+        };
 
         let ffn_inp = if mx.is(Mutant::ResidualMissing) {
             attn_out.clone()
@@ -195,13 +225,21 @@ pub fn forward(
         tap.copy(st(B::FfnGate), &[t, f], &gate);
         tap.copy(st(B::FfnUp), &[t, f], &up);
         let act = if mx.is(Mutant::SiluOnUp) {
-            stored(silu_mul(&up, &gate))
+            stored(act_mul(cfg.act, &up, &gate))
         } else {
-            stored(silu_mul(&gate, &up))
+            stored(act_mul(cfg.act, &gate, &up))
         };
         tap.copy(st(B::FfnAct), &[t, f], &act);
         let ffn_out = b.down.forward(&act, t, sd);
         tap.copy(st(B::FfnOut), &[t, e], &ffn_out);
+        let ffn_out = match &b.ffn_post_norm {
+            Some(n) => {
+                let y = stored(rmsnorm(&ffn_out, e, n, cfg.rms_eps));
+                tap.copy(st(B::FfnPostNorm), &[t, e], &y);
+                y
+            }
+            None => ffn_out,
+        };
         x = stored(add(&ffn_inp, &ffn_out));
         tap.copy(st(B::Out), &[t, e], &x);
     }

@@ -133,6 +133,9 @@ pub struct Block {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub o: Linear,
+    /// Gemma's norms of the attention and MLP outputs (`[E]` each).
+    pub attn_post_norm: Option<Vec<f32>>,
+    pub ffn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub gate: Linear,
     pub up: Linear,
@@ -183,8 +186,10 @@ impl ModelWeights {
                 q_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.q_norm.weight"))?,
                 k_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.k_norm.weight"))?,
                 o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, qd)?,
+                attn_post_norm: post_norm(ws, cfg, &format!("{p}.post_attention_layernorm.weight"))?,
+                ffn_post_norm: post_norm(ws, cfg, &format!("{p}.post_feedforward_layernorm.weight"))?,
                 ffn_norm: ws
-                    .take(&format!("{p}.post_attention_layernorm.weight"), &[e])?
+                    .take(&format!("{p}.{}.weight", ffn_norm_name(cfg)), &[e])?
                     .into_data(),
                 gate: Linear::load(ws, &format!("{p}.mlp.gate_proj"), f, e)?,
                 up: Linear::load(ws, &format!("{p}.mlp.up_proj"), f, e)?,
@@ -253,7 +258,13 @@ impl ModelWeights {
                 f(&format!("{p}.self_attn.k_norm.weight"), &[d], kn);
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o);
-            f(&format!("{p}.post_attention_layernorm.weight"), &[e], &b.ffn_norm);
+            if let Some(n) = &b.attn_post_norm {
+                f(&format!("{p}.post_attention_layernorm.weight"), &[e], n);
+            }
+            f(&format!("{p}.{}.weight", ffn_norm_name(cfg)), &[e], &b.ffn_norm);
+            if let Some(n) = &b.ffn_post_norm {
+                f(&format!("{p}.post_feedforward_layernorm.weight"), &[e], n);
+            }
             lin(f, &format!("{p}.mlp.gate_proj"), &b.gate);
             lin(f, &format!("{p}.mlp.up_proj"), &b.up);
             lin(f, &format!("{p}.mlp.down_proj"), &b.down);
@@ -289,7 +300,15 @@ impl ModelWeights {
         for b in &mut self.blocks {
             storage.round_slice(&mut b.attn_norm);
             storage.round_slice(&mut b.ffn_norm);
-            for n in [&mut b.q_norm, &mut b.k_norm].into_iter().flatten() {
+            for n in [
+                &mut b.q_norm,
+                &mut b.k_norm,
+                &mut b.attn_post_norm,
+                &mut b.ffn_post_norm,
+            ]
+            .into_iter()
+            .flatten()
+            {
                 storage.round_slice(n);
             }
             for lin in b.linears_mut() {
@@ -310,6 +329,26 @@ fn qk_norm(ws: &mut Weights, cfg: &ModelConfig, name: &str) -> Result<Option<Vec
         return Ok(None);
     }
     Ok(Some(ws.take(name, &[cfg.head_dim])?.into_data()))
+}
+
+/// A post norm's weight: required when the architecture has them (Gemma),
+/// else not taken.
+fn post_norm(ws: &mut Weights, cfg: &ModelConfig, name: &str) -> Result<Option<Vec<f32>>> {
+    if !cfg.post_norms {
+        return Ok(None);
+    }
+    Ok(Some(ws.take(name, &[cfg.hidden])?.into_data()))
+}
+
+/// The HF name of the MLP's input norm: `post_attention_layernorm` in the
+/// Llama layout, `pre_feedforward_layernorm` where the model has post norms
+/// (Gemma, whose `post_attention_layernorm` is the attention output's norm).
+pub fn ffn_norm_name(cfg: &ModelConfig) -> &'static str {
+    if cfg.post_norms {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    }
 }
 
 /// Non-parameter buffers some checkpoints carry (RoPE tables HF recomputes).

@@ -34,14 +34,14 @@ use forward::{forward, Tap};
 use kv_cache::KvCache;
 use layers::ModelWeights;
 use mutants::Mutant;
-use ops::Rope;
+use ops::LayerRopes;
 
 use crate::arithmetic::{Activations, Arithmetic};
 
 pub struct CpuEngine {
     cfg: ModelConfig,
     weights: ModelWeights,
-    rope: Rope,
+    ropes: LayerRopes,
     /// Weights and stage outputs are rounded to this (f32: nothing is rounded).
     storage: DType,
     /// Planted bugs (test builds only; see `mutants`).
@@ -86,11 +86,11 @@ impl CpuEngine {
     pub fn from_weights_stored(cfg: ModelConfig, ws: &mut Weights, storage: DType) -> Result<CpuEngine> {
         let mut weights = ModelWeights::load(&cfg, ws)?;
         weights.round_to(storage);
-        let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
+        let ropes = LayerRopes::new(&cfg);
         Ok(CpuEngine {
             cfg,
             weights,
-            rope,
+            ropes,
             storage,
             mutants: mutants::Mutants::default(),
             declared: None,
@@ -102,7 +102,11 @@ impl CpuEngine {
     pub(crate) fn mutated(mut self, m: mutants::Mutant) -> CpuEngine {
         self.mutants = mutants::Mutants::with(m);
         if m == mutants::Mutant::RopeThetaWrong {
-            self.rope = Rope::new(self.cfg.head_dim, 10000.0);
+            let wrong = ops::Rope::new(self.cfg.head_dim, 10000.0);
+            self.ropes = LayerRopes {
+                global: wrong.clone(),
+                local: self.ropes.local.take().map(|(_, layers)| (wrong, layers)),
+            };
         }
         self
     }
@@ -191,7 +195,7 @@ impl Forward for CpuEngine {
         let logits = forward(
             &self.cfg,
             &self.weights,
-            &self.rope,
+            &self.ropes,
             s.tokens,
             s.pos0,
             &mut run.cache,

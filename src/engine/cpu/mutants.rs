@@ -50,6 +50,12 @@ pub enum Mutant {
     /// Qwen3's per-head q/k RMSNorm is not applied (q_norm = q, k_norm = k),
     /// as an engine that treats Qwen3 as Qwen2 would.
     SkipQkNorm,
+    /// Gemma: the embedding rows are not multiplied by √hidden.
+    EmbedNotScaled,
+    /// Gemma 3: local layers rotate with the global RoPE base.
+    LocalRopeGlobalBase,
+    /// Gemma: RMSNorm multiplies by w instead of 1 + w.
+    NormWithoutPlusOne,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
@@ -77,6 +83,14 @@ impl Mutant {
         Mutant::ArgmaxTieLast,
         Mutant::OProjHeadShareOff,
         Mutant::SkipQkNorm,
+    ];
+
+    /// The Gemma-only mutants (no-ops on a model without Gemma's features,
+    /// so they are scored on a Gemma model only).
+    pub const GEMMA: [Mutant; 3] = [
+        Mutant::EmbedNotScaled,
+        Mutant::LocalRopeGlobalBase,
+        Mutant::NormWithoutPlusOne,
     ];
 }
 

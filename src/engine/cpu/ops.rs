@@ -182,6 +182,51 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(&g, &u)| silu(g) * u).collect()
 }
 
+/// torch's f32 GELU-tanh (`gelu_pytorch_tanh`), in its order of operations:
+/// x³ = x·x·x, inner = β·(x + κ·x³) with β = √(2/π), then ½·x·(1 + tanh(inner)).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * (x * x * x));
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// The MLP's gated activation `act(gate) * up`, elementwise.
+pub fn act_mul(act: crate::model::config::Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    match act {
+        crate::model::config::Activation::Silu => silu_mul(gate, up),
+        crate::model::config::Activation::GeluTanh => gate.iter().zip(up).map(|(&g, &u)| gelu_tanh(g) * u).collect(),
+    }
+}
+
+/// The RoPE table of each layer: the model's, and the local layers' own
+/// when the model has them (Gemma 3).
+#[derive(Clone, Debug)]
+pub struct LayerRopes {
+    pub global: Rope,
+    /// Local layers' table, and which layers are local.
+    pub local: Option<(Rope, Vec<bool>)>,
+}
+
+impl LayerRopes {
+    pub fn new(cfg: &crate::model::ModelConfig) -> LayerRopes {
+        LayerRopes {
+            global: Rope::new(cfg.head_dim, cfg.rope_theta),
+            local: cfg
+                .local
+                .as_ref()
+                .map(|l| (Rope::new(cfg.head_dim, l.rope_theta), l.layers.clone())),
+        }
+    }
+    /// Layer `l`'s table.
+    pub fn of(&self, l: usize) -> &Rope {
+        match &self.local {
+            Some((r, layers)) if layers.get(l) == Some(&true) => r,
+            _ => &self.global,
+        }
+    }
+}
+
 /// `a + b`, elementwise (residual adds).
 pub fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(&x, &y)| x + y).collect()

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use cudarc::cublas::{CudaBlas, Gemm};
 
 use crate::engine::cpu::layers::{Linear, ModelWeights};
-use crate::engine::cpu::ops::Rope;
+use crate::engine::cpu::ops::LayerRopes;
 use crate::engine::driver;
 use crate::engine::{Captures, Engine, RunOutput, RunRequest, TapSet};
 use crate::error::Result;
@@ -50,6 +50,8 @@ pub(super) struct DevBlock<T: Storage> {
     /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
     pub(super) qk_norm: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) o: DevLinear<T>,
+    /// Gemma's norms of the attention and MLP outputs (`[E]`).
+    pub(super) post_norms: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) ffn_norm: DBuf<T>,
     pub(super) gate: DevLinear<T>,
     pub(super) up: DevLinear<T>,
@@ -72,6 +74,8 @@ pub(super) struct Funcs {
     pub(super) attention_decode: Kernel,
     pub(super) bias_add: Kernel,
     pub(super) silu_mul: Kernel,
+    pub(super) gelu_mul: Kernel,
+    pub(super) scale: Kernel,
     pub(super) add: Kernel,
     pub(super) fill_u32: Kernel,
     pub(super) fill_u16: Kernel,
@@ -133,7 +137,8 @@ pub struct CudaEngine<T: Storage> {
     pub(super) dev: Dev,
     pub(super) f: Funcs,
     pub(super) w: DevWeights<T>,
-    pub(super) rope: Rope,
+    /// The CPU engine's RoPE tables (per layer: Gemma 3's local layers have their own base).
+    pub(super) ropes: LayerRopes,
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     pub(super) run_lock: Mutex<()>,
 }
@@ -183,6 +188,10 @@ where
                     _ => None,
                 },
                 o: lin(&b.o)?,
+                post_norms: match (&b.attn_post_norm, &b.ffn_post_norm) {
+                    (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
+                    _ => None,
+                },
                 ffn_norm: up(&b.ffn_norm)?,
                 gate: lin(&b.gate)?,
                 up: lin(&b.up)?,
@@ -195,13 +204,13 @@ where
             norm: up(&host.norm)?,
             lm_head: host.lm_head.as_ref().map(lin).transpose()?,
         };
-        let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
+        let ropes = LayerRopes::new(&cfg);
         Ok(CudaEngine {
             cfg,
             dev,
             f,
             w,
-            rope,
+            ropes,
             run_lock: Mutex::new(()),
         })
     }
@@ -286,12 +295,13 @@ where
         width: usize,
     ) -> Result<()> {
         let (wi, eps) = (width as i32, self.cfg.rms_eps as f32);
-        // SAFETY: rmsnorm_T(x [rows, width], w [width], out [rows, width], width, eps).
+        let plus_one = self.cfg.norm_plus_one as i32;
+        // SAFETY: rmsnorm_T(x [rows, width], w [width], out [rows, width], width, eps, plus_one).
         unsafe {
             self.dev.launch(
                 &self.f.rmsnorm,
                 launch::per_row(rows, width),
-                &mut [x.arg(), w.arg(), out.arg(), wi.into(), eps.into()],
+                &mut [x.arg(), w.arg(), out.arg(), wi.into(), eps.into(), plus_one.into()],
             )
         }
     }
@@ -379,6 +389,8 @@ fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
         attention_decode: typed("attention_decode")?,
         bias_add: typed("bias_add")?,
         silu_mul: typed("silu_mul")?,
+        gelu_mul: typed("gelu_mul")?,
+        scale: typed("scale")?,
         add: typed("add")?,
         fill_u32: get("fill_u32")?,
         fill_u16: get("fill_u16")?,
@@ -426,8 +438,12 @@ where
                 f(&format!("{p}.self_attn.k_norm.weight"), &[d], &back(kn)?);
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
+            if let Some((an, fnn)) = &b.post_norms {
+                f(&format!("{p}.post_attention_layernorm.weight"), &[e], &back(an)?);
+                f(&format!("{p}.post_feedforward_layernorm.weight"), &[e], &back(fnn)?);
+            }
             f(
-                &format!("{p}.post_attention_layernorm.weight"),
+                &format!("{p}.{}.weight", crate::engine::cpu::layers::ffn_norm_name(&self.cfg)),
                 &[e],
                 &back(&b.ffn_norm)?,
             );

@@ -16,6 +16,7 @@ use super::storage::Storage;
 use crate::engine::driver::{Forward, StepIn, StepOut};
 use crate::engine::RunRequest;
 use crate::error::Result;
+use crate::model::config::Activation;
 use crate::sampling::{chacha_key, Sampling};
 use crate::stage::{BlockStage as B, Stage};
 use crate::tensor::DType;
@@ -25,6 +26,8 @@ pub struct RunState<T: Storage> {
     k_cache: Vec<DBuf<T>>,
     v_cache: Vec<DBuf<T>>,
     tabs: RopeTables,
+    /// Local layers' tables (Gemma 3), when the model has its own base for them.
+    local_tabs: Option<RopeTables>,
     /// Seeded random sampling (None: greedy).
     random: Option<DevSampler>,
 }
@@ -67,12 +70,18 @@ where
         launch::attention(1, cfg.heads, cfg.head_dim, total).map_err(|m| self.dev.err(m))?;
 
         let half = cfg.head_dim / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
-        for p in 0..total {
-            let (c, s) = self.rope.cos_sin(p);
-            cos.extend(c);
-            sin.extend(s);
-        }
+        let tables = |rope: &crate::engine::cpu::ops::Rope| -> Result<RopeTables> {
+            let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
+            for p in 0..total {
+                let (c, s) = rope.cos_sin(p);
+                cos.extend(c);
+                sin.extend(s);
+            }
+            Ok(RopeTables {
+                cos: self.dev.upload("rope_cos", &cos)?,
+                sin: self.dev.upload("rope_sin", &sin)?,
+            })
+        };
         let kvd = cfg.kv_heads * cfg.head_dim;
         let random = match &req.sampling {
             Sampling::Random {
@@ -94,10 +103,8 @@ where
         let mut st = RunState {
             k_cache: Vec::with_capacity(cfg.layers),
             v_cache: Vec::with_capacity(cfg.layers),
-            tabs: RopeTables {
-                cos: self.dev.upload("rope_cos", &cos)?,
-                sin: self.dev.upload("rope_sin", &sin)?,
-            },
+            tabs: tables(&self.ropes.global)?,
+            local_tabs: self.ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?,
             random,
         };
         for _ in 0..cfg.layers {
@@ -158,6 +165,18 @@ where
                 )
             }?;
         }
+        if let Some(sc) = cfg.embed_scale {
+            let n = (t * e) as i64;
+            let mut ev = embed.view_mut();
+            // SAFETY: scale_T(x [n], s, n) in place over the embeddings.
+            unsafe {
+                self.dev.launch(
+                    &self.f.scale,
+                    launch::elementwise(t * e),
+                    &mut [ev.arg(), sc.into(), n.into()],
+                )
+            }?;
+        }
         self.tap(tc, Stage::Embed, &[t, e], &embed)?;
 
         let mut attn_norm = self.gbuf("attn_norm", t * e)?;
@@ -180,6 +199,8 @@ where
         };
         let mut ctx = self.gbuf("ctx", t * qd)?;
         let mut attn_out = self.gbuf("attn_out", t * e)?;
+        let mut attn_post = self.gbuf("attn_post_norm", t * e)?;
+        let mut ffn_post = self.gbuf("ffn_post_norm", t * e)?;
         let mut ffn_inp = self.gbuf("ffn_inp", t * e)?;
         let mut ffn_norm = self.gbuf("ffn_norm", t * e)?;
         let mut gate = self.gbuf("gate", t * f)?;
@@ -215,8 +236,12 @@ where
                 }
                 None => (&q, &k, &mut q_rope, &mut k_rope),
             };
-            self.rope(q_in, q_out, &st.tabs, t, h, pos0)?;
-            self.rope(k_in, k_out, &st.tabs, t, kv, pos0)?;
+            let tabs = match (&st.local_tabs, &self.ropes.local) {
+                (Some(lt), Some((_, local))) if local.get(l) == Some(&true) => lt,
+                _ => &st.tabs,
+            };
+            self.rope(q_in, q_out, tabs, t, h, pos0)?;
+            self.rope(k_in, k_out, tabs, t, kv, pos0)?;
             let (q_rope, k_rope) = (&*q_out, &*k_out);
             self.tap(tc, stg(B::QRope), &[t, h, d], q_rope)?;
             self.tap(tc, stg(B::KRope), &[t, kv, d], k_rope)?;
@@ -231,8 +256,10 @@ where
             let want_scores = tc.taps.contains(stg(B::AttnScores));
             {
                 let (rows, hh, kvh, dd, p0, ss) = (t as i32, h as i32, kv as i32, d as i32, pos0 as i32, s as i32);
-                // HF's `head_dim ** -0.5` rounded to f32, as the CPU engine.
-                let scale = (d as f64).powf(-0.5) as f32;
+                // HF's `head_dim ** -0.5` (Gemma: query_pre_attn_scalar ** -0.5)
+                // rounded to f32, as the CPU engine; a local layer's window (0: none).
+                let scale = cfg.attn_scale as f32;
+                let window = cfg.window_of(l).map_or(0, |w| w.min(i32::MAX as usize) as i32);
                 let qv = q_rope.view();
                 let mut cv = ctx.view_mut();
                 let mut pv = probs.as_mut().filter(|_| want_probs).map(|p| p.view_mut());
@@ -250,7 +277,15 @@ where
                 if !decode {
                     args.push(rows.into());
                 }
-                args.extend([hh.into(), kvh.into(), dd.into(), p0.into(), ss.into(), scale.into()]);
+                args.extend([
+                    hh.into(),
+                    kvh.into(),
+                    dd.into(),
+                    p0.into(),
+                    ss.into(),
+                    scale.into(),
+                    window.into(),
+                ]);
                 let lc = if decode {
                     Launch {
                         grid: (h as u32, 1, 1),
@@ -274,9 +309,18 @@ where
             self.tap(tc, stg(B::AttnCtx), &[t, qd], &ctx)?;
             self.linear(ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
             self.tap(tc, stg(B::AttnOut), &[t, e], &attn_out)?;
+            // Gemma: each branch is normed before its residual add.
+            let attn_branch = match &b.post_norms {
+                Some((an, _)) => {
+                    self.rmsnorm(attn_out.view(), an, &mut attn_post.view_mut(), t)?;
+                    self.tap(tc, stg(B::AttnPostNorm), &[t, e], &attn_post)?;
+                    &attn_post
+                }
+                None => &attn_out,
+            };
 
             let x_in: &GBuf<T> = if l == 0 { &embed } else { &out };
-            self.add(x_in.view(), attn_out.view(), &mut ffn_inp)?;
+            self.add(x_in.view(), attn_branch.view(), &mut ffn_inp)?;
             self.tap(tc, stg(B::FfnInp), &[t, e], &ffn_inp)?;
             self.rmsnorm(ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
             self.tap(tc, stg(B::FfnNorm), &[t, e], &ffn_norm)?;
@@ -287,10 +331,14 @@ where
             {
                 let n = (t * f) as i64;
                 let (gv, uv, mut av) = (gate.view(), up.view(), act.view_mut());
-                // SAFETY: silu_mul_T(gate, up, out, n), all [T, F].
+                let kernel = match cfg.act {
+                    Activation::Silu => &self.f.silu_mul,
+                    Activation::GeluTanh => &self.f.gelu_mul,
+                };
+                // SAFETY: silu_mul_T / gelu_mul_T(gate, up, out, n), all [T, F].
                 unsafe {
                     self.dev.launch(
-                        &self.f.silu_mul,
+                        kernel,
                         launch::elementwise(t * f),
                         &mut [gv.arg(), uv.arg(), av.arg(), n.into()],
                     )
@@ -299,7 +347,15 @@ where
             self.tap(tc, stg(B::FfnAct), &[t, f], &act)?;
             self.linear(act.view(), t, &b.down, &mut ffn_out.view_mut())?;
             self.tap(tc, stg(B::FfnOut), &[t, e], &ffn_out)?;
-            self.add(ffn_inp.view(), ffn_out.view(), &mut out)?;
+            let ffn_branch = match &b.post_norms {
+                Some((_, fnn)) => {
+                    self.rmsnorm(ffn_out.view(), fnn, &mut ffn_post.view_mut(), t)?;
+                    self.tap(tc, stg(B::FfnPostNorm), &[t, e], &ffn_post)?;
+                    &ffn_post
+                }
+                None => &ffn_out,
+            };
+            self.add(ffn_inp.view(), ffn_branch.view(), &mut out)?;
             self.tap(tc, stg(B::Out), &[t, e], &out)?;
         }
 

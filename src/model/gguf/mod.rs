@@ -19,7 +19,7 @@ use crate::gguf::writer::GgufWriter;
 use crate::gguf::{quant, GgmlType, GgufFile, Value, ValueType};
 
 /// `general.architecture` values this loader accepts.
-pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "qwen3", "llama", "phi3"];
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen2", "qwen3", "llama", "phi3", "gemma3"];
 
 /// Reads the model config from metadata (and the presence / shape of
 /// `token_embd.weight` and `output.weight`).
@@ -97,7 +97,11 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             }
         }
     }
-    let sliding_window = opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+    let window = opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+    let gemma = arch == "gemma3";
+    // Gemma 3's window is per layer and implemented (`local`); any other
+    // family's bounds the run (`ModelConfig::sliding_window`).
+    let sliding_window = window.filter(|_| !gemma);
     let context_length = opt_uint("context_length")?;
     // llama.cpp's default when the key is absent.
     let rope_key = format!("{arch}.rope.freq_base");
@@ -137,10 +141,41 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             )));
         }
     }
+    let local = match window.filter(|_| gemma) {
+        None => None,
+        Some(w) => Some(crate::model::config::LocalAttention {
+            window: w,
+            layers: swa_layers(f, &arch, layers)?,
+            rope_theta: match f.get(&format!("{arch}.rope.freq_base_swa")) {
+                None => crate::model::gemma::DEFAULT_LOCAL_THETA,
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| bad(wrong_type(f, &format!("{arch}.rope.freq_base_swa"), "a number")))?,
+            },
+        }),
+    };
+    // llama.cpp's Gemma 3 score scale: 1/√head_dim, except the 27B (62
+    // layers), whose query_pre_attn_scalar is hidden/heads; a GGUF does not
+    // carry the scalar, so this is what llama.cpp computes from it.
+    let attn_scale = if gemma && layers == 62 {
+        ((hidden / heads.max(1)) as f64).powf(-0.5)
+    } else {
+        (head_dim as f64).powf(-0.5)
+    };
     let cfg = ModelConfig {
-        qk_norm: arch == "qwen3",
+        qk_norm: arch == "qwen3" || gemma,
         sliding_window,
         context_length,
+        act: if gemma {
+            crate::model::config::Activation::GeluTanh
+        } else {
+            crate::model::config::Activation::Silu
+        },
+        norm_plus_one: gemma,
+        embed_scale: gemma.then(|| (hidden as f64).sqrt() as f32),
+        post_norms: gemma,
+        attn_scale,
+        local,
         arch,
         vocab,
         hidden,
@@ -167,6 +202,34 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// Which layers are local: `{arch}.attention.sliding_window_pattern` as a
+/// per-layer bool array or a period, else llama.cpp's default period 6.
+fn swa_layers(f: &GgufFile, arch: &str, layers: usize) -> Result<Vec<bool>> {
+    let key = format!("{arch}.attention.sliding_window_pattern");
+    let bad = |m: String| Error::model(&f.path, m);
+    match f.get(&key) {
+        None => Ok(crate::model::gemma::pattern_layers(
+            layers,
+            crate::model::gemma::DEFAULT_PATTERN,
+        )),
+        Some(v) => {
+            if let Some(n) = v.as_u64() {
+                return Ok(crate::model::gemma::pattern_layers(layers, n as usize));
+            }
+            match v.as_array() {
+                Some((ValueType::Bool, items)) if items.len() == layers => {
+                    Ok(items.iter().map(|b| matches!(b, Value::Bool(true))).collect())
+                }
+                Some((ValueType::Bool, items)) => Err(bad(format!(
+                    "{key} has {} entries but the model has {layers} layers",
+                    items.len()
+                ))),
+                _ => Err(bad(wrong_type(f, &key, "an integer or an array of bools"))),
+            }
+        }
+    }
+}
+
 fn req<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value> {
     f.get(key)
         .ok_or_else(|| Error::model(&f.path, format!("missing metadata key `{key}`")))
@@ -175,6 +238,70 @@ fn req<'a>(f: &'a GgufFile, key: &str) -> Result<&'a Value> {
 fn wrong_type(f: &GgufFile, key: &str, expected: &str) -> String {
     let got = f.get(key).map(Value::type_name).unwrap_or_default();
     format!("metadata key `{key}` is a {got}, expected {expected}")
+}
+
+/// The HF name of a GGUF tensor name in architecture `arch`: Gemma 3's norms
+/// are named apart (its `ffn_norm` is HF's `pre_feedforward_layernorm`, and
+/// it has two post norms); every other family as [`hf_name`].
+pub fn hf_name_in(arch: &str, gguf: &str) -> Option<String> {
+    if arch == "gemma3" {
+        let rest = gguf.strip_prefix("blk.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let hf = match rest {
+            "ffn_norm.weight" => Some("pre_feedforward_layernorm.weight"),
+            "post_attention_norm.weight" => Some("post_attention_layernorm.weight"),
+            "post_ffw_norm.weight" => Some("post_feedforward_layernorm.weight"),
+            _ => None,
+        };
+        if let Some(hf) = hf {
+            return Some(format!("model.layers.{}.{hf}", layer.parse::<usize>().ok()?));
+        }
+    }
+    hf_name(gguf)
+}
+
+/// The GGUF name of an HF tensor name in architecture `arch` (the inverse
+/// of [`hf_name_in`]).
+pub fn gguf_name_in(arch: &str, hf: &str) -> Option<String> {
+    if arch == "gemma3" {
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let g = match rest {
+            "pre_feedforward_layernorm.weight" => Some("ffn_norm.weight"),
+            "post_attention_layernorm.weight" => Some("post_attention_norm.weight"),
+            "post_feedforward_layernorm.weight" => Some("post_ffw_norm.weight"),
+            _ => None,
+        };
+        if let Some(g) = g {
+            return Some(format!("blk.{}.{g}", layer.parse::<usize>().ok()?));
+        }
+    }
+    gguf_name(hf)
+}
+
+/// A GGUF tensor's values as HF holds them: Llama's Q/K rows un-permuted
+/// (unless `keep_permutation`), and Gemma 3's norm weights less the 1 that
+/// llama.cpp's converter added (`w + 1` stored; HF's `Gemma3RMSNorm` holds
+/// `w` and multiplies by `1 + w`). The subtraction is exact for stored
+/// values ≥ 0.5 (Sterbenz) and for every value whose exponent is at least
+/// 1's, which covers norm weights w > −0.5; the engines add the 1 back
+/// in f32, as HF does.
+pub fn as_hf(cfg: &ModelConfig, gguf: &str, t: Tensor, keep_permutation: bool) -> Tensor {
+    if cfg.arch == "llama" && !keep_permutation {
+        if gguf.contains(".attn_q.") {
+            return unpermute_rows(t, cfg.heads);
+        }
+        if gguf.contains(".attn_k.") {
+            return unpermute_rows(t, cfg.kv_heads);
+        }
+    }
+    if cfg.norm_plus_one && gguf.ends_with("norm.weight") && t.shape().len() == 1 {
+        let dtype = t.dtype();
+        let shape = t.shape().to_vec();
+        let data = t.into_data().into_iter().map(|g| g - 1.0).collect();
+        return Tensor::new(shape, data).with_dtype(dtype);
+    }
+    t
 }
 
 /// The HF name of a GGUF tensor name (Llama / Qwen2 layout), if it has one.
@@ -283,6 +410,10 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
             (b("ffn_norm.weight"), vec![e], true),
             (b("ffn_down.weight"), vec![e, f], true),
         ]);
+        if cfg.post_norms {
+            out.push((b("post_attention_norm.weight"), vec![e], true));
+            out.push((b("post_ffw_norm.weight"), vec![e], true));
+        }
         if phi3 {
             // Fused gate·up (gate rows first), split on load.
             out.push((b("ffn_up.weight"), vec![2 * f, e], true));
@@ -322,23 +453,10 @@ pub fn weights(f: &GgufFile, cfg: &ModelConfig, opts: &LoadOptions) -> Result<We
         }
     }
     unreadable(f)?;
-    let unpermute = cfg.arch == "llama" && !opts.keep_gguf_qk_permutation;
     let mut out = BTreeMap::new();
     for info in &f.tensors {
-        let mut t = f.read_tensor(info)?;
-        if unpermute {
-            let heads = if info.name.contains(".attn_q.") {
-                Some(cfg.heads)
-            } else if info.name.contains(".attn_k.") {
-                Some(cfg.kv_heads)
-            } else {
-                None
-            };
-            if let Some(n_head) = heads {
-                t = unpermute_rows(t, n_head);
-            }
-        }
-        let mut name = hf_name(&info.name).unwrap_or_else(|| info.name.clone());
+        let t = as_hf(cfg, &info.name, f.read_tensor(info)?, opts.keep_gguf_qk_permutation);
+        let mut name = hf_name_in(&cfg.arch, &info.name).unwrap_or_else(|| info.name.clone());
         if cfg.arch == "phi3" && name.ends_with(".mlp.up_proj.weight") {
             name = name.replace(".mlp.up_proj.", ".mlp.gate_up_proj.");
         }
@@ -442,12 +560,23 @@ pub fn model_writer(cfg: &ModelConfig, tensors: &BTreeMap<String, Tensor>, ty: G
                 (0..cfg.vocab).map(|i| Value::String(format!("<{i}>"))).collect(),
             ),
         );
+    if let Some(l) = &cfg.local {
+        w.kv(&format!("{a}.attention.sliding_window"), Value::U32(l.window as u32));
+        w.kv(
+            &format!("{a}.attention.sliding_window_pattern"),
+            Value::Array(ValueType::Bool, l.layers.iter().map(|b| Value::Bool(*b)).collect()),
+        );
+        w.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(l.rope_theta as f32));
+    }
     for (hf, t) in tensors {
         if hf == "lm_head.weight" && cfg.tie_embeddings {
             continue;
         }
-        let Some(name) = gguf_name(hf) else { continue };
+        let Some(name) = gguf_name_in(a, hf) else { continue };
         let mut t = t.clone();
+        if cfg.norm_plus_one && name.ends_with("norm.weight") {
+            t = Tensor::new(t.shape().to_vec(), t.data().iter().map(|w| w + 1.0).collect());
+        }
         if a == "llama" {
             if name.contains(".attn_q.") {
                 t = permute_rows(t, cfg.heads);

@@ -9,6 +9,8 @@ pub(super) struct AttnCase {
     pub(super) heads: usize,
     pub(super) kv: usize,
     pub(super) d: usize,
+    /// A local layer's sliding window (0: none).
+    pub(super) window: usize,
 }
 
 pub(super) struct AttnOut<S> {
@@ -45,6 +47,7 @@ pub(super) fn run_attention<S: Storage + EmuType>(kernel: &str, c: &AttnCase, q:
         args.push((x as i32).into());
     }
     args.push(scale.into());
+    args.push((c.window as i32).into());
     let mut cfg: LaunchConfig = launch::attention(c.t, c.heads, c.d, s).unwrap().into();
     if decode {
         cfg.grid = (c.heads as u32, 1, 1);
@@ -78,6 +81,8 @@ pub(super) fn compare_attention<S: Storage>(
         heads: c.heads,
         kv_heads: c.kv,
         head_dim: c.d,
+        scale: (c.d as f64).powf(-0.5),
+        window: (c.window > 0).then_some(c.window),
         mutants: Mutants::default(),
     };
     let cpu = attend(q, c.t, c.pos0, k, v, shape, true);
@@ -142,13 +147,14 @@ pub(super) fn compare_attention<S: Storage>(
     bad
 }
 
-const ATTN_CASES: [AttnCase; 3] = [
+const ATTN_CASES: [AttnCase; 5] = [
     AttnCase {
         t: 5,
         pos0: 3,
         heads: 4,
         kv: 2,
         d: 16,
+        window: 0,
     },
     AttnCase {
         t: 3,
@@ -156,6 +162,7 @@ const ATTN_CASES: [AttnCase; 3] = [
         heads: 6,
         kv: 2,
         d: 8,
+        window: 0,
     }, // S > blockDim
     AttnCase {
         t: 2,
@@ -163,7 +170,24 @@ const ATTN_CASES: [AttnCase; 3] = [
         heads: 2,
         kv: 2,
         d: 136,
+        window: 0,
     }, // D > blockDim
+    AttnCase {
+        t: 6,
+        pos0: 4,
+        heads: 4,
+        kv: 2,
+        d: 16,
+        window: 3,
+    }, // a local layer: keys older than the window are masked
+    AttnCase {
+        t: 3,
+        pos0: 150,
+        heads: 2,
+        kv: 1,
+        d: 8,
+        window: 100,
+    }, // a window wider than a warp, starting past 0
 ];
 
 #[test]
@@ -183,6 +207,8 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
                     heads: c.heads,
                     kv_heads: c.kv,
                     head_dim: c.d,
+                    scale: (c.d as f64).powf(-0.5),
+                    window: (c.window > 0).then_some(c.window),
                     mutants: Mutants::default(),
                 };
                 let cpu = attend(&qw, c.t, c.pos0, &kw, &vw, shape, false);

@@ -46,7 +46,14 @@ fn rmsnorm_matches_the_cpu_engine_within_the_summation_order() {
             emu.upload("w", &w),
             emu.alloc::<S>("out", rows * width),
         );
-        let args = [xb.arg(), wb.arg(), ob.arg(), (width as i32).into(), 1e-6f32.into()];
+        let args = [
+            xb.arg(),
+            wb.arg(),
+            ob.arg(),
+            (width as i32).into(),
+            1e-6f32.into(),
+            0i32.into(),
+        ];
         emu.launch(&emu_kernel::<S>("rmsnorm"), launch::per_row(rows, width).into(), &args)
             .unwrap();
         let got = ob.to_vec();
@@ -67,6 +74,36 @@ fn rmsnorm_matches_the_cpu_engine_within_the_summation_order() {
             }
         }
         worst
+    }
+    // Gemma's 1 + w: the kernel with plus_one set equals the kernel given
+    // the weights 1 + w (formed in f32, as the CPU engine forms them).
+    {
+        let (rows, width) = (3, 64);
+        let x = data(rows * width, 4, 3.0);
+        let w = data(width, 5, 0.5);
+        let w1: Vec<f32> = w.iter().map(|v| 1.0 + v).collect();
+        let emu = Emu::new();
+        let run = |wv: &[f32], plus_one: i32| {
+            let (xb, wb, ob) = (
+                emu.upload("x", &x),
+                emu.upload("w", wv),
+                emu.alloc::<f32>("out", rows * width),
+            );
+            let args = [
+                xb.arg(),
+                wb.arg(),
+                ob.arg(),
+                (width as i32).into(),
+                1e-6f32.into(),
+                plus_one.into(),
+            ];
+            emu.launch("rmsnorm_f32", launch::per_row(rows, width).into(), &args)
+                .unwrap();
+            ob.to_vec()
+        };
+        let (a, b, plain) = (run(&w, 1), run(&w1, 0), run(&w, 0));
+        assert!(bits_eq(&a, &b), "rmsnorm plus_one is (1 + w)");
+        assert!(!bits_eq(&a, &plain), "plus_one changes the result");
     }
     for width in [1, 7, 64, 300, 1000] {
         eprintln!("rmsnorm f32 width {width}: max rel err {:e}", run::<f32>(width, 3));
@@ -204,6 +241,32 @@ fn elementwise_kernels_are_bitwise_the_cpu_engines() {
             "silu_mul_{}",
             S::SUFFIX
         );
+        // gelu_mul (Gemma's GeGLU; the same libm tanhf on both sides)
+        emu.launch(
+            &emu_kernel::<S>("gelu_mul"),
+            cfg,
+            &[ab.arg(), bb.arg(), out.arg(), (n as i64).into()],
+        )
+        .unwrap();
+        assert!(
+            bits_eq(
+                &out.to_vec(),
+                &round(ops::act_mul(crate::model::config::Activation::GeluTanh, &aw, &bw))
+            ),
+            "gelu_mul_{}",
+            S::SUFFIX
+        );
+        // scale, in place (Gemma's embedding times sqrt(hidden), then stored)
+        let xs = emu.upload("xs", &a);
+        let sc = 25.298221f32;
+        emu.launch(
+            &emu_kernel::<S>("scale"),
+            cfg,
+            &[xs.arg(), sc.into(), (n as i64).into()],
+        )
+        .unwrap();
+        let want: Vec<f32> = aw.iter().map(|v| v * sc).collect();
+        assert!(bits_eq(&xs.to_vec(), &round(want)), "scale_{}", S::SUFFIX);
         // bias_add, in place (CPU: Linear::forward's `*v += bb` per row)
         let y = emu.upload("y", &a);
         let bias_b = emu.upload("bias", &bias);

@@ -74,10 +74,13 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
             assert!(!sig.is_empty(), "{k}");
         }
     }
-    assert_eq!(names["rmsnorm_bf16"], "*const bf16, *const bf16, *mut bf16, i32, f32");
+    assert_eq!(
+        names["rmsnorm_bf16"],
+        "*const bf16, *const bf16, *mut bf16, i32, f32, i32"
+    );
     assert_eq!(
         names["attention_decode_f16"],
-        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32"
+        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32, i32"
     );
     for v in [
         "planted_softmax_max",
@@ -135,7 +138,14 @@ fn launches_on_parallel_threads_have_their_own_shared_memory() {
             emu.launch(
                 "rmsnorm_f32",
                 launch::per_row(rows, width).into(),
-                &[xb.arg(), wb.arg(), ob.arg(), (width as i32).into(), 1e-5f32.into()],
+                &[
+                    xb.arg(),
+                    wb.arg(),
+                    ob.arg(),
+                    (width as i32).into(),
+                    1e-5f32.into(),
+                    0i32.into(),
+                ],
             )
             .unwrap();
         }

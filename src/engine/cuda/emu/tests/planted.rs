@@ -16,6 +16,7 @@ fn planted_softmax_max_is_caught_at_the_rows_it_affects() {
         heads: 2,
         kv: 1,
         d: 8,
+        window: 0,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 30);
     let good = run_attention::<f32>("attention_prefill_f32", &c, &q, &k, &v);
@@ -38,6 +39,7 @@ fn planted_gqa_modulo_is_caught_at_the_heads_it_remaps() {
         heads: 4,
         kv: 2,
         d: 8,
+        window: 0,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 31);
     let bug = run_attention::<f32>("planted_gqa_modulo/attention_prefill_f32", &c, &q, &k, &v);
