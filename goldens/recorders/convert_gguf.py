@@ -19,8 +19,24 @@ tensors are converted by the unpatched code):
      the token ids of a test string, and a locally trained vocabulary has an
      unknown hash (NotImplementedError). Only then, answer the pre-tokenizer
      make_model.py trained with, by model_type: Qwen2's regex for qwen2 and
-     qwen3 ("qwen2"), Llama 3's for llama and phi3 ("llama-bpe"). A real
-     model's known hash is answered by the converter itself.
+     qwen3 ("qwen2"), Llama 3's for llama and phi3 ("llama-bpe"), Qwen2's
+     for gemma3_text ("qwen2"). A real model's known hash is answered by the
+     converter itself.
+
+Gemma 3 (model_type gemma3_text -> GGUF architecture gemma3) needs no
+vocabulary patch: the converter's Gemma3Model.set_vocab reads a
+sentencepiece tokenizer.model when there is one and otherwise takes the
+tokenizer.json BPE vocabulary through the same `_set_vocab_gpt2()`. What the
+converter does to a Gemma 3 and what llama.cpp then assumes is checked
+after the conversion (check_gemma3, from the written file): every norm
+weight (attn_norm, attn_q_norm, attn_k_norm, post_attention_norm, ffn_norm,
+post_ffw_norm, output_norm) is HF's w + 1 computed in float32 (Gemma3RMSNorm
+scales by 1 + w, llama.cpp's RMS norm by its weight), every other tensor is
+HF's bit for bit, there is no output.weight (tied head), and the metadata
+has HF's sliding_window, rope.freq_base (full_attention theta) and
+rope.freq_base_swa (sliding_attention theta), and no
+attention.sliding_window_pattern: llama.cpp then makes layer il sliding iff
+il % 6 < 5, which must be HF's layer_types.
 
 GGUF `general.name`: --model-name, else the config's `_model_name_or_path`
 or `_name_or_path` (its last path part), else the folder name; a folder called `model` (the layout
@@ -45,7 +61,7 @@ sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
 
 # model_type -> llama.cpp pre-tokenizer name of make_model.py's tokenizers
-PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe"}
+PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe", "gemma3_text": "qwen2"}
 
 
 def default_name(model_dir, cfg):
@@ -112,7 +128,60 @@ def main():
     sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", tmp, "--model-name", name]
     runpy.run_path(os.path.join(llama_dir, "convert_hf_to_gguf.py"), run_name="__main__")
     os.replace(tmp, out)
+    if model_type == "gemma3_text":
+        check_gemma3(gguf, model_dir, cfg, out)
     return 0
+
+
+def check_gemma3(gguf, model_dir, cfg, path):
+    """The converted Gemma 3 is HF's model as llama.cpp reads it (see the
+    module docstring); raises AssertionError otherwise."""
+    import numpy as np
+    from safetensors.numpy import load_file
+    hf = load_file(os.path.join(model_dir, "model.safetensors"))
+    r = gguf.GGUFReader(path)
+    got = {t.name: np.asarray(t.data) for t in r.tensors}
+    n_layer = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, n_layer)
+    seen, shifted = set(), 0
+    for name, w in hf.items():
+        gname = names.get_name(name, try_suffixes=(".weight",))
+        assert gname is not None, f"{name}: no GGUF name"
+        assert gname in got, f"{name} -> {gname}: not in the GGUF"
+        g = got[gname].reshape(w.shape)
+        if gname.endswith("norm.weight"):
+            # Gemma3RMSNorm's 1 + w, added by the converter in float32.
+            assert np.array_equal(g, (w.astype(np.float32) + np.float32(1.0)).astype(np.float32)), \
+                f"{gname}: not HF's {name} + 1"
+            assert not np.array_equal(g, w)
+            shifted += 1
+        else:
+            assert np.array_equal(g, w), f"{gname}: not HF's {name} bit for bit"
+        seen.add(gname)
+    assert shifted == 6 * n_layer + 1, shifted
+    assert set(got) == seen, f"GGUF tensors HF does not have: {sorted(set(got) - seen)}"
+    assert "output.weight" not in got, "tied head written as output.weight"
+
+    def field(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+    arch = "gemma3"
+    assert field("general.architecture") == arch
+    assert field(f"{arch}.attention.sliding_window") == cfg["sliding_window"]
+    assert field(f"{arch}.attention.sliding_window_pattern") is None
+    rp = cfg["rope_parameters"]
+    assert field(f"{arch}.rope.freq_base") == rp["full_attention"]["rope_theta"]
+    assert field(f"{arch}.rope.freq_base_swa") == rp["sliding_attention"]["rope_theta"]
+    assert field(f"{arch}.attention.key_length") == cfg["head_dim"] == field(f"{arch}.attention.value_length")
+    assert field(f"{arch}.final_logit_softcapping") is None and cfg.get("final_logit_softcapping") is None
+    # llama.cpp's default for gemma3 without a pattern key: set_swa_pattern(6).
+    llama_cpp_types = ["sliding_attention" if il % 6 < 5 else "full_attention" for il in range(n_layer)]
+    assert cfg["layer_types"] == llama_cpp_types, (cfg["layer_types"], llama_cpp_types)
+    assert len(got["token_embd.weight"]) == cfg["vocab_size"], "token_embd trimmed"
+    print(f"convert_gguf.py: gemma3 checked: {shifted} norm weights are HF's w + 1, every other tensor HF's "
+          f"bit for bit; sliding_window {cfg['sliding_window']}, layers sliding iff il % 6 < 5, "
+          f"rope bases {rp['full_attention']['rope_theta']} / {rp['sliding_attention']['rope_theta']} (swa)",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

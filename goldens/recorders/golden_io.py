@@ -106,16 +106,22 @@ def save_deterministic(tensors, metadata, path, bf16=()):
 # ---- stage vocabulary and record subsets (shared by both recorders) --------
 # The canonical block stages in execution order (src/stage/mod.rs). q_norm/k_norm
 # exist only for architectures with a per-head RMSNorm of q and k before RoPE
-# (Qwen3); every other stage exists for every supported architecture.
+# (Qwen3, Gemma 3); attn_post_norm (the norm of the attention output, before
+# the residual add) and ffn_post_norm (the norm of the FFN output) only for
+# Gemma 3; every other stage exists for every supported architecture.
 BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_scores",
-                "attn_probs", "attn_ctx", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act",
-                "ffn_out", "out"]
-QK_NORM_TYPES = {"qwen3"}
+                "attn_probs", "attn_ctx", "attn_out", "attn_post_norm", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up",
+                "ffn_act", "ffn_out", "ffn_post_norm", "out"]
+# Gemma 3 is `gemma3_text` in HF configs, `gemma3` in GGUFs.
+QK_NORM_TYPES = {"qwen3", "gemma3", "gemma3_text"}
+POST_NORM_TYPES = {"gemma3", "gemma3_text"}
 
 
 def block_stages(model_type):
     qk_norm = model_type in QK_NORM_TYPES
-    return [s for s in BLOCK_STAGES if qk_norm or s not in ("q_norm", "k_norm")]
+    post_norm = model_type in POST_NORM_TYPES
+    return [s for s in BLOCK_STAGES if (qk_norm or s not in ("q_norm", "k_norm"))
+            and (post_norm or s not in ("attn_post_norm", "ffn_post_norm"))]
 
 
 # Stages after the logits that only some recordings have (record_hf.py
@@ -202,7 +208,7 @@ def expected_shape(stage, T, S, dims, logits_last=False):
         "attn_scores": (H, T, S), "attn_probs": (H, T, S), "attn_ctx": (T, H * D),
         "sample_probs": (1, V),
         "ffn_gate": (T, F), "ffn_up": (T, F), "ffn_act": (T, F),
-    }.get(name, (T, E))  # embed, norms, attn_out, ffn_inp, ffn_out, out
+    }.get(name, (T, E))  # embed, norms (attn_post_norm, ffn_post_norm too), attn_out, ffn_inp, ffn_out, out
 
 
 def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight model (Qwen2, Llama, Qwen3 or Phi-3) the goldens are recorded from.
+"""Build a tiny random-weight model (Qwen2, Llama, Qwen3, Phi-3 or Gemma 3) the goldens are recorded from.
 
-usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3] [--initializer-range R]
+usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3|gemma3] [--initializer-range R]
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -44,6 +44,39 @@ after the random init): every logit pair ties exactly, so every greedy pick is
 a tie that HF's argmax and llama.cpp's greedy sampler both break towards the
 lower (even) index; an engine that breaks ties otherwise picks odd ids. Tokenizer: byte-level BPE with Llama 3's pre-tokenizer (the real
 Phi-3 uses SentencePiece; the tokenizer is not what this model tests).
+
+--family gemma3 (goldens/gemma3-tiny/): Gemma 3's text model
+(Gemma3ForCausalLM, model_type gemma3_text, GGUF architecture gemma3):
+hidden 64, FFN 128, 6 layers, 4 query heads sharing 2 KV heads, head_dim 32
+(explicit, NOT hidden/heads = 16), vocab 512, no biases, tied embeddings (as
+every Gemma 3), RMSNorm eps 1e-6, gated GELU FFN (hidden_activation
+gelu_pytorch_tanh), per-head q_norm/k_norm before RoPE, post-attention and
+post-FFN norms (four norms per layer), embeddings scaled by sqrt(hidden) = 8,
+no soft-capping (attn_logit_softcapping and final_logit_softcapping null),
+no rope scaling, 1024 positions. Attention scale query_pre_attn_scalar^-0.5
+with query_pre_attn_scalar = head_dim = 32: llama.cpp's gemma3 graph uses
+1/sqrt(head_dim) for every model size but the 27B, so only this value lets
+HF and llama.cpp agree. Sliding-window attention: sliding_window 4 (small on
+purpose, so the window masks keys inside the default prompt of 8 tokens and
+in every decode step) and Gemma 3's layer pattern of 6: layers 0-4
+sliding_attention, layer 5 full_attention (the pattern llama.cpp assumes for
+gemma3 when the GGUF carries no sliding_window_pattern, which its converter
+does not write for Gemma 3). RoPE theta per layer type (transformers 5's
+rope_parameters keyed by layer type): 1e6 on full_attention layers (the
+GGUF's rope.freq_base), 1e4 on sliding ones (rope.freq_base_swa). Gemma's
+RMSNorm scales by (1 + w), and HF initialises w to 0; here every norm weight
+is drawn N(0, 0.1) around 0 (not around 1 as for the other families), so
+the effective scale is 1 + w ~ 1 +- 0.1 and an engine that multiplies by w
+alone (forgetting the + 1) or by 1 + (1 + w) fails by a factor ~10 or ~2.
+llama.cpp's converter adds the 1 when writing the GGUF (convert_gguf.py
+asserts it), so the GGUF holds 1 + w. Tokenizer: byte-level BPE with Qwen2's
+pre-tokenizer (llama.cpp "qwen2") and specials <eos>, <start_of_turn>,
+<end_of_turn>, no BOS (the real Gemma 3 uses SentencePiece and prepends
+<bos>; the converter's Gemma3 path takes a tokenizer.json BPE vocabulary as
+it is when there is no tokenizer.model, so no converter patch is needed for
+the vocabulary, only the pre-tokenizer name). The BPE vocabulary has exactly
+512 entries (asserted): the converter trims token_embd to the tokenizer's
+size for Gemma 3, and that trim must be a no-op.
 """
 import argparse
 import hashlib
@@ -60,8 +93,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, PreTrainedTokenizerFast,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 VOCAB = 512
 # Context length of every tiny model (config max_position_embeddings, hence
@@ -108,8 +142,25 @@ INITIALIZER_RANGE_LLAMA = 0.12
 # Qwen3 and Phi-3 have qwen2-tiny's hidden size 64, so its value. (Qwen3's
 # q_norm/k_norm rescale q and k to unit RMS anyway, so there the attention
 # sharpness depends on the norm weights and head_dim rather than on this.)
+# Gemma 3: hidden 64 as well, and qwen2-tiny's value, by measurement too
+# (make_model.py --family gemma3 --initializer-range R, record_hf.py's
+# attention summary; each row against its own 1/n_keys, n_keys at most the
+# window of 4 on the sliding layers). Gemma normalises q and k per head
+# (q_norm/k_norm) and both sublayer outputs (the post norms), so the
+# attention does not depend on R at all: row max x n_keys 1.98-2.09 prefill,
+# 2.09-2.23 decode, entropy 0.81-0.84, for every R in 0.02 .. 0.3 (layer 5,
+# full attention over up to 17 keys: 2.5-2.6x). R sets the FFN's operating
+# point and the logits instead; gate pre-activation std / max|gate| /
+# max|logit| over the default prompt:
+#   0.02: 0.16 / 0.66 / 0.6: GELU nearly linear there, tanh-vs-erf GELU and
+#         table errors barely show.
+#   0.15 (chosen): 1.2 / 4.5 / 5.3: the curved part of the GELU, far from
+#         ggml's |x| >= 10 shortcut; KV cache vs full recompute 2.5e-6.
+#   0.30: 2.4 / 9.4 / 14.5: gates near that shortcut, peaked logits.
+INITIALIZER_RANGE_GEMMA3 = 0.15
 INITIALIZER_RANGE_BY_FAMILY = {"qwen2": INITIALIZER_RANGE, "llama": INITIALIZER_RANGE_LLAMA,
-                               "qwen3": INITIALIZER_RANGE, "phi3": INITIALIZER_RANGE}
+                               "qwen3": INITIALIZER_RANGE, "phi3": INITIALIZER_RANGE,
+                               "gemma3": INITIALIZER_RANGE_GEMMA3}
 
 # Byte-level BPE with exactly Qwen2's pre-tokenizer regex. This is the
 # pipeline transformers' Qwen2 tokenizer uses and llama.cpp calls "qwen2",
@@ -129,6 +180,9 @@ LLAMA_SPECIALS = ["<|end_of_text|>", "<|begin_of_text|>", "<|eot_id|>"]
 # them by name (token_to_id.at) for any model whose general.name contains
 # "phi3", and fails to load the vocabulary ("unordered_map::at") without them.
 PHI3_SPECIALS = ["<|endoftext|>", "<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"]
+# Gemma's names for end of sequence and the chat turns (no <bos>: as for every
+# tiny model, no BOS is added; see the module docstring).
+GEMMA3_SPECIALS = ["<eos>", "<start_of_turn>", "<end_of_turn>"]
 
 # Per family: pre-tokenizer regex, special tokens (the first is EOS/pad).
 FAMILIES = {
@@ -136,7 +190,15 @@ FAMILIES = {
     "llama": (LLAMA3_PRETOKENIZE_REGEX, LLAMA_SPECIALS),
     "qwen3": (QWEN2_PRETOKENIZE_REGEX, SPECIALS),
     "phi3": (LLAMA3_PRETOKENIZE_REGEX, PHI3_SPECIALS),
+    "gemma3": (QWEN2_PRETOKENIZE_REGEX, GEMMA3_SPECIALS),
 }
+# Gemma 3's sliding-window layout (see the module docstring).
+GEMMA3_LAYERS = 6
+GEMMA3_SLIDING_WINDOW = 4
+GEMMA3_LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
+# Families whose RMSNorm scales by (1 + w): their norm weights are drawn
+# around 0 instead of around 1.
+ONE_PLUS_W_NORM = {"gemma3"}
 
 # A few KB of text written for this purpose: no downloads, and the corpus is
 # part of the source so the trained merges are reproducible.
@@ -295,14 +357,49 @@ def build_phi3_config(eos_id, initializer_range):
     )
 
 
+def build_gemma3_config(eos_id, initializer_range):
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=GEMMA3_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=MAX_POSITIONS,
+        # Per layer type, as transformers 5 keeps Gemma 3's two RoPE bases.
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        rms_norm_eps=1e-6,
+        query_pre_attn_scalar=32,
+        sliding_window=GEMMA3_SLIDING_WINDOW,
+        layer_types=list(GEMMA3_LAYER_TYPES),
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        use_bidirectional_attention=False,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        initializer_range=initializer_range,
+        dtype="float32",
+    )
+
+
 BUILDERS = {
     "qwen2": (build_config, Qwen2ForCausalLM),
     "llama": (build_llama_config, LlamaForCausalLM),
     "qwen3": (build_qwen3_config, Qwen3ForCausalLM),
     "phi3": (build_phi3_config, Phi3ForCausalLM),
+    "gemma3": (build_gemma3_config, Gemma3ForCausalLM),
 }
 # Tied LM head per family (asserted, and then lm_head.weight must not be saved).
-TIED = {"qwen2": False, "llama": True, "qwen3": True, "phi3": False}
+TIED = {"qwen2": False, "llama": True, "qwen3": True, "phi3": False, "gemma3": True}
 
 
 def sha256(path):
@@ -333,6 +430,16 @@ def main():
     tok = build_tokenizer(regex, specials)
     n = tok.get_vocab_size()
     assert n <= VOCAB, f"tokenizer has {n} entries, more than the model's vocab {VOCAB}"
+    if args.family == "gemma3":
+        # llama.cpp's Gemma3 converter trims token_embd to the tokenizer.json
+        # vocabulary plus its added tokens; with a full 512-entry vocabulary
+        # that trim keeps every row.
+        assert n == VOCAB, f"gemma3: the tokenizer has {n} entries, not {VOCAB}: the converter would trim token_embd"
+        # The window must mask keys within the default prompt (14 tokens).
+        sys.dont_write_bytecode = True  # no __pycache__ in the repository
+        from record_hf import DEFAULT_PROMPT  # noqa: E402  (lazy: record_hf imports this module)
+        n_prompt = len(tok.encode(DEFAULT_PROMPT).ids)
+        assert n_prompt >= 3 * GEMMA3_SLIDING_WINDOW, f"the default prompt has only {n_prompt} tokens"
     eos = specials[0]
     eos_id = tok.token_to_id(eos)
     fast = PreTrainedTokenizerFast(
@@ -356,6 +463,9 @@ def main():
         for name, p in model.named_parameters():  # fixed module order
             if name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif "norm" in name and args.family in ONE_PLUS_W_NORM:
+                # Gemma: the norm scales by 1 + w, HF starts w at 0.
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
             elif "norm" in name:
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
     # Guard the assumptions the goldens rely on.
@@ -375,6 +485,23 @@ def main():
         a = model.model.layers[0].self_attn
         assert a.head_dim == 32 != model.config.hidden_size // model.config.num_attention_heads
         assert a.q_norm.weight.shape == (32,) and a.k_norm.weight.shape == (32,)
+    if args.family == "gemma3":
+        c = model.config
+        m = model.model
+        a = m.layers[0].self_attn
+        assert c.model_type == "gemma3_text" and type(model).__name__ == "Gemma3ForCausalLM"
+        assert a.head_dim == 32 != c.hidden_size // c.num_attention_heads
+        assert a.scaling == 32 ** -0.5 == a.head_dim ** -0.5, "query_pre_attn_scalar must be head_dim (llama.cpp)"
+        assert list(c.layer_types) == GEMMA3_LAYER_TYPES and c.sliding_window == GEMMA3_SLIDING_WINDOW
+        assert [l.self_attn.sliding_window for l in m.layers] == [GEMMA3_SLIDING_WINDOW] * 5 + [None]
+        assert c.attn_logit_softcapping is None and c.final_logit_softcapping is None
+        assert c.hidden_activation == "gelu_pytorch_tanh"
+        assert float(m.embed_tokens.embed_scale) == 8.0 == c.hidden_size ** 0.5
+        for lt, theta in (("full_attention", 1e6), ("sliding_attention", 1e4)):
+            assert c.rope_parameters[lt] == {"rope_type": "default", "rope_theta": theta}, c.rope_parameters
+        norms = [(n_, p_) for n_, p_ in model.named_parameters() if "norm" in n_]
+        assert len(norms) == 6 * c.num_hidden_layers + 1, [n_ for n_, _ in norms]
+        assert all(abs(float(p_.detach().mean())) < 0.1 for _, p_ in norms), "gemma3 norm weights must be drawn around 0"
     if args.family == "phi3":
         assert hasattr(model.model.layers[0].self_attn, "qkv_proj") and hasattr(model.model.layers[0].mlp, "gate_up_proj")
     model.save_pretrained(out, safe_serialization=True)

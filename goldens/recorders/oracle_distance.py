@@ -14,8 +14,8 @@ both hold, it prints
   ratio             max|g - oracle| / (2^-24 * sqrt(K) * M) per GOLDEN
 
 K is the stage's reduction length: embed 1; attn_norm, ffn_norm,
-output_norm, q, k, v, q_norm, k_norm, q_rope, k_rope, ffn_gate, ffn_up,
-ffn_act and logits E (hidden); attn_scores D (head dim); attn_probs and
+output_norm, attn_post_norm, ffn_post_norm (Gemma 3), q, k, v, q_norm,
+k_norm, q_rope, k_rope, ffn_gate, ffn_up, ffn_act and logits E (hidden); attn_scores D (head dim); attn_probs and
 attn_ctx S (the KV length of the step: the last dim of attn_probs);
 attn_out and ffn_inp H*D; ffn_out and out F (FFN width); sample_probs V.
 A ratio of about 1 is the size of one float32 reduction's rounding; the
@@ -58,8 +58,8 @@ def reduction_length(stage, shape, d):
     name = stage.split(".")[-1]
     if name == "embed":
         return 1
-    if name in ("attn_norm", "ffn_norm", "output_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope",
-                "ffn_gate", "ffn_up", "ffn_act", "logits"):
+    if name in ("attn_norm", "ffn_norm", "output_norm", "attn_post_norm", "ffn_post_norm", "q", "k", "v", "q_norm",
+                "k_norm", "q_rope", "k_rope", "ffn_gate", "ffn_up", "ffn_act", "logits"):
         return d["E"]
     if name == "attn_scores":
         return d["D"]
@@ -158,12 +158,12 @@ def main():
             for i, c in enumerate(cols):
                 if c is not None and (cur[i] is None or c[1] > cur[i][1]):
                     cur[i] = (c[0], c[1], f"{step}/{stage}", M, K)
-        hdr = f"{'stage':<18}"
+        hdr = f"{'stage':<20}"
         for n in names:
             hdr += f" | {'ratio ' + n:>16} {'max|d|':>10} {'at':<26} {'M':>9} {'K':>6}"
         print(hdr)
         for f, cur in fam.items():
-            line = f"{f:<18}"
+            line = f"{f:<20}"
             for c in cur:
                 line += f" | {'-':>16} {'':>10} {'':<26} {'':>9} {'':>6}" if c is None else \
                     f" | {c[1]:>16.3f} {c[0]:>10.2e} {c[2]:<26} {c[3]:>9.4g} {c[4]:>6}"

@@ -41,7 +41,12 @@ q_norm/k_norm too) and the eager attention softmax (`dtype=torch.float32`;
 here float64). The attention mask is built in the model dtype (min float64
 for masked entries), which the softmax turns into exact 0. A dispatch-level
 guard asserts that no operation of any forward produced a tensor of another
-floating dtype. Each stored tensor is the float64 value rounded ONCE to
+floating dtype. Gemma 3 has its own versions of two of them, replaced the
+same way: Gemma3RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w), in float64;
+1 + w is exact there) and Gemma3RotaryEmbedding, whose forward takes a
+layer_type and has one table per layer type (inv_freq from that type's
+rope_theta in float64: 1e6 full_attention, 1e4 sliding_attention for
+gemma3-tiny; both asserted against HF's float32 tables). Each stored tensor is the float64 value rounded ONCE to
 float32 (round to nearest: a relative error of at most u/2 = 2^-25, far below
 the float32 arithmetic error the oracle measures). Provenance: as a float32
 recording but `"dtype": "float64"` (`source` stays `hf`). The default,
@@ -82,28 +87,39 @@ KV kv heads, D head dim, E hidden, F FFN width, V vocab:
 
   tokens                 [T]       int64, the ids fed in this step
   positions              [T]       int64, their positions
-  embed                  [T,E]     embed_tokens output
+  embed                  [T,E]     embed_tokens output (Gemma 3: times its
+                                   sqrt(hidden) scale, the output of
+                                   Gemma3TextScaledWordEmbedding)
   blk.{i}.attn_norm      [T,E]     input_layernorm output
   blk.{i}.q              [T,H,D]   q_proj output (bias included), before RoPE
   blk.{i}.k / .v         [T,KV,D]  k_proj / v_proj outputs, before RoPE
-  blk.{i}.q_norm         [T,H,D]   Qwen3 only: per-head RMSNorm of q, before RoPE
-  blk.{i}.k_norm         [T,KV,D]  Qwen3 only: per-head RMSNorm of k, before RoPE
+  blk.{i}.q_norm         [T,H,D]   Qwen3, Gemma 3: per-head RMSNorm of q, before RoPE
+  blk.{i}.k_norm         [T,KV,D]  Qwen3, Gemma 3: per-head RMSNorm of k, before RoPE
   blk.{i}.q_rope         [T,H,D]   q after RoPE
   blk.{i}.k_rope         [T,KV,D]  k after RoPE (this step's positions only)
   blk.{i}.attn_scores    [H,T,S]   the softmax input before the mask:
-                                   q_rope . k_rope^T * scaling (1/sqrt(D)),
+                                   q_rope . k_rope^T * scaling (1/sqrt(D);
+                                   Gemma 3: query_pre_attn_scalar^-0.5),
                                    query head h against KV head h // (H/KV),
                                    for this step's T queries and all S keys;
-                                   entries the causal mask removes (key
-                                   position > query position) are exactly 0
+                                   entries the mask removes (key position >
+                                   query position, and on a sliding-window
+                                   layer query - key >= sliding_window) are
+                                   exactly 0
   blk.{i}.attn_probs     [H,T,S]   softmax output, masked entries are 0
   blk.{i}.attn_ctx       [T,H*D]   attention context, the input of o_proj
   blk.{i}.attn_out       [T,E]     o_proj output
+  blk.{i}.attn_post_norm [T,E]     Gemma 3 only: post_attention_layernorm
+                                   output (the norm of attn_out)
   blk.{i}.ffn_inp        [T,E]     residual after attention
-  blk.{i}.ffn_norm       [T,E]     post_attention_layernorm output
+  blk.{i}.ffn_norm       [T,E]     post_attention_layernorm output (Gemma 3:
+                                   pre_feedforward_layernorm output)
   blk.{i}.ffn_gate / .ffn_up [T,F] gate_proj / up_proj outputs
   blk.{i}.ffn_act        [T,F]     silu(gate) * up, the input of down_proj
+                                   (Gemma 3: gelu_tanh(gate) * up)
   blk.{i}.ffn_out        [T,E]     down_proj output
+  blk.{i}.ffn_post_norm  [T,E]     Gemma 3 only: post_feedforward_layernorm
+                                   output (the norm of ffn_out)
   blk.{i}.out            [T,E]     residual stream after the block
   output_norm            [T,E]     final norm output
   logits                 [T,V]     ([1,V], the last row, with --logits last)
@@ -121,7 +137,22 @@ computes `torch.matmul(query, repeat_kv(key).transpose(2, 3)) * scaling` with
 the very tensors and ops HF's function uses (attn_weights after the scaling,
 before the mask is added), then asserts that softmax(scores + HF's mask)
 reproduces HF's attention weights bit for bit and that HF's mask removes
-exactly the causal entries it zeroes.
+exactly the entries it zeroes (the causal ones, and on a sliding-window
+layer those `sliding_window` or more positions back: HF's
+sliding_window_overlay keeps kv_idx > q_idx - sliding_window).
+
+Sliding-window models (Gemma 3; a layer slides when config.layer_types says
+sliding_attention): the canonical [H,T,S] has S = every position so far,
+but HF's default cache for such a config (DynamicCache(config=...)) keeps
+only the last sliding_window - 1 positions of a sliding layer, so its
+decode-step attentions would be narrower. The recorder passes a plain
+DynamicCache() instead (every layer keeps every position: asserted after
+each step, and the attention tap asserts S keys); HF's mask still applies
+the window (asserted as above). The same steps are then run again through
+HF's own trimmed cache (its trimming asserted) and every step's last logits
+row must agree with the recording (provenance
+`sliding_cache_vs_full_cache_max_abs_diff`, asserted < 1e-3; about 2e-6 in
+float32), as must the usual one-pass recompute (`cache_vs_full`).
 
 If the LM head's rows are equal in pairs (row 2j+1 == row 2j bit for bit:
 phi3-tiny, see make_model.py), every logit pair must tie bit for bit and
@@ -153,7 +184,7 @@ import torch
 import transformers
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 # Import the sibling script without leaving a __pycache__ in the repository.
 sys.dont_write_bytecode = True
@@ -189,11 +220,16 @@ class Recorder:
         self.model = model
         cfg = model.config
         # The modeling module whose apply_rotary_pos_emb the attention calls:
-        # modeling_qwen2 for Qwen2, modeling_llama for Llama, ...
-        self.modeling = importlib.import_module(
-            f"transformers.models.{cfg.model_type}.modeling_{cfg.model_type}")
-        assert type(model.model.layers[0].self_attn).__module__ == self.modeling.__name__
+        # modeling_qwen2 for Qwen2, modeling_llama for Llama, modeling_gemma3
+        # for Gemma 3 (whose text model_type, gemma3_text, names no module):
+        # the attention class's own module.
+        self.modeling = importlib.import_module(type(model.model.layers[0].self_attn).__module__)
+        assert self.modeling.__name__.startswith("transformers.models."), self.modeling.__name__
         self.H, self.KV, self.D = config_dims(cfg)[:3]
+        # Sliding-window attention (Gemma 3): the window of each layer, None
+        # for a full-attention layer.
+        self.windows = layer_windows(cfg)
+        self.S = None  # KV positions after the step running (set per step)
         self.rec = {}
         self.layer = None  # index of the decoder layer currently running
         self.step = None  # name of the step running (for progress lines)
@@ -248,16 +284,43 @@ class Recorder:
                 fwd(a.k_proj, lambda mod, i, o, p=p: self.put(p + "k", o.view(1, o.shape[1], KV, D)))
                 fwd(a.v_proj, lambda mod, i, o, p=p: self.put(p + "v", o.view(1, o.shape[1], KV, D)))
             if hasattr(a, "q_norm"):
-                # Qwen3: RMSNorm over the head dim, applied to the [1,T,H,D]
-                # view before the transpose, so its output is canonical.
-                fwd(a.q_norm, lambda mod, i, o, p=p: self.put(p + "q_norm", o))
-                fwd(a.k_norm, lambda mod, i, o, p=p: self.put(p + "k_norm", o))
+                # RMSNorm over the head dim. Qwen3 applies it to the [1,T,H,D]
+                # view before the transpose (its output is canonical), Gemma 3
+                # after it, to [1,H,T,D]: the hook finds which by matching the
+                # norm's input with the projection stored just before, bit for
+                # bit, and transposes Gemma's output back.
+                def qk_norm(which):
+                    def hook(mod, i, o, p=p):
+                        x, y = i[0], o
+                        proj = self.rec[p + which]  # [T,heads,D], already stored
+                        with allowed(self.guard):
+                            as_is = tuple(x.shape[1:]) == proj.shape and np.array_equal(
+                                x[0].detach().to(torch.float32).numpy(), proj)
+                            if not as_is:
+                                x, y = x.transpose(1, 2), y.transpose(1, 2)
+                                assert tuple(x.shape[1:]) == proj.shape and np.array_equal(
+                                    x[0].detach().to(torch.float32).numpy(), proj), \
+                                    f"{p}{which}_norm: its input is not the {which} projection in either layout"
+                        self.put(p + which + "_norm", y)
+                    return hook
+                fwd(a.q_norm, qk_norm("q"))
+                fwd(a.k_norm, qk_norm("k"))
             pre(a.o_proj, lambda mod, i, p=p: self.put(p + "attn_ctx", i[0]))
             fwd(a.o_proj, lambda mod, i, o, p=p: self.put(p + "attn_out", o))
-            # The residual after attention is not a module output; it is the
-            # input of post_attention_layernorm.
-            pre(layer.post_attention_layernorm, lambda mod, i, p=p: self.put(p + "ffn_inp", i[0]))
-            fwd(layer.post_attention_layernorm, lambda mod, i, o, p=p: self.put(p + "ffn_norm", o))
+            if hasattr(layer, "pre_feedforward_layernorm"):
+                # Gemma 3: post_attention_layernorm normalises the attention
+                # output (attn_post_norm), the residual after attention is the
+                # input of pre_feedforward_layernorm, whose output feeds the
+                # MLP; post_feedforward_layernorm normalises the MLP output.
+                fwd(layer.post_attention_layernorm, lambda mod, i, o, p=p: self.put(p + "attn_post_norm", o))
+                pre(layer.pre_feedforward_layernorm, lambda mod, i, p=p: self.put(p + "ffn_inp", i[0]))
+                fwd(layer.pre_feedforward_layernorm, lambda mod, i, o, p=p: self.put(p + "ffn_norm", o))
+                fwd(layer.post_feedforward_layernorm, lambda mod, i, o, p=p: self.put(p + "ffn_post_norm", o))
+            else:
+                # The residual after attention is not a module output; it is the
+                # input of post_attention_layernorm.
+                pre(layer.post_attention_layernorm, lambda mod, i, p=p: self.put(p + "ffn_inp", i[0]))
+                fwd(layer.post_attention_layernorm, lambda mod, i, o, p=p: self.put(p + "ffn_norm", o))
             mlp = layer.mlp
             if hasattr(mlp, "gate_up_proj"):
                 # Phi-3: Phi3MLP does `gate, up = gate_up_proj(x).chunk(2)`.
@@ -302,14 +365,30 @@ class Recorder:
         repeat_kv = self.modeling.repeat_kv
 
         def eager_wrapper(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-            out, weights = orig_eager(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+            # By keyword: Gemma 3's eager_attention_forward takes (..., mask,
+            # dropout, scaling), Qwen2's and Llama's (..., mask, scaling,
+            # dropout); every attention module passes both by keyword.
+            out, weights = orig_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
             # HF's own first lines: the scaled scores, before the mask.
             key_states = repeat_kv(key, module.num_key_value_groups)
             scores = torch.matmul(query, key_states.transpose(2, 3)) * scaling
             T, S = scores.shape[-2:]
+            # Every position so far, the window's past ones too: the cache
+            # keeps them all (see main), so column j is position j.
+            assert S == self.S, f"layer {self.layer}: {S} keys, expected every position 0..{self.S - 1}"
             # Query row t is at position S - T + t (the cache holds positions
-            # 0..S-1); key j is masked when j > that position.
-            masked = (torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None])
+            # 0..S-1); key j is masked when j > that position, and on a
+            # sliding-window layer also when it is `window` or more positions
+            # back (HF's sliding_window_overlay keeps kv_idx > q_idx - window;
+            # llama.cpp's LLAMA_SWA_TYPE_STANDARD masks p1 - p0 >= n_swa).
+            window = self.windows[self.layer]
+            assert getattr(module, "sliding_window", None) == window == kwargs.get("sliding_window", window), \
+                f"layer {self.layer}: sliding window {getattr(module, 'sliding_window', None)}, expected {window}"
+            qpos = torch.arange(S - T, S)[:, None]
+            masked = torch.arange(S)[None, :] > qpos
+            if window is not None:
+                masked |= qpos - torch.arange(S)[None, :] >= window
             if attention_mask is not None:
                 # HF's mask removes exactly these entries (a large negative
                 # value where masked, 0 elsewhere), and softmax(scores + mask)
@@ -337,6 +416,18 @@ class Recorder:
         if self.orig_eager is not None:
             self.modeling.eager_attention_forward = self.orig_eager
             self.orig_eager = None
+
+
+def layer_windows(cfg):
+    """The sliding window of each layer (None: full attention), from the
+    config's layer_types: Gemma 3's sliding_attention layers attend to the
+    last `sliding_window` positions (the query's own included)."""
+    n = cfg.num_hidden_layers
+    types_ = getattr(cfg, "layer_types", None) or ["full_attention"] * n
+    assert len(types_) == n and set(types_) <= {"full_attention", "sliding_attention"}, types_
+    windows = [cfg.sliding_window if t == "sliding_attention" else None for t in types_]
+    assert all(w is None or w >= 1 for w in windows), windows
+    return windows
 
 
 # ---- float64 oracle ---------------------------------------------------------
@@ -375,10 +466,12 @@ class allowed:
             self.guard.allow -= 1
 
 
-def rope_default_f64(cfg):
+def rope_default_f64(cfg, layer_type=None):
     """inv_freq of HF's `default` RoPE (compute_default_rope_parameters) in
-    float64: 1 / theta^(2i/dim), dim = head_dim * partial_rotary_factor."""
-    rp = cfg.rope_parameters
+    float64: 1 / theta^(2i/dim), dim = head_dim * partial_rotary_factor.
+    `layer_type`: Gemma 3 keeps one set of RoPE parameters per layer type
+    (rope_parameters[layer_type])."""
+    rp = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
     if rp.get("rope_type", "default") != "default":
         sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only, not {rp['rope_type']!r}")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -394,21 +487,53 @@ def to_float64(model):
     m = model.model
     # RoPE tables.
     rot = m.rotary_emb
-    inv64 = rope_default_f64(model.config)
-    assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0
-    # HF's float32 inv_freq is the float64 one rounded (within a few ulps).
-    assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
+    rope = "float64 default"
+    if type(rot).__name__ == "Gemma3RotaryEmbedding":
+        # One table per layer type, each from its own rope_theta:
+        # forward(x, position_ids, layer_type) reads `{layer_type}_inv_freq`.
+        inv64s = {}
+        for lt in rot.layer_types:
+            inv64s[lt] = rope_default_f64(model.config, lt)
+            assert rot.rope_type[lt] == "default" and getattr(rot, f"{lt}_attention_scaling") == 1.0, lt
+            hf_inv = getattr(rot, f"{lt}_inv_freq")
+            assert hf_inv.shape == inv64s[lt].shape, lt
+            assert torch.allclose(hf_inv.to(torch.float64), inv64s[lt], rtol=1e-6, atol=0), \
+                f"{lt}: inv_freq differs from HF's"
+        # The two bases differ, so a table mix-up cannot go unseen.
+        assert len(inv64s) < 2 or not torch.equal(*inv64s.values())
 
-    def rope_forward(self, x, position_ids):
-        freqs = position_ids[..., None].to(torch.float64) * inv64
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        def rope_forward(self, x, position_ids, layer_type):
+            freqs = position_ids[..., None].to(torch.float64) * inv64s[layer_type]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        rope = {lt: f"float64 default, theta {model.config.rope_parameters[lt]['rope_theta']}" for lt in inv64s}
+    else:
+        inv64 = rope_default_f64(model.config)
+        assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0
+        # HF's float32 inv_freq is the float64 one rounded (within a few ulps).
+        assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
+
+        def rope_forward(self, x, position_ids):
+            freqs = position_ids[..., None].to(torch.float64) * inv64
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     rot.forward = types.MethodType(rope_forward, rot)
     # RMSNorm (every norm of these architectures, q_norm/k_norm included).
     norms = 0
     for name, mod in model.named_modules():
         cls = type(mod).__name__
-        if cls.endswith("RMSNorm"):
+        if cls == "Gemma3RMSNorm":
+            # Gemma 3: x * rsqrt(mean(x^2) + eps) * (1 + w), HF's order of
+            # operations (Gemma3RMSNorm.forward), in float64.
+            assert hasattr(mod, "eps") and mod.weight.dtype == torch.float64, name
+
+            def gemma_rms_forward(self, x):
+                assert x.dtype == torch.float64
+                out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+                return out * (1.0 + self.weight)
+            mod.forward = types.MethodType(gemma_rms_forward, mod)
+            norms += 1
+        elif cls.endswith("RMSNorm"):
             assert hasattr(mod, "variance_epsilon") and mod.weight.dtype == torch.float64, name
 
             def rms_forward(self, hidden_states):
@@ -429,7 +554,7 @@ def to_float64(model):
             dtype = torch.float64
         return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
     torch.nn.functional.softmax = softmax
-    return {"rope": "float64 default", "rmsnorm_modules": norms, "softmax": "float64"}
+    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
 
 
 def config_dims(cfg):
@@ -441,18 +566,20 @@ def config_dims(cfg):
         "intermediate_size", "vocab_size", "num_hidden_layers")})
 
 
-def attention_rows(probs, positions):
+def attention_rows(probs, positions, window=None):
     """Per-row non-uniformity of one layer's softmax output probs [H,T,S]
-    (row t sees positions[t]+1 keys). Returns, for every row that sees at
-    least 2 keys (a 1-key row is trivially one-hot): its max probability,
-    that max divided by the uniform value 1/n_keys, and its entropy divided
-    by log(n_keys) (1 = uniform, 0 = one-hot)."""
+    (row t sees positions[t]+1 keys, or only the last `window` of them on a
+    sliding-window layer). Returns, for every row that sees at least 2 keys
+    (a 1-key row is trivially one-hot): its max probability, that max
+    divided by the uniform value 1/n_keys, and its entropy divided by
+    log(n_keys) (1 = uniform, 0 = one-hot)."""
     out = []
     for t, p in enumerate(positions):
-        n = int(p) + 1
+        lo = 0 if window is None else max(0, int(p) + 1 - window)
+        n = int(p) + 1 - lo
         if n < 2:
             continue
-        rows = probs[:, t, :n].astype(np.float64)  # [H,n]; masked keys dropped
+        rows = probs[:, t, lo:int(p) + 1].astype(np.float64)  # [H,n]; masked keys dropped
         ent = -(rows * np.log(np.clip(rows, 1e-300, 1.0))).sum(-1) / np.log(n)
         for h in range(rows.shape[0]):
             m = rows[h].max()
@@ -787,11 +914,22 @@ def main():
     out = {}
     steps, greedy_ids = [], []
     x = torch.tensor([prompt_ids], dtype=torch.int64)
-    past, pos = None, 0
+    windows = layer_windows(cfg)
+    sliding = any(w is not None for w in windows)
+    # A sliding-window model (Gemma 3) would get a DynamicCache built from its
+    # config, whose sliding layers keep only the last window - 1 positions:
+    # attn_scores/attn_probs of those layers would be narrower than S in
+    # decode steps. The canonical [H,T,S] has every position, so the cache
+    # here is a plain DynamicCache (no config: every layer keeps every
+    # position, asserted after each step); HF's sliding-window mask still
+    # removes the keys outside the window (asserted in the attention tap),
+    # and the logits agree with HF's own trimmed cache (checked below).
+    past, pos = (DynamicCache() if sliding else None), 0
     att_rows = {"prefill": [], "decode": []}
     prefill_row_max = []
     logit_absmax = 0.0
     step_tokens = {}  # {step: T}, for the row subset (--rows)
+    step_last_logits = []  # last logits row of each step, float64
     dims = config_dims(cfg)
     expected = golden_io.all_stages(cfg.model_type, n_layers, extra) + ["tokens", "positions"]
     fed = list(prompt_ids)  # every token fed so far (the processors' input_ids)
@@ -805,10 +943,16 @@ def main():
                 T = x.shape[1]
                 log(f"{step}: {T} token(s) at position {pos}")
                 positions = torch.arange(pos, pos + T, dtype=torch.int64)
+                r.S = pos + T
                 with guard or contextlib.nullcontext():
                     res = model(input_ids=x, position_ids=positions[None], past_key_values=past,
                                 use_cache=True, output_attentions=True, return_dict=True)
+                assert past is None or res.past_key_values is past
                 past = res.past_key_values
+                if sliding:
+                    lens = [layer.keys.shape[-2] for layer in past.layers]
+                    assert len(lens) == n_layers and lens == [pos + T] * n_layers and not any(past.is_sliding), \
+                        f"{step}: the cache holds {lens} positions per layer, expected all {pos + T}"
                 if pair_ties:
                     lg = res.logits[0]
                     assert torch.equal(lg[:, 0::2], lg[:, 1::2]), f"{step}: logit pairs do not tie exactly"
@@ -826,7 +970,8 @@ def main():
                 for li, a in enumerate(res.attentions):
                     r.put(f"blk.{li}.attn_probs", a)  # [1,H,T,S] -> [H,T,S]
                     probs = r.rec[f"blk.{li}.attn_probs"]
-                    att_rows["prefill" if si == 0 else "decode"] += attention_rows(probs, positions.numpy())
+                    att_rows["prefill" if si == 0 else "decode"] += attention_rows(probs, positions.numpy(),
+                                                                                   windows[li])
                     if si == 0:
                         prefill_row_max.append(probs.max(axis=-1).mean())
                 # The hooked logits must be what the model returned.
@@ -864,8 +1009,34 @@ def main():
                 log(f"{step}: greedy token {nxt}")
                 x = torch.tensor([[feed]], dtype=torch.int64)
                 last_logits = res.logits[0, -1].to(torch.float64).numpy().copy()
+                step_last_logits.append(last_logits)
     finally:
         r.remove()
+
+    sliding_vs_full_cache = None
+    if sliding:
+        # The same steps through HF's own cache for this config (sliding
+        # layers trimmed to the last window - 1 positions, asserted): the
+        # last-row logits of every step must agree with the full cache's
+        # (not bit for bit: the softmax sums over different key counts).
+        log("sliding-window cross-check: the same steps with HF's own (trimmed) cache")
+        own, diffs, p0 = None, [], 0
+        with torch.no_grad():
+            for si, step in enumerate(steps):
+                ids = prompt_ids if si == 0 else [fed[len(prompt_ids) + si - 1]]
+                pos_ids = torch.arange(p0, p0 + len(ids), dtype=torch.int64)[None]
+                with guard or contextlib.nullcontext():
+                    o = model(input_ids=torch.tensor([ids], dtype=torch.int64), position_ids=pos_ids,
+                              past_key_values=own, use_cache=True)
+                own = o.past_key_values
+                p0 += len(ids)
+                diffs.append(float(np.abs(o.logits[0, -1].to(torch.float64).numpy() - step_last_logits[si]).max()))
+        lens = [layer.keys.shape[-2] for layer in own.layers]
+        want = [p0 if w is None else min(p0, w - 1) for w in windows]
+        assert lens == want and own.is_sliding == [w is not None for w in windows], \
+            f"HF's own cache holds {lens} positions per layer, expected {want}"
+        sliding_vs_full_cache = max(diffs)
+        assert sliding_vs_full_cache < 1e-3, f"HF's own sliding cache gives other logits: {diffs}"
 
     # KV-cache cross-check: one forward over prompt + every token fed so far
     # must give (nearly) the same last-row logits as the cached last step.
@@ -887,6 +1058,9 @@ def main():
         cfg_dict = json.loads(cfg.to_json_string(use_diff=False))
     record = golden_io.record_section(keep_steps, all_steps, patterns, args.logits, stages_at, rows, step_tokens)
     prov = build_provenance(args, prompt, cfg_dict, greedy_ids, steps, cache_vs_full, source, record, sampling)
+    if sliding_vs_full_cache is not None:
+        # Sliding-window models only (other goldens keep their provenance).
+        prov["sliding_cache_vs_full_cache_max_abs_diff"] = sliding_vs_full_cache
     metadata = {
         "format": FORMAT,
         "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":")),
@@ -922,6 +1096,7 @@ def main():
         "greedy_ids": greedy_ids,
         "greedy_text": tok.decode(greedy_ids),
         "cache_vs_full_max_abs_diff": cache_vs_full,
+        "sliding_cache_vs_full_cache_max_abs_diff": sliding_vs_full_cache,
         "dtype": args.dtype,
         "lm_head_pair_ties": bool(pair_ties),
         "logits_absmax": round(logit_absmax, 4),

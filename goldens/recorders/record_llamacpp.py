@@ -42,15 +42,39 @@ inside the softmax. The recorder takes kq-L, slices it from the padded KV
 length to S, multiplies it in float32 by the kq_scale of the SOFT_MAX node
 (its op_params; exactly what the op computes before adding the mask) and
 zeroes the causally masked entries (see NODE_MAP). For Phi-3 the graph scales
-Q before kq (kq_scale 1), so the stored scores are kq as it is.
+Q before kq (kq_scale 1), so the stored scores are kq as it is; so does
+Gemma 3's, after RoPE (an unnamed SCALE node by f_attention_scale,
+1/sqrt(head_dim) for every size but the 27B, which must equal HF's
+query_pre_attn_scalar^-0.5: asserted), so its scores are
+(q_rope * scale) . k_rope^T.
 
 If every logits row of the HF golden ties in pairs (logits[2j] == logits[2j+1]
 bit for bit: phi3-tiny's LM head has rows equal in pairs), llama.cpp's logits
 must tie the same way and every greedy id must be even; asserted.
 
 Architectures: qwen2, llama, qwen3 (per-head q/k RMSNorm: `Qcur_normed-L`,
-`Kcur_normed-L`) and phi3 (fused `wqkv-L` and fused up/gate `ffn_up-L`,
-split into the canonical q/k/v and ffn_gate/ffn_up here).
+`Kcur_normed-L`), phi3 (fused `wqkv-L` and fused up/gate `ffn_up-L`,
+split into the canonical q/k/v and ffn_gate/ffn_up here) and gemma3 (HF
+model_type gemma3_text; see NODE_MAP's gemma3 entry).
+
+Sliding-window attention (gemma3): the context keeps a full-size SWA cache
+(swa_full = true, llama.cpp's default, pinned: provenance
+`settings.swa_full`), so cell p holds position p in every layer's cache and
+the [H,T,S] columns are positions, as for full attention. Which layers
+slide and how far is asserted from the graph, against the HF config's
+layer_types and sliding_window: every attn_probs entry masked by the causal
+mask or the layer's window (query - key >= sliding_window) is exactly 0, every
+other one is > 0 in some head, a full-attention layer has non-zero entries
+beyond the window, and each layer's RoPE of Q and K uses its layer type's
+base (ROPE op_params freq_base: rope.freq_base_swa on sliding layers). The
+stored attn_scores are zeroed on the same masked entries.
+
+Gemma 3's GELU: ggml's CPU GEGLU (ggml_vec_geglu_f32, GGML_GELU_FP16 is
+defined unconditionally in ggml-cpu/vec.h) rounds the gate to float16 and
+looks the GELU up in a float16 table for |gate| < 10, then multiplies by up
+in float32: its ffn_act is about 1e3 float32 roundings from the oracle
+(5e-4 relative), and everything after the first layer's FFN inherits that.
+The golden records it as it is: it is llama.cpp's arithmetic.
 
 `__metadata__`: `format` = touchstone-golden/1 and `provenance` (compact
 sorted JSON). Nothing in the output varies between runs (no time, host or
@@ -141,6 +165,23 @@ ARCH_NODE_MAP = {
         "blk.{L}.q_norm": ("Qcur_normed-{L}", "MUL", "last"),
         "blk.{L}.k_norm": ("Kcur_normed-{L}", "MUL", "last"),
     },
+    # Gemma 3 (src/models/gemma3.cpp): the embeddings times sqrt(n_embd) are
+    # `inp_scaled` (a SCALE of embd); per-head q/k norms as Qwen3; the norm
+    # of the attention output is attn_post_norm-L (MUL), the residual after
+    # attention sa_out-L, the gated GELU one GEGLU op (ffn_geglu-L: the tanh
+    # GELU of the gate times up) and the norm of the FFN output
+    # ffn_post_norm-L (MUL), before l_out-L adds the residual. Q is scaled by
+    # f_attention_scale after RoPE, in an unnamed SCALE node (see
+    # kq_scale_of), and the softmax gets kq_scale 1.
+    "gemma3": {
+        "embed": ("inp_scaled", "SCALE", "last"),
+        "blk.{L}.q_norm": ("Qcur_normed-{L}", "MUL", "last"),
+        "blk.{L}.k_norm": ("Kcur_normed-{L}", "MUL", "last"),
+        "blk.{L}.attn_post_norm": ("attn_post_norm-{L}", "MUL", "last"),
+        "blk.{L}.ffn_inp": ("sa_out-{L}", "ADD", "last"),
+        "blk.{L}.ffn_act": ("ffn_geglu-{L}", "GEGLU", "last"),
+        "blk.{L}.ffn_post_norm": ("ffn_post_norm-{L}", "MUL", "last"),
+    },
     # Phi-3: fused projections (Qcur/Kcur/Vcur before RoPE are only views of
     # wqkv-L, which the recorder does not copy), an unnamed residual add.
     "phi3": {
@@ -162,7 +203,13 @@ AFTER_NAMES = {
 # (LlamaModel.permute in vendor/llama.cpp/conversion/llama.py) and whose
 # graph uses the interleaved-pair ("NORM") RoPE on them.
 QK_PERMUTED = {"llama"}
-ROPE_TYPE = {"llama": 0, "qwen2": 2, "qwen3": 2, "phi3": 2}  # LLAMA_ROPE_TYPE_NORM, _NEOX
+ROPE_TYPE = {"llama": 0, "qwen2": 2, "qwen3": 2, "phi3": 2, "gemma3": 2}  # LLAMA_ROPE_TYPE_NORM, _NEOX
+# HF model_type -> GGUF general.architecture, where they differ.
+HF_MODEL_TYPE_ARCH = {"gemma3_text": "gemma3"}
+# Architectures whose graph scales Q after RoPE in an unnamed SCALE node
+# (gemma3.cpp: Qcur = ggml_scale(Qcur, f_attention_scale) after cb(Qcur,
+# "Qcur")) and passes kq_scale 1 to the softmax.
+Q_SCALE_AFTER_ROPE = {"gemma3"}
 
 
 def node_map(arch):
@@ -299,21 +346,77 @@ def op_param_f32(node, i):
     return float(np.frombuffer(node["op_params"], dtype=np.float32)[i])
 
 
-def kq_scale_of(step_nodes, layer, dims):
+def kq_scale_of(step_nodes, layer, attn):
     """The scale the SOFT_MAX node kq_soft_max-L applies to kq-L; asserts it,
-    times any SCALE of Q (Phi-3), is 1/sqrt(D), and that max_bias is 0."""
-    D = dims[2]
+    times any SCALE of Q (Phi-3's named Qcur-L, Gemma 3's unnamed one right
+    after the RoPE of Q), is the model's attention scale (attn["scale"]:
+    1/sqrt(D), or query_pre_attn_scalar^-0.5 for Gemma 3), and that
+    max_bias is 0."""
     sm = pick(step_nodes, f"kq_soft_max-{layer}", "SOFT_MAX", "last", "attn_probs", layer)
     scale, max_bias = op_param_f32(sm, 0), op_param_f32(sm, 1)
     assert max_bias == 0.0, f"layer {layer}: soft_max max_bias {max_bias} (ALiBi is not supported)"
     q_scales = [op_param_f32(n, 0) for n in step_nodes if n["name"] == f"Qcur-{layer}" and n["op"] == "SCALE"]
+    if attn["arch"] in Q_SCALE_AFTER_ROPE:
+        i = max(j for j, n in enumerate(step_nodes) if n["name"] == f"Qcur-{layer}" and n["op"] == "ROPE")
+        sc = step_nodes[i + 1]
+        assert sc["op"] == "SCALE" and re.fullmatch(r"node_\d+", sc["name"]), \
+            f"layer {layer}: the node after Qcur-{layer} ROPE is {sc['name']} {sc['op']}, not the scale of Q"
+        # ... and it is what kq multiplies (through a view and a permute).
+        assert any(n["name"] == f"{sc['name']} (view) (permuted)" for n in step_nodes), \
+            f"layer {layer}: {sc['name']} does not feed kq-{layer}"
+        q_scales.append(op_param_f32(sc, 0))
+        assert scale == 1.0, f"layer {layer}: Q is scaled, yet the softmax scales by {scale}"
     total = scale * float(np.prod(q_scales)) if q_scales else scale
-    assert abs(total * np.sqrt(D) - 1.0) < 1e-6, f"layer {layer}: attention scale {total}, not 1/sqrt({D})"
+    assert abs(total / attn["scale"] - 1.0) < 1e-6, f"layer {layer}: attention scale {total}, not {attn['scale']}"
     return np.float32(scale)
 
 
-def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, positions):
-    """The stages in `keep` of one step, canonical layout (see NODE_MAP)."""
+def attention_layout(hf_cfg, arch, dims):
+    """What the attention of each layer must be, from the HF config: the
+    total scale (query_pre_attn_scalar^-0.5 where the config has one, Gemma
+    3; else 1/sqrt(D)), the sliding window of each layer (None: full
+    attention; Gemma 3's layer_types) and the RoPE base of each layer (where
+    rope_parameters are kept per layer type), else None."""
+    n_layer = hf_cfg["num_hidden_layers"]
+    qpas = hf_cfg.get("query_pre_attn_scalar")
+    scale = float(qpas) ** -0.5 if qpas is not None else 1.0 / np.sqrt(dims[2])
+    types_ = hf_cfg.get("layer_types") or ["full_attention"] * n_layer
+    assert len(types_) == n_layer and set(types_) <= {"full_attention", "sliding_attention"}, types_
+    windows = [hf_cfg["sliding_window"] if t == "sliding_attention" else None for t in types_]
+    rp = hf_cfg.get("rope_parameters") or {}
+    bases = [float(rp[t]["rope_theta"]) for t in types_] if all(t in rp for t in types_) else None
+    return {"arch": arch, "scale": scale, "windows": windows, "rope_bases": bases}
+
+
+def masked_entries(positions, S, window):
+    """[T,S] True where the key is masked for the query: in the future, or,
+    on a sliding-window layer, `window` or more positions back (llama.cpp's
+    LLAMA_SWA_TYPE_STANDARD: p1 - p0 >= n_swa; HF: kv_idx > q_idx - window
+    is kept)."""
+    q = np.asarray(positions)[:, None]
+    k = np.arange(S)[None, :]
+    m = k > q
+    if window is not None:
+        m |= q - k >= window
+    return m
+
+
+def check_rope_bases(step_nodes, step, attn):
+    """Each layer's RoPE of Q and K uses its layer type's base (ggml_rope_ext
+    op_params[5], freq_base): Gemma 3's sliding layers 10000, full ones 1e6."""
+    if attn["rope_bases"] is None:
+        return
+    for L, base in enumerate(attn["rope_bases"]):
+        for name in (f"Qcur-{L}", f"Kcur-{L}"):
+            node = pick(step_nodes, name, "ROPE", "last", "q_rope", L)
+            got = op_param_f32(node, 5)
+            assert got == np.float32(base), f"{step}: layer {L} {name} RoPE base {got}, HF's layer type has {base}"
+            assert op_param_f32(node, 6) == 1.0, f"{step}: layer {L} {name}: freq_scale {op_param_f32(node, 6)}"
+
+
+def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, positions, attn):
+    """The stages in `keep` of one step, canonical layout (see NODE_MAP).
+    `attn`: attention_layout()."""
     out = {}
     for stage, name, op, sel in node_map(arch):
         for L in (range(n_layer) if "{L}" in stage else [None]):
@@ -332,12 +435,29 @@ def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, posit
                 tail = a[..., S:]
                 assert tail.size == 0 or not tail.any(), f"{step}/{st}: masked KV cells are not exactly 0"
                 a = a[..., :S]
+                window = attn["windows"][L]
+                if any(w is not None for w in attn["windows"]):
+                    # Sliding-window model: column j must be position j (a
+                    # linear cell layout: swa_full, a fresh cache) and the
+                    # layer's window must be HF's. Every masked entry (future,
+                    # or outside this layer's window) is exactly 0 ...
+                    masked = masked_entries(positions, S, window)
+                    assert not a[:, masked].any(), f"{step}/{st}: masked entries (window {window}) are not exactly 0"
+                    # ... every entry the mask keeps is > 0 in some head (so
+                    # llama.cpp's window is not narrower) ...
+                    assert a.any(axis=0)[~masked].all(), f"{step}/{st}: a key inside the window has probability 0"
+                    # ... and a full-attention layer attends beyond the window
+                    # some sliding layer would have.
+                    w = max(x for x in attn["windows"] if x is not None)
+                    beyond = ~masked & masked_entries(positions, S, w)
+                    if window is None and beyond.any():
+                        assert a[:, beyond].any(), f"{step}/{st}: a full-attention layer is windowed"
             if st.endswith("attn_scores"):
                 a = a.reshape(a.shape[-3:])
                 assert a.shape[:2] == want[:2] and a.shape[2] >= S, f"{step}/{st}: {a.shape} vs {want}"
                 # float32 product, as ggml_compute_forward_soft_max_f32 scales.
-                a = a[..., :S].astype(np.float32) * kq_scale_of(step_nodes, L, dims)
-                masked = np.arange(S)[None, :] > np.asarray(positions)[:, None]  # [T,S]
+                a = a[..., :S].astype(np.float32) * kq_scale_of(step_nodes, L, attn)
+                masked = masked_entries(positions, S, attn["windows"][L])  # [T,S]
                 a = np.where(masked[None], np.float32(0.0), a).astype(np.float32)
             assert a.size == int(np.prod(want)), f"{step}/{st}: {a.shape} cannot be {want}"
             a = np.ascontiguousarray(a.reshape(want), dtype=np.float32)
@@ -453,9 +573,16 @@ def main():
         sys.exit(f"record_llamacpp.py: architecture {arch!r} has no node map (known: {sorted(ROPE_TYPE)})")
     assert rope_type == ROPE_TYPE[arch], f"arch {arch}, rope type {rope_type}"
     permuted = arch in QK_PERMUTED
-    assert hf_cfg["model_type"] == arch, (hf_cfg["model_type"], arch)
+    assert HF_MODEL_TYPE_ARCH.get(hf_cfg["model_type"], hf_cfg["model_type"]) == arch, (hf_cfg["model_type"], arch)
     # Read now: the model is freed before the provenance is written.
     general_name, file_type = meta("general.name"), meta("general.file_type")
+    attn = attention_layout(hf_cfg, arch, dims)
+    sliding = any(w is not None for w in attn["windows"])
+    if sliding:
+        # llama.cpp's window is the GGUF's; which layers slide is checked on
+        # the graph (attn_probs' zeros, each layer's RoPE base).
+        swa = meta(f"{arch}.attention.sliding_window")
+        assert swa is not None and int(swa) == hf_cfg["sliding_window"], (swa, hf_cfg["sliding_window"])
     log(f"{arch} `{general_name}`, {n_layer} layers, vocab {n_vocab}")
 
     # llama.cpp's own tokenization of the prompt text: recorded, and must
@@ -485,6 +612,15 @@ def main():
     cparams.n_threads = args.threads
     cparams.n_threads_batch = args.threads
     cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    # Sliding-window layers: a full-size SWA cache (n_ctx cells, the
+    # context's default, pinned here), so that, in a fresh context, token p
+    # lands in cell p of every layer's cache as in the full-attention cache:
+    # the recorder reads column j of kq/attn_probs as position j. A small SWA
+    # cache (swa_full false: n_swa + n_ubatch cells) may hand a cell whose
+    # position left the window to a later token, and the columns would no
+    # longer be positions. The window itself is applied by llama.cpp's SWA
+    # mask either way; the zeros are checked in canonical().
+    cparams.swa_full = True
     kv_type = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16}[args.kv_type]
     cparams.type_k = kv_type
     cparams.type_v = kv_type
@@ -520,7 +656,8 @@ def main():
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
             want = (keep if step in keep_steps else set()) | stages_at_sets.get(step, set()) | {"logits"}
-            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want, positions)
+            check_rope_bases(rec.nodes, step, attn)
+            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want, positions, attn)
             rec.nodes = []  # a real model's nodes are large; drop them now
             api = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
                             for i in range(len(toks))])
@@ -616,6 +753,9 @@ def main():
         "steps": steps,
         "model_config": hf_cfg,
     }
+    if sliding:
+        # Sliding-window models only (other goldens keep their provenance).
+        prov["settings"]["swa_full"] = True
     if chat:
         prov["prompt"].update(chat=True, rendered=hf_prov["prompt"]["rendered"])
     if disagreement is not None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the tiny models and every committed golden from scratch and
 # compare them, byte for byte, with the committed ones:
-#   goldens/{qwen2,llama,qwen3,phi3}-tiny/: model/, hf.safetensors,
+#   goldens/{qwen2,llama,qwen3,phi3,gemma3}-tiny/: model/, hf.safetensors,
 #     model.gguf, llamacpp.safetensors, oracle.safetensors (--dtype float64)
 #   goldens/qwen2-tiny/long-hf.safetensors, long-oracle.safetensors (the
 #     prompt of specs/qwen2-tiny-long.yaml), sampling-hf.safetensors and
@@ -46,7 +46,7 @@ VENV="$CACHE/recorders-venv"
 REQS="$HERE/requirements.txt"
 GOLDENS="$ROOT/goldens"
 # model folder name -> make_model.py --family
-MODELS="qwen2-tiny:qwen2 llama-tiny:llama qwen3-tiny:qwen3 phi3-tiny:phi3"
+MODELS="qwen2-tiny:qwen2 llama-tiny:llama qwen3-tiny:qwen3 phi3-tiny:phi3 gemma3-tiny:gemma3"
 
 OUT="${1:-$CACHE/regen}"
 [ -n "$OUT" ] || die "OUT_DIR is empty"
