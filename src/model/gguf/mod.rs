@@ -244,9 +244,8 @@ fn wrong_type(f: &GgufFile, key: &str, expected: &str) -> String {
 /// are named apart (its `ffn_norm` is HF's `pre_feedforward_layernorm`, and
 /// it has two post norms); every other family as [`hf_name`].
 pub fn hf_name_in(arch: &str, gguf: &str) -> Option<String> {
-    if arch == "gemma3" {
-        let rest = gguf.strip_prefix("blk.")?;
-        let (layer, rest) = rest.split_once('.')?;
+    let block = gguf.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+    if let (true, Some((layer, rest))) = (arch == "gemma3", block) {
         let hf = match rest {
             "ffn_norm.weight" => Some("pre_feedforward_layernorm.weight"),
             "post_attention_norm.weight" => Some("post_attention_layernorm.weight"),
@@ -263,9 +262,8 @@ pub fn hf_name_in(arch: &str, gguf: &str) -> Option<String> {
 /// The GGUF name of an HF tensor name in architecture `arch` (the inverse
 /// of [`hf_name_in`]).
 pub fn gguf_name_in(arch: &str, hf: &str) -> Option<String> {
-    if arch == "gemma3" {
-        let rest = hf.strip_prefix("model.layers.")?;
-        let (layer, rest) = rest.split_once('.')?;
+    let block = hf.strip_prefix("model.layers.").and_then(|r| r.split_once('.'));
+    if let (true, Some((layer, rest))) = (arch == "gemma3", block) {
         let g = match rest {
             "pre_feedforward_layernorm.weight" => Some("ffn_norm.weight"),
             "post_attention_layernorm.weight" => Some("post_attention_norm.weight"),
