@@ -301,6 +301,45 @@ mod tests {
         }
     }
 
+    /// The tiny Gemma 3 as an HF folder and as llama.cpp's converter wrote it
+    /// (norms stored as w + 1): the same config, and the CPU engine computes
+    /// the same bits from either (the loader's w = g − 1 is exact here, and
+    /// 1 + w then gives back the stored g).
+    #[test]
+    fn the_tiny_gemma_reads_the_same_from_hf_and_from_its_gguf() {
+        use crate::engine::cpu::CpuEngine;
+        use crate::engine::{Engine, RunRequest, TapSet};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/gemma3-tiny");
+        let hf = crate::model::read_config(&dir.join("model")).unwrap();
+        let mut gg = crate::model::read_config(&dir.join("model.gguf")).unwrap();
+        assert!(gg.context_length.is_some());
+        gg.context_length = hf.context_length;
+        // GGUF stores eps as an f32 (the engines add it in f32 either way).
+        assert_eq!(gg.rms_eps as f32, hf.rms_eps as f32);
+        gg.rms_eps = hf.rms_eps;
+        assert_eq!(gg, hf);
+        let req = RunRequest {
+            prompt: vec![3, 70, 140, 7, 300, 12, 9, 41],
+            decode_steps: 2,
+            sampling: crate::sampling::Sampling::Greedy,
+            seed: 0,
+            forced: None,
+        };
+        let run = |p: &str| {
+            let e = CpuEngine::load(&dir.join(p)).unwrap();
+            e.run(&req, &TapSet::all(hf.layers)).unwrap()
+        };
+        let (a, b) = (run("model"), run("model.gguf"));
+        assert_eq!(a.sampled, b.sampled);
+        for ((step, stage), t) in a.captures.iter() {
+            let u = b.captures.get(*step, *stage).unwrap();
+            assert!(
+                t.data().iter().zip(u.data()).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{step}/{stage} differs between the HF folder and the GGUF"
+            );
+        }
+    }
+
     #[test]
     fn the_pattern_is_llama_cpps() {
         assert_eq!(pattern_layers(7, 6), [true, true, true, true, true, false, true]);

@@ -85,6 +85,7 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
     for v in [
         "planted_softmax_max",
         "planted_gqa_modulo",
+        "planted_window_ignored",
         "planted_rope_pair",
         "planted_oob_store",
     ] {

@@ -48,6 +48,31 @@ fn planted_gqa_modulo_is_caught_at_the_heads_it_remaps() {
 }
 
 #[test]
+fn planted_window_ignored_is_caught_at_the_rows_the_window_masks() {
+    // Window 3 over positions 4..10: every row sees more than 3 keys, so
+    // every (head, row) mismatches once the window is ignored; with no
+    // window the planted kernel is the correct one.
+    let c = AttnCase {
+        t: 6,
+        pos0: 4,
+        heads: 2,
+        kv: 1,
+        d: 8,
+        window: 3,
+    };
+    let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 34);
+    let good = run_attention::<f32>("attention_prefill_f32", &c, &q, &k, &v);
+    assert!(compare_attention(&c, &qw, &kw, &vw, &good).is_empty());
+    let bug = run_attention::<f32>("planted_window_ignored/attention_prefill_f32", &c, &q, &k, &v);
+    let bad = compare_attention(&c, &qw, &kw, &vw, &bug);
+    let want: Vec<(usize, usize)> = (0..c.heads).flat_map(|h| (0..c.t).map(move |t| (h, t))).collect();
+    assert_eq!(bad, want, "every row sees keys older than the window");
+    let global = AttnCase { window: 0, ..c };
+    let bug = run_attention::<f32>("planted_window_ignored/attention_prefill_f32", &global, &q, &k, &v);
+    assert!(compare_attention(&global, &qw, &kw, &vw, &bug).is_empty());
+}
+
+#[test]
 fn planted_rope_pair_is_caught() {
     let (rows, heads, d, pos0) = (3, 2, 8, 0);
     let (x, xw) = stored::<f32>(&data(rows * heads * d, 32, 2.0));
