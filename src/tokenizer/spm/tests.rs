@@ -410,3 +410,54 @@ fn integer_scores_and_an_empty_token_load_as_in_llama_cpp() {
     assert_eq!(t.decode(&[P + 1]), "[EMPTY_262]");
     assert_eq!(t.vocab_size(), 264);
 }
+
+#[test]
+fn any_text_without_the_escape_character_round_trips_without_a_space_prefix() {
+    // Without a space prefix nothing is added, and every piece decodes to
+    // its own text (special tokens to theirs), so decode(encode(t)) == t for
+    // every t not holding U+2581 itself: pseudo-random texts over characters
+    // in and out of the committed tiny vocabulary, special-token texts too.
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer-spm/spm-tiny-no-prefix.gguf");
+    let t = Tokenizer::load(&p).unwrap();
+    let alphabet = [
+        "a",
+        "b",
+        "q",
+        "u",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "é",
+        "e\u{301}",
+        "世",
+        "界",
+        "🤖",
+        "<s>",
+        "<",
+        "s",
+        ">",
+        "</s>",
+        "<end_of_turn>",
+        "<|im_end|>",
+        "1",
+        "2",
+        "\u{0}",
+        "ö",
+        "the",
+        " quick",
+    ];
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: usize| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) as usize % n
+    };
+    for _ in 0..2000 {
+        let text: String = (0..next(16)).map(|_| alphabet[next(alphabet.len())]).collect();
+        let ids = t.encode_with(&text, false).unwrap();
+        assert_eq!(t.decode(&ids), text, "{ids:?}");
+    }
+}
