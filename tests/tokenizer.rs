@@ -24,6 +24,17 @@
 //! The real model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, fetched by
 //! ci/fetch_real_model.py into `$TOUCHSTONE_CACHE/models`) is not committed:
 //! without it, its trials are reported ignored with the reason.
+//!
+//! SentencePiece (`tokenizer.ggml.model` = `llama`), section `spm` of the
+//! fixture: `tokenizer::spm::<vocabulary>::<plain|decode>::<text>`, our ids
+//! for each text against llama.cpp's, and our decoding of llama.cpp's ids
+//! against `llama_detokenize`'s text (all ids, and the ids between the BOS
+//! and EOS it added). The vocabularies: two tiny ones committed under
+//! tests/fixtures/tokenizer-spm/ (`add_space_prefix` true and false), and
+//! Gemma 3 270M's, read from `$TOUCHSTONE_CACHE/models` (not committed;
+//! without it, its trials are reported ignored with the reason).
+//! `tokenizer::spm::<vocabulary>::round_trip` states which texts llama.cpp
+//! does not give back, and why (`SPM_NOT_ROUND_TRIP`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,6 +89,11 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 fn real_model_path() -> PathBuf {
+    cached_model(REAL)
+}
+
+/// `$TOUCHSTONE_CACHE/models/<name>.gguf` (default cache `~/.cache/touchstone`).
+fn cached_model(name: &str) -> PathBuf {
     let base = std::env::var_os("TOUCHSTONE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -85,7 +101,7 @@ fn real_model_path() -> PathBuf {
                 .join(".cache")
                 .join("touchstone")
         });
-    base.join("models").join(format!("{REAL}.gguf"))
+    base.join("models").join(format!("{name}.gguf"))
 }
 
 /// A tokenizer loaded once for all trials that use it; the files are first
@@ -354,6 +370,7 @@ fn main() {
         trials.push(Trial::test(tname, f));
     }
     trials.extend(pre_tokenizer_trials(root, &doc, &texts));
+    trials.extend(spm_trials(root, &doc));
     trials.push(Trial::test(
         "tokenizer::report::prompt_and_continuation_as_text",
         move || report_text(root),
@@ -486,4 +503,156 @@ fn report_text(root: &Path) -> Result<(), Failed> {
     check(doc["runs"][0]["continuation_text"] == cont.as_str(), || {
         doc["runs"][0].to_string()
     })
+}
+
+/// Gemma 3 270M (Q4_K_M GGUF), whose SentencePiece vocabulary the `spm`
+/// section records; not committed, read from the cache when it is there.
+const GEMMA: &str = "gemma-3-270m-q4_k_m";
+
+/// Texts llama.cpp does not give back from its own ids (`decoded_body` is
+/// not the text), per vocabulary, and why: checked against the fixture by
+/// `tokenizer::spm::<vocabulary>::round_trip`, so every such text is stated
+/// here. Our decoding equals llama.cpp's on every text (the `decode` trials),
+/// so ours round-trips exactly where llama.cpp's does.
+const SPM_NOT_ROUND_TRIP: &[(&str, &[&str], &str)] = &[
+    (
+        "*",
+        &["literal_escape_char"],
+        "the text holds U+2581 itself, which SentencePiece cannot tell from an escaped space: it decodes as a space",
+    ),
+    (
+        "spm-tiny-prefix",
+        &[
+            "python_code",
+            "leading_trailing_spaces",
+            "empty_line_run",
+            "only_newlines",
+            "real_spec_prompt",
+            "space_runs",
+            "gemma_chat",
+            "specials_inline",
+            "forced_control",
+            "user_defined_runs",
+        ],
+        "with add_space_prefix, each piece of text after a special token (control or user-defined, such as the \
+         vocabulary's `  ` and `\\n\\n` tokens) gets its own space prefix, and decoding drops only the first token's",
+    ),
+    (
+        GEMMA,
+        &["forced_control"],
+        "`\u{2581}<PRE>` is written with U+2581, which decodes as a space (Gemma has no such token)",
+    ),
+];
+
+/// The `spm` section's trials: per vocabulary, each text's ids and decoding
+/// against llama.cpp's, and the round-trip statement.
+fn spm_trials(root: &Path, doc: &Value) -> Vec<Trial> {
+    let Some(spm) = doc.get("spm").filter(|v| v.is_object()) else {
+        return vec![Trial::test("tokenizer::spm", || {
+            Err(format!("{FIXTURE} has no `spm` section: regenerate it with llama.cpp").into())
+        })];
+    };
+    let texts: Arc<BTreeMap<String, String>> =
+        Arc::new(serde_json::from_value(spm["texts"].clone()).unwrap_or_default());
+    let vocabularies = spm["vocabularies"].as_object().cloned().unwrap_or_default();
+    let mut trials = Vec::new();
+    if !vocabularies.contains_key(GEMMA) {
+        trials.push(Trial::test(format!("tokenizer::spm::{GEMMA}::fixture"), || {
+            Err(format!("{FIXTURE} has no `spm` vocabulary `{GEMMA}`: regenerate it with --gemma-gguf").into())
+        }));
+    }
+    for (vocab, v) in vocabularies {
+        let v = Arc::new(v);
+        let path = if vocab == GEMMA {
+            cached_model(GEMMA)
+        } else {
+            root.join(v["gguf"].as_str().unwrap_or_default())
+        };
+        let ignore = (vocab == GEMMA && !path.exists()).then(|| {
+            format!(
+                "the Gemma 3 270M GGUF is not at {} (ci/fetch_real_model.py does not fetch it; put {GEMMA}.gguf there)",
+                path.display()
+            )
+        });
+        let sha = v["sha256"].as_str().unwrap_or_default().to_string();
+        let tok = Arc::new(Loaded {
+            path: path.clone(),
+            files: vec![(path, sha)],
+            cell: OnceLock::new(),
+        });
+        let (bos, eos) = (v["bos"].as_u64(), v["eos"].as_u64());
+        for key in texts.keys() {
+            let plain = {
+                let (tok, texts, v, key) = (tok.clone(), texts.clone(), v.clone(), key.clone());
+                move || -> Result<(), Failed> {
+                    let text = &texts[&key];
+                    let want = ids(&v["ids"][&key]).ok_or("ids missing from the fixture")?;
+                    let ours = tok.get()?.encode(text).map_err(|e| e.to_string())?;
+                    check(ours == want, || format!("{text:?}: ours {ours:?}\nllama.cpp {want:?}"))
+                }
+            };
+            let decode = {
+                let (tok, v, key) = (tok.clone(), v.clone(), key.clone());
+                move || -> Result<(), Failed> {
+                    let all = ids(&v["ids"][&key]).ok_or("ids missing from the fixture")?;
+                    let mut body: &[u32] = &all;
+                    if let (Some(b), Some((&first, rest))) = (bos, body.split_first()) {
+                        body = if u64::from(first) == b { rest } else { body };
+                    }
+                    if let (Some(e), Some((&last, rest))) = (eos, body.split_last()) {
+                        body = if u64::from(last) == e { rest } else { body };
+                    }
+                    let t = tok.get()?;
+                    for (ids, field) in [(&all[..], "decoded"), (body, "decoded_body")] {
+                        let want = v[field][&key].as_str().ok_or("decoded text missing from the fixture")?;
+                        let ours = t.decode(ids);
+                        check(ours == want, || {
+                            format!("decode {ids:?}:\nours      {ours:?}\nllama.cpp {want:?}")
+                        })?;
+                    }
+                    Ok(())
+                }
+            };
+            for (kind, f) in [
+                (
+                    "plain",
+                    Box::new(plain) as Box<dyn FnOnce() -> Result<(), Failed> + Send>,
+                ),
+                ("decode", Box::new(decode)),
+            ] {
+                let name = format!("tokenizer::spm::{vocab}::{kind}::{key}");
+                trials.push(match &ignore {
+                    Some(r) => {
+                        let r = r.clone();
+                        Trial::ignorable_test(name, move || Ok(Completion::ignored_with(r)))
+                    }
+                    None => Trial::test(name, f),
+                });
+            }
+        }
+        // Fixture data only: runs whether or not the model is here.
+        let (texts, vocab2) = (texts.clone(), vocab.clone());
+        trials.push(Trial::test(format!("tokenizer::spm::{vocab}::round_trip"), move || {
+            let mut problems = Vec::new();
+            for (key, text) in texts.iter() {
+                let back = v["decoded_body"][key]
+                    .as_str()
+                    .ok_or("decoded_body missing from the fixture")?;
+                let listed = SPM_NOT_ROUND_TRIP
+                    .iter()
+                    .find(|(vs, keys, _)| (*vs == "*" || *vs == vocab2) && keys.contains(&key.as_str()));
+                match (back == text, listed) {
+                    (true, Some((_, _, why))) => {
+                        problems.push(format!("{key}: llama.cpp gives it back, yet it is listed ({why})"))
+                    }
+                    (false, None) => problems.push(format!(
+                        "{key}: llama.cpp decodes {text:?} to {back:?}: list it in SPM_NOT_ROUND_TRIP with why"
+                    )),
+                    _ => {}
+                }
+            }
+            check(problems.is_empty(), || problems.join("\n"))
+        }));
+    }
+    trials
 }

@@ -3,7 +3,7 @@
 texts tokenised by every reference for every model, written to one JSON file
 that `cargo test` compares our ids with (tests/tokenizer.rs).
 
-    python goldens/recorders/make_tokenizer_fixtures.py OUT.json [--real-gguf PATH] [--no-llamacpp]
+    python goldens/recorders/make_tokenizer_fixtures.py OUT.json [--real-gguf PATH] [--gemma-gguf PATH] [--no-llamacpp]
 
 Run it with the pinned recorder environment (requirements.txt;
 `goldens/recorders/regen.sh` and `touchstone goldens regen` create it as
@@ -13,10 +13,12 @@ committed fixture is
 `tests/fixtures/tokenizer.json`; regenerate it with
 
     ~/.cache/touchstone/recorders-venv/bin/python goldens/recorders/make_tokenizer_fixtures.py tests/fixtures/tokenizer.json \
-        --real-gguf ~/.cache/touchstone/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+        --real-gguf ~/.cache/touchstone/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+        --gemma-gguf ~/.cache/touchstone/models/gemma-3-270m-q4_k_m.gguf
 
 (the real model comes from ci/fetch_real_model.py; without --real-gguf its
-section is left out and the Rust test reports it ignored).
+section is left out and the Rust test reports it ignored; likewise the Gemma 3
+270M GGUF, whose SentencePiece vocabulary the `spm` section records).
 
 Sources, per model (a source that cannot apply is left out and says why in
 `notes`):
@@ -36,11 +38,24 @@ Sources, per model (a source that cannot apply is left out and says why in
   add_special=False, parse_special=True, as `apply_chat_template` encodes it
   (the template writes any BOS itself).
 
+SentencePiece (`spm` section): GGUF vocabularies whose `tokenizer.ggml.model`
+is `llama`, tokenised by llama.cpp only (plain text: add_special=True,
+parse_special=True) and detokenised by it (`llama_detokenize`,
+remove_special=False, unparse_special=True: every token written out, as
+touchstone's report shows ids), on their own set of texts. Two tiny
+vocabularies are written here and committed beside the fixture
+(tests/fixtures/tokenizer-spm/: a few hundred pieces with scores and token
+types, the 256 byte tokens, control/user-defined/unknown tokens; one with
+`add_space_prefix` true and llama.cpp's defaults for BOS/EOS, one with it
+false and BOS and EOS both added), and the real Gemma 3 vocabulary is read
+from the model file given with --gemma-gguf.
+
 gguf-py comes from the same sdist (gguf 0.19.0, not pip-installed), as for
 convert_gguf.py; transformers needs it to read a GGUF's vocabulary.
 """
 
 import argparse
+import ctypes
 import hashlib
 import importlib.metadata
 import json
@@ -141,6 +156,16 @@ class LlamaCpp:
         n = lc.llama_tokenize(vocab, b, len(b), buf, cap, add_special, parse_special)
         assert n >= 0, f"llama_tokenize failed ({n})"
         return list(buf[:n])
+
+    def detokenize(self, gguf, ids):
+        """llama_detokenize(remove_special=False, unparse_special=True)."""
+        lc = self.lc
+        arr = (lc.llama_token * max(len(ids), 1))(*ids)
+        cap = 64 + 64 * len(ids)
+        buf = ctypes.create_string_buffer(cap)
+        n = lc.llama_detokenize(self.vocab(gguf), arr, len(ids), buf, cap, False, True)
+        assert 0 <= n <= cap, f"llama_detokenize failed ({n})"
+        return buf.raw[:n].decode("utf-8")
 
 
 def record_model(name, folder, gguf, lcpp, notes):
@@ -250,10 +275,154 @@ def record_pre_tokenizers(lcpp, work, src, tag):
     return out
 
 
+# ---- SentencePiece vocabularies (`tokenizer.ggml.model` = "llama") ----
+
+SPM_DIR = os.path.join(ROOT, "tests", "fixtures", "tokenizer-spm")
+GEMMA = "gemma-3-270m-q4_k_m"
+
+# Texts for the SentencePiece vocabularies: the byte-level set where it
+# applies, and what SPM handles differently (spaces become U+2581 and may be
+# prefixed, characters outside the vocabulary fall back to <0xXX> bytes,
+# control and user-defined tokens are cut out of the text first).
+SPM_TEXTS = {k: TEXTS[k] for k in (
+    "ascii_prose", "python_code", "digits", "digits_mixed", "emoji_cjk", "combining_accents",
+    "precomposed_accents", "leading_trailing_spaces", "tabs_crlf", "empty_line_run", "only_newlines",
+    "spec_prompt", "golden_prompt", "real_spec_prompt")}
+SPM_TEXTS.update({
+    "empty": "",
+    "one_space": " ",
+    "space_runs": "a  b   c    d     e",
+    "digits_odd": "12345 123",
+    "repeated_letters": "aaaa aaa",
+    "not_in_vocab": "q\u00f6\u00df \U00013000\U00013050 \ua66e \u0001\u007f",
+    "literal_escape_char": "pre\u2581escaped \u2581 x",
+    "gemma_chat": "<start_of_turn>user\nWrite a poem<end_of_turn>\n<start_of_turn>model\n",
+    "specials_inline": "hi<end_of_turn>there <start_of_turn> x<s>y<unk>z</s> <bos>w<eos>",
+    "special_at_end": "tail<end_of_turn>",
+    "forced_control": "x<|im_end|>y \u2581<PRE>z",
+    "user_defined_runs": "a\n\nb  c\n\n\nd",
+})
+
+UNKNOWN, CONTROL, USER_DEFINED, BYTE = 2, 3, 4, 6
+
+
+def spm_tiny_pieces():
+    """(text, score, type) of the tiny vocabulary, by id: special tokens,
+    the 256 byte tokens, single characters (never a merge result, so their
+    score does not matter), then merged pieces, each scored below the one
+    before it so that earlier pieces merge first. A few pieces share a score
+    (the digit pairs) to exercise the queue's tie-break (leftmost first).
+    `q` is deliberately no token while `qu` is: SPM merges characters, not
+    tokens. `<|im_end|>` and `\u2581<PRE>` are NORMAL here: llama.cpp turns
+    them into control tokens by their text, which the `forced_control` text checks."""
+    out = [("<unk>", 0.0, UNKNOWN), ("<s>", 0.0, CONTROL), ("</s>", 0.0, CONTROL),
+           ("<start_of_turn>", 0.0, CONTROL), ("<end_of_turn>", 0.0, CONTROL),
+           ("\n\n", 0.0, USER_DEFINED), ("  ", 0.0, USER_DEFINED)]
+    out += [(f"<0x{b:02X}>", 0.0, BYTE) for b in range(256)]
+    singles = ["\u2581"] + [c for c in "abcdefghijklmnoprstuvwxyz"] + [c for c in "ABCDEFGHIJKLMNOPRSTUVWXYZ"]
+    singles += list("0123456789") + list(".,!?:;()=+-*'#<>_/\"") + ["\u00e9", "\u4e16", "\u754c"]
+    out += [(c, -1000.0, 1) for c in singles]
+    merged = [
+        "\u2581t", "he", "\u2581the", "in", "er", "\u2581a", "on", "re", "\u2581s", "\u2581f", "ou", "\u2581w",
+        "\u2581b", "\u2581The", "ck", "ick", "qu", "\u2581qu", "\u2581quick", "ro", "ow", "own", "\u2581br",
+        "\u2581brown", "ox", "\u2581fox", "um", "mp", "ps", "\u2581j", "\u2581jumps", "ov", "\u2581ov",
+        "\u2581over", "az", "zy", "\u2581l", "\u2581lazy", "og", "\u2581d", "\u2581dog", "\u2581i", "it", "'s",
+        "\u2581it", "\u2581o", "cl", "ock", "\u2581n", "n'", "'t", "is", "\u2581is", "\u2581isn", "de", "def",
+        "\u2581def", "fi", "\u2581fib", "ib", "(n", "):", "\u2581if", "tu", "rn", "urn", "\u2581return",
+        "\u2581<", "\u2581-", "\u2581+", "\u2581=", "\u2581*", "\u25811", "\u25812", "3.", "14", "159", "000",
+        "\u2581\u2581", "\u2581\u2581\u2581\u2581", "\u2581\u2581\u2581\u2581\u2581\u2581\u2581\u2581", "ca",
+        "f\u00e9", "\u2581caf\u00e9", "\u4e16\u754c", "aa", "le", "ad", "ing", "an", "nd", "\u2581and",
+        "\u2581tr", "ail", "\u2581Go", "ld", "en", "\u2581Golden", "so", "rs", "\u2581ch", "ec", "\u2581check",
+        "\u2581ev", "ery", "\u2581every", "st", "age", "\u2581stage", "\u2581x", "\u2581y", "us", "\u2581user",
+        "\u2581model", "od", "el", "\u2581W", "ri", "te", "\u2581Wri", "po", "em", "\u2581poem", "\u2581hi",
+        "hi", "\u2581there", "\u2581ta", "il", "<|im_end|>", "\u2581<PRE>", "pre", "\u2581pre", "esc", "ap", "ed",
+    ]
+    seen = {t for t, _, _ in out}
+    n = 0
+    for t in merged:
+        assert t not in seen, f"duplicate piece {t!r}"
+        seen.add(t)
+        out.append((t, -float(n), 1))
+        n += 1
+    # The digit pairs tie: "12345" merges 12, 34 (leftmost first), not 23, 45.
+    for t in ("12", "23", "34", "45", "56", "67", "78"):
+        out.append((t, -500.0, 1))
+    return out
+
+
+def write_spm_tiny(path, add_space_prefix, explicit_specials):
+    """A vocabulary-only GGUF (no tensors; llama.cpp still wants an
+    architecture's hyper-parameters to load it). `explicit_specials`: BOS,
+    EOS and UNK ids and add_bos/add_eos are written (EOS added too);
+    otherwise llama.cpp's SPM defaults apply (BOS 1 added, EOS 2 not)."""
+    import gguf
+
+    pieces = spm_tiny_pieces()
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _, _ in pieces])
+    w.add_token_scores([s for _, s, _ in pieces])
+    w.add_token_types([k for _, _, k in pieces])
+    w.add_add_space_prefix(add_space_prefix)
+    if explicit_specials:
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def record_spm(lcpp, gguf_path, shown_path):
+    """llama.cpp's ids and text for every SPM text on one vocabulary.
+    `decoded`: the text of all ids; `decoded_body`: of the ids between the
+    BOS and the EOS llama.cpp added (the text itself, where llama.cpp
+    round-trips it)."""
+    vocab = lcpp.vocab(gguf_path)
+    lc = lcpp.lc
+    bos = lc.llama_vocab_bos(vocab) if lc.llama_vocab_get_add_bos(vocab) else None
+    eos = lc.llama_vocab_eos(vocab) if lc.llama_vocab_get_add_eos(vocab) else None
+    out = {"gguf": shown_path, "sha256": sha256(gguf_path), "bos": bos, "eos": eos,
+           "ids": {}, "decoded": {}, "decoded_body": {}}
+    for key, text in SPM_TEXTS.items():
+        ids = lcpp.tokenize(gguf_path, text, True, True)
+        out["ids"][key] = ids
+        out["decoded"][key] = lcpp.detokenize(gguf_path, ids)
+        body = ids[1:] if bos is not None and ids[:1] == [bos] else ids
+        body = body[:-1] if eos is not None and body[-1:] == [eos] else body
+        out["decoded_body"][key] = lcpp.detokenize(gguf_path, body)
+    return out
+
+
+def record_spm_section(lcpp, gemma, notes):
+    os.makedirs(SPM_DIR, exist_ok=True)
+    vocabularies = {}
+    for name, prefix, explicit in (("spm-tiny-prefix", True, False), ("spm-tiny-no-prefix", False, True)):
+        path = os.path.join(SPM_DIR, f"{name}.gguf")
+        write_spm_tiny(path, prefix, explicit)
+        vocabularies[name] = record_spm(lcpp, path, os.path.relpath(path, ROOT))
+    if gemma:
+        vocabularies[GEMMA] = record_spm(lcpp, os.path.abspath(gemma), f"$TOUCHSTONE_CACHE/models/{GEMMA}.gguf")
+    else:
+        notes.append(f"{GEMMA} not recorded (no --gemma-gguf): the test reports its SPM trials ignored")
+    return {"texts": SPM_TEXTS, "vocabularies": vocabularies}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--real-gguf", help="the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (ci/fetch_real_model.py)")
+    ap.add_argument("--gemma-gguf", help=f"the Gemma 3 270M Q4_K_M GGUF ({GEMMA}.gguf), for the `spm` section")
     ap.add_argument("--no-llamacpp", action="store_true", help="HF sources only (no libllama build)")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE)
     args = ap.parse_args()
@@ -295,6 +464,9 @@ def main():
                     lcpp, work, os.path.abspath(args.real_gguf), "real")
     else:
         notes.append("pre-tokenizers not recorded (they are llama.cpp's)")
+    spm = record_spm_section(lcpp, args.gemma_gguf, notes) if lcpp is not None else None
+    if lcpp is None:
+        notes.append("SentencePiece vocabularies not recorded (they are llama.cpp's)")
 
     doc = {
         "format": "touchstone-tokenizer-fixtures/1",
@@ -312,11 +484,13 @@ def main():
             "hf_chat": "apply_chat_template([{role: user, content: text}], add_generation_prompt=True, tokenize=True)",
             "llamacpp_plain": "llama_tokenize(add_special=True, parse_special=True)",
             "llamacpp_chat": "llama_tokenize(HF-rendered text, add_special=False, parse_special=True)",
+            "llamacpp_spm_decoded": "llama_detokenize(ids, remove_special=False, unparse_special=True)",
         },
         "texts": TEXTS,
         "notes": notes,
         "models": models,
         "pre_tokenizers": pre_tokenizers,
+        "spm": spm,
     }
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1, sort_keys=True)
@@ -329,6 +503,9 @@ def main():
         for key, row in m["plain"].items():
             if len({tuple(v) for v in row.values()}) > 1:
                 print(f"  {key}: " + "; ".join(f"{s}={v}" for s, v in row.items()))
+    for name, v in (spm or {}).get("vocabularies", {}).items():
+        same = [k for k in SPM_TEXTS if v["decoded_body"][k] == SPM_TEXTS[k]]
+        print(f"spm {name}: {len(v['ids'])} texts; llama.cpp round-trips {len(same)}/{len(SPM_TEXTS)}")
     for n in notes:
         print("note:", n)
 

@@ -1,6 +1,7 @@
 //! Ids back to text, one token at a time. A byte-level BPE token is a run of
-//! bytes, not of characters: an emoji is often two or more tokens, each
-//! holding part of its four UTF-8 bytes. Decoding each token on its own would
+//! bytes, not of characters, and so is a SentencePiece byte-fallback token
+//! (`<0xF0>`): an emoji is often two or more tokens, each holding part of
+//! its four UTF-8 bytes. Decoding each token on its own would
 //! print U+FFFD for every part; [`TextStream`] keeps the bytes of an
 //! unfinished character until the token that completes it arrives.
 
@@ -51,6 +52,9 @@ pub struct TextStream<'a> {
     /// Show bytes that cannot be UTF-8 as `<invalid UTF-8: 98>` (for a
     /// report) instead of U+FFFD (HF's `decode`).
     show_invalid: bool,
+    /// Drop one leading space of the next token (the first of a whole text
+    /// from a vocabulary that adds a space prefix; see `whole_text`).
+    strip_space: bool,
 }
 
 impl<'a> TextStream<'a> {
@@ -61,7 +65,18 @@ impl<'a> TextStream<'a> {
             ids: Vec::new(),
             emitted: 0,
             show_invalid: false,
+            strip_space: false,
         }
+    }
+
+    /// A decoder for a whole text rather than a continuation: with a
+    /// SentencePiece vocabulary that adds a space prefix, the first token's
+    /// leading space is the prefix and is dropped (llama.cpp's
+    /// `llama_detokenize`: `remove_space`, one space, whatever the token).
+    pub(crate) fn whole_text(tok: &'a Tokenizer) -> Self {
+        let mut s = Self::new(tok);
+        s.strip_space = tok.strips_first_space();
+        s
     }
 
     /// Invalid bytes shown as hex rather than as U+FFFD.
@@ -74,11 +89,18 @@ impl<'a> TextStream<'a> {
     /// a character), never a U+FFFD for a character that a later token finishes.
     /// An id outside the vocabulary is shown as `<id N>` rather than dropped.
     pub fn push(&mut self, id: u32) -> String {
-        if !self.tok.byte_level {
+        if !self.tok.tokens_are_bytes() {
             return self.push_redecode(id);
         }
+        let strip = std::mem::take(&mut self.strip_space);
         match self.tok.token_bytes(id) {
-            Some(b) => self.pending.extend_from_slice(&b),
+            Some(b) => {
+                let b = match b.split_first() {
+                    Some((b' ', rest)) if strip => rest,
+                    _ => &b[..],
+                };
+                self.pending.extend_from_slice(b)
+            }
             None => {
                 let mut s = self.take_valid(true);
                 s.push_str(&format!("<id {id}>"));
@@ -96,7 +118,7 @@ impl<'a> TextStream<'a> {
     /// What is left: a character still incomplete when the tokens ended is
     /// shown as U+FFFD (the text really is cut there).
     pub fn finish(mut self) -> String {
-        if !self.tok.byte_level {
+        if !self.tok.tokens_are_bytes() {
             return String::new();
         }
         self.take_valid(true)
@@ -145,13 +167,13 @@ impl<'a> TextStream<'a> {
         out
     }
 
-    /// Vocabularies that are not byte-level (e.g. SentencePiece with byte
-    /// fallback): decode all ids again with the tokenizer's own decoder and
-    /// return the new suffix, unless it ends in U+FFFD (a byte-fallback
-    /// character not finished yet), as HF's `DecodeStream` does.
+    /// A `tokenizer.json` that is not byte-level (e.g. SentencePiece with
+    /// byte fallback, in HF's form): decode all ids again with its own
+    /// decoder and return the new suffix, unless it ends in U+FFFD (a
+    /// byte-fallback character not finished yet), as HF's `DecodeStream` does.
     fn push_redecode(&mut self, id: u32) -> String {
         self.ids.push(id);
-        let Ok(text) = self.tok.inner.decode(&self.ids, false) else {
+        let Some(text) = self.tok.hf_decode(&self.ids) else {
             return format!("<id {id}>");
         };
         if text.ends_with(char::REPLACEMENT_CHARACTER) || text.len() < self.emitted {

@@ -1,274 +1,73 @@
-//! A tokenizer from a GGUF file's own vocabulary, built as llama.cpp builds it
-//! (llama-vocab.cpp in the pinned llama.cpp sources) so that our ids are the ids
-//! llama.cpp feeds the model:
+//! A tokenizer from a GGUF file's own vocabulary, read as llama.cpp reads it
+//! (llama-vocab.cpp in the pinned llama.cpp sources) so that our ids are the
+//! ids llama.cpp feeds the model. This file reads what both kinds of
+//! vocabulary share ([`super::meta`]) and picks the kind by
+//! `tokenizer.ggml.model`:
 //!
-//! - `tokenizer.ggml.model` must be `gpt2` (byte-level BPE); `tokens` are the
-//!   vocabulary by id, `merges` the BPE merges by rank (`"a b"`, split at the
-//!   first space after the first character, as llama.cpp splits them).
-//! - `tokenizer.ggml.pre` selects the pre-tokenizer: its regexes, whether
-//!   `ignore_merges` is on (a word that is itself a token is not merged) and
-//!   whether BOS is added by default (`super::pre`, llama.cpp's table).
-//! - `token_type` CONTROL (3), USER_DEFINED (4) and UNKNOWN (2) tokens are
-//!   matched in the text before BPE (llama.cpp's special-token partition with
-//!   `parse_special`, as for a prompt).
-//! - No normaliser: llama.cpp applies none to BPE vocabularies (HF's Qwen2
-//!   `tokenizer.json` applies NFC; the fixtures show the difference).
-//! - BOS is prepended when `tokenizer.ggml.add_bos_token` says so, or, without
-//!   that key, when the pre-tokenizer's default does; its id is
-//!   `tokenizer.ggml.bos_token_id`, or llama.cpp's gpt2 default 11. EOS alike
-//!   with `add_eos_token` (default off).
+//! - `gpt2`: byte-level BPE, built into a `tokenizers` model ([`super::bpe`]);
+//! - `llama`: SentencePiece, tokenised by our transcription of llama.cpp's
+//!   `llm_tokenizer_spm` ([`super::spm`]).
+//!
+//! Any other model (`bert`, `t5`, `rwkv`, ...) is refused, naming the two.
+//! `tokenizer.ggml.tokens` are the vocabulary by id; `token_type` gives each
+//! token llama.cpp's type (a vocabulary without it is all normal); a
+//! `tokenizer.chat_template` is kept for `prompt.chat`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tokenizers::models::bpe::BPE;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
-
 use super::chat::ChatTemplate;
-use super::Tokenizer;
-use crate::error::{Error, Result};
-use crate::gguf::{GgufFile, Value, ValueType};
-
-/// llama.cpp's token types (`llama_token_type`).
-const TYPE_UNKNOWN: i64 = 2;
-const TYPE_CONTROL: i64 = 3;
-const TYPE_USER_DEFINED: i64 = 4;
-
-/// The default BOS/EOS id llama.cpp assumes for a `gpt2` vocabulary whose GGUF
-/// names none (`special_bos_id = 11` in llama-vocab.cpp).
-const GPT2_DEFAULT_SPECIAL_ID: u32 = 11;
-
-struct Meta<'a> {
-    path: &'a Path,
-    kv: BTreeMap<&'a str, &'a Value>,
-}
-
-impl<'a> Meta<'a> {
-    fn err(&self, msg: String) -> Error {
-        Error::model(self.path, msg)
-    }
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.kv.get(key).copied()
-    }
-    fn required(&self, key: &str, what: &str) -> Result<&'a Value> {
-        self.get(key).ok_or_else(|| {
-            self.err(format!(
-                "metadata key `{key}` is missing: a text prompt needs the model's {what} (give `prompt.tokens` instead)"
-            ))
-        })
-    }
-    fn wrong_type(&self, key: &str, v: &Value, expected: &str) -> Error {
-        self.err(format!(
-            "metadata key `{key}` is a {}, expected {expected}",
-            v.type_name()
-        ))
-    }
-    fn string(&self, key: &str, v: &'a Value) -> Result<&'a str> {
-        v.as_str().ok_or_else(|| self.wrong_type(key, v, "a string"))
-    }
-    fn strings(&self, key: &str, v: &'a Value) -> Result<Vec<&'a str>> {
-        match v.as_array() {
-            Some((ValueType::String, items)) => Ok(items.iter().filter_map(Value::as_str).collect()),
-            _ => Err(self.wrong_type(key, v, "an array of strings")),
-        }
-    }
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong_type(key, v, "a bool")),
-        }
-    }
-    /// A token id key, checked against the vocabulary size.
-    fn opt_id(&self, key: &str, n_vocab: usize) -> Result<Option<u32>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        let id = v
-            .as_u64()
-            .ok_or_else(|| self.wrong_type(key, v, "an unsigned integer"))?;
-        if id as usize >= n_vocab {
-            return Err(self.err(format!(
-                "metadata key `{key}` is {id}, outside the vocabulary of {n_vocab} tokens"
-            )));
-        }
-        Ok(Some(id as u32))
-    }
-}
+use super::meta::Meta;
+use super::{Backend, Tokenizer};
+use crate::error::Result;
+use crate::gguf::GgufFile;
 
 pub(super) fn from_gguf(path: &Path) -> Result<Tokenizer> {
     let metadata = GgufFile::read_metadata(path)?;
-    let m = Meta {
-        path,
-        kv: metadata.iter().map(|(k, v)| (k.as_str(), v)).collect(),
-    };
+    let m = Meta::new(path, &metadata);
 
     let model_key = "tokenizer.ggml.model";
     let model = m.string(model_key, m.required(model_key, "vocabulary")?)?;
-    if model != "gpt2" {
-        return Err(m.err(format!(
-            "metadata key `{model_key}` is {model:?}: only \"gpt2\" (byte-level BPE) vocabularies are supported \
-             for text prompts (give `prompt.tokens` instead)"
-        )));
-    }
-    let pre_key = "tokenizer.ggml.pre";
-    let pre = m.string(pre_key, m.required(pre_key, "pre-tokenizer name")?)?;
-    let super::pre::Pre {
-        regexes,
-        ignore_merges,
-        add_bos: default_bos,
-    } = super::pre::by_name(pre).ok_or_else(|| {
-        m.err(format!(
-            "metadata key `{pre_key}` is {pre:?}, a pre-tokenizer this harness does not implement (supported: \
-             {}; give `prompt.tokens` instead)",
-            super::pre::names().join(", ")
-        ))
-    })?;
-
-    let tokens_key = "tokenizer.ggml.tokens";
-    let tokens = m.strings(tokens_key, m.required(tokens_key, "vocabulary")?)?;
-    if tokens.is_empty() {
-        return Err(m.err(format!("metadata key `{tokens_key}` is empty")));
-    }
-    let merges_key = "tokenizer.ggml.merges";
-    let merges: Vec<(String, String)> = m
-        .strings(merges_key, m.required(merges_key, "BPE merges")?)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, line)| {
-            // llama.cpp: `word.find(' ', 1)` on bytes, so a merge may start
-            // with a space (a space byte is never inside a UTF-8 character).
-            match line.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) {
-                Some(p) => Ok((line[..p].to_string(), line[p + 1..].to_string())),
-                None => Err(m.err(format!(
-                    "metadata key `{merges_key}`: merge {i} ({line:?}) has no space"
-                ))),
-            }
-        })
-        .collect::<Result<_>>()?;
-    let types_key = "tokenizer.ggml.token_type";
-    let types: Vec<i64> = match m.get(types_key) {
-        // llama.cpp treats a vocabulary without types as all normal.
-        None => vec![1; tokens.len()],
-        Some(v) => match v.as_array() {
-            Some((_, items)) if items.len() == tokens.len() => items
-                .iter()
-                .map(|t| t.as_f64().map(|f| f as i64))
-                .collect::<Option<_>>()
-                .ok_or_else(|| m.wrong_type(types_key, v, "an array of integers"))?,
-            Some((_, items)) => {
-                return Err(m.err(format!(
-                    "metadata key `{types_key}` has {} entries but `{tokens_key}` has {}",
-                    items.len(),
-                    tokens.len()
-                )))
-            }
-            None => return Err(m.wrong_type(types_key, v, "an array of integers")),
+    let tokens = m.tokens()?;
+    let types = m.token_types(tokens.len())?;
+    let backend = match model {
+        "gpt2" => Backend::Hf {
+            inner: Box::new(super::bpe::from_meta(&m, &tokens, &types)?),
+            byte_level: true,
         },
-    };
-
-    // A duplicate token string keeps its last id, as llama.cpp's token_to_id does.
-    let vocab: tokenizers::models::bpe::Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.to_string(), i as u32))
-        .collect();
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(ignore_merges)
-        .build()
-        .map_err(|e| m.err(format!("the vocabulary and merges do not form a BPE model: {e}")))?;
-    let mut inner = tokenizers::Tokenizer::new(bpe);
-    // Each regex splits the pieces the previous one left (llama.cpp's
-    // `unicode_regex_split`), then the bytes are mapped to BPE's alphabet.
-    let mut steps = Vec::new();
-    for regex in regexes {
-        let split = Split::new(
-            SplitPattern::Regex(regex.to_string()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(|e| m.err(format!("pre-tokenizer regex for {pre:?} does not compile: {e}")))?;
-        steps.push(PreTokenizerWrapper::Split(split));
-    }
-    steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
-    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
-    inner.with_decoder(Some(ByteLevel::default()));
-
-    // Tokens matched in the text before BPE. HF's added-token matcher takes
-    // the leftmost-longest match; llama.cpp partitions by the longest token
-    // first: the same for vocabularies where no special token contains another.
-    let specials: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .filter(|(_, t)| matches!(**t, TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN))
-        .map(|(s, t)| AddedToken::from(s.to_string(), *t != TYPE_USER_DEFINED).normalized(false))
-        .collect();
-    inner
-        .add_special_tokens(specials)
-        .map_err(|e| m.err(format!("cannot add the control tokens: {e}")))?;
-
-    let n = tokens.len();
-    let add_bos = m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_bos);
-    let add_eos = m.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-    let bos = m.opt_id("tokenizer.ggml.bos_token_id", n)?;
-    let eos = m.opt_id("tokenizer.ggml.eos_token_id", n)?;
-    if add_bos || add_eos {
-        let name = |id: u32| tokens.get(id as usize).map(|s| s.to_string());
-        let mut single = Vec::new();
-        let mut specials = Vec::new();
-        for (on, id) in [(add_bos, bos), (add_eos, eos)] {
-            if !on {
-                continue;
-            }
-            let id = id.unwrap_or(GPT2_DEFAULT_SPECIAL_ID);
-            let t = name(id)
-                .ok_or_else(|| m.err(format!("the default special token id {id} is outside the vocabulary")))?;
-            specials.push((t.clone(), id));
-            single.push(t);
-        }
-        // "$A" between BOS and EOS.
-        let mut pieces: Vec<String> = Vec::new();
-        if add_bos {
-            pieces.push(single[0].clone());
-        }
-        pieces.push("$A".into());
-        if add_eos {
-            pieces.push(single[single.len() - 1].clone());
-        }
-        let post = TemplateProcessing::builder()
-            .try_single(pieces)
-            .and_then(|b| b.special_tokens(specials).build().map_err(|e| e.to_string()))
-            .map_err(|e| m.err(format!("cannot build the BOS/EOS template: {e}")))?;
-        inner.with_post_processor(Some(post));
-    }
-
-    let chat = match m.get("tokenizer.chat_template") {
-        None => None,
-        Some(v) => {
-            let source = m.string("tokenizer.chat_template", v)?.to_string();
-            let mut special = BTreeMap::new();
-            for (name, key) in [
-                ("bos_token", "tokenizer.ggml.bos_token_id"),
-                ("eos_token", "tokenizer.ggml.eos_token_id"),
-                ("unk_token", "tokenizer.ggml.unknown_token_id"),
-                ("sep_token", "tokenizer.ggml.seperator_token_id"),
-                ("pad_token", "tokenizer.ggml.padding_token_id"),
-                ("mask_token", "tokenizer.ggml.mask_token_id"),
-            ] {
-                if let Some(id) = m.opt_id(key, n)? {
-                    special.insert(name, tokens[id as usize].to_string());
-                }
-            }
-            Some(ChatTemplate::new(source, special))
+        "llama" => Backend::Spm(Box::new(super::spm::Spm::from_meta(&m, &tokens, &types)?)),
+        other => {
+            return Err(m.err(format!(
+                "metadata key `{model_key}` is {other:?}: the tokenizer models supported for text prompts are \
+                 \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece) (give `prompt.tokens` instead)"
+            )))
         }
     };
+    let chat = chat_template(&m, &tokens)?;
     Ok(Tokenizer {
-        inner,
+        backend,
         source: path.to_path_buf(),
         chat,
-        byte_level: true,
     })
+}
+
+/// `tokenizer.chat_template`, with the special-token strings it may refer to.
+fn chat_template(m: &Meta, tokens: &[&str]) -> Result<Option<ChatTemplate>> {
+    let key = "tokenizer.chat_template";
+    let Some(v) = m.get(key) else { return Ok(None) };
+    let source = m.string(key, v)?.to_string();
+    let mut special = BTreeMap::new();
+    for (name, key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+        ("sep_token", "tokenizer.ggml.seperator_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ("mask_token", "tokenizer.ggml.mask_token_id"),
+    ] {
+        if let Some(id) = m.opt_id(key, tokens.len())? {
+            special.insert(name, tokens[id as usize].to_string());
+        }
+    }
+    Ok(Some(ChatTemplate::new(source, special)))
 }

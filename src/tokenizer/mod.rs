@@ -3,26 +3,37 @@
 //!
 //! - An HF folder: its `tokenizer.json`, loaded by HF's `tokenizers` crate (the
 //!   library `transformers` itself runs), so the ids are HF's by construction.
-//! - A `.gguf` file: the vocabulary, merges and token types in its metadata,
-//!   built into a `tokenizers` byte-level BPE the way llama.cpp reads them
-//!   ([`gguf`]): the pre-tokenizer regex named by `tokenizer.ggml.pre`, BOS as
-//!   llama.cpp adds it, control tokens matched in the text.
+//! - A `.gguf` file: the vocabulary in its metadata, read as llama.cpp reads
+//!   it ([`gguf`]). A byte-level BPE one (`gpt2`) is built into a
+//!   `tokenizers` BPE ([`bpe`]: the pre-tokenizer regex named by
+//!   `tokenizer.ggml.pre`, BOS as llama.cpp adds it, control tokens matched
+//!   in the text); a SentencePiece one (`llama`) is tokenised by our own
+//!   transcription of llama.cpp's SPM tokenizer ([`spm`]: `▁` for spaces, the
+//!   space prefix, merges by score, byte fallback, special tokens cut out
+//!   first).
 //! - `chat: true` renders the model's chat template ([`chat`]) with one user
 //!   message and the generation prompt, as `apply_chat_template` does, and
 //!   tokenises that with special tokens parsed and nothing added (the template
 //!   writes any BOS itself).
 //! - [`TextStream`] turns generated ids into text incrementally, holding back
-//!   the bytes of a UTF-8 character split across tokens.
+//!   the bytes of a UTF-8 character split across tokens. A SentencePiece
+//!   vocabulary decodes as llama.cpp's `llama_detokenize` with special tokens
+//!   written out: `▁` is a space, `<0xXX>` its byte, and with
+//!   `add_space_prefix` the first token loses one leading space.
 //!
 //! Plain-text prompts are encoded as both references encode a prompt: special
 //! tokens written in the text (`<|im_start|>`) are parsed as special tokens, and
 //! the model's own additions (a BOS) are made. `tests/tokenizer.rs` checks the
 //! ids against HF transformers and llama.cpp on committed fixtures.
 
+mod bpe;
 mod chat;
 mod decode;
 mod gguf;
+mod meta;
+mod partition;
 pub mod pre;
+mod spm;
 #[cfg(test)]
 mod tests;
 
@@ -34,14 +45,24 @@ use crate::error::{Error, Result};
 
 /// A model's tokenizer, loaded once and kept (the runner decodes with it).
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    backend: Backend,
     /// The file it came from (`tokenizer.json` or the `.gguf`), for errors.
     source: PathBuf,
     /// The chat template and the special-token strings it may refer to.
     chat: Option<chat::ChatTemplate>,
-    /// Token strings are GPT-2 byte-level encoded (every model we load from a
-    /// GGUF; most modern `tokenizer.json`s): ids map to exact bytes.
-    byte_level: bool,
+}
+
+/// What turns text into ids.
+enum Backend {
+    /// HF's `tokenizers`: a `tokenizer.json`, or a `gpt2` GGUF vocabulary.
+    Hf {
+        inner: Box<tokenizers::Tokenizer>,
+        /// Token strings are GPT-2 byte-level encoded (every `gpt2` GGUF; most
+        /// modern `tokenizer.json`s): ids map to exact bytes.
+        byte_level: bool,
+    },
+    /// A SentencePiece GGUF vocabulary, tokenised as llama.cpp does.
+    Spm(Box<spm::Spm>),
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -102,10 +123,12 @@ impl Tokenizer {
         let byte_level = matches!(inner.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_)));
         let chat = chat::ChatTemplate::from_hf_dir(dir)?;
         Ok(Tokenizer {
-            inner,
+            backend: Backend::Hf {
+                inner: Box::new(inner),
+                byte_level,
+            },
             source: file,
             chat,
-            byte_level,
         })
     }
 
@@ -116,7 +139,10 @@ impl Tokenizer {
 
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.backend {
+            Backend::Hf { inner, .. } => inner.get_vocab_size(true),
+            Backend::Spm(v) => v.len(),
+        }
     }
 
     /// Ids of a plain-text prompt: special tokens in the text parsed, the
@@ -147,27 +173,63 @@ impl Tokenizer {
     }
 
     fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| Error::model(&self.source, format!("cannot tokenise the prompt {text:?}: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        let ids = match &self.backend {
+            Backend::Hf { inner, .. } => inner
+                .encode(text, add_special)
+                .map(|enc| enc.get_ids().to_vec())
+                .map_err(|e| e.to_string()),
+            Backend::Spm(v) => v.encode(text, add_special),
+        };
+        ids.map_err(|e| Error::model(&self.source, format!("cannot tokenise the prompt {text:?}: {e}")))
     }
 
     /// The exact bytes token `id` stands for (`None`: not in the vocabulary).
     /// Byte-level vocabularies map each character of the token string back
     /// to its byte (HF's `ByteLevel` decoder rule: a token with a character
-    /// outside the byte alphabet, such as an added token, is its UTF-8 text).
+    /// outside the byte alphabet, such as an added token, is its UTF-8 text);
+    /// SentencePiece ones turn `▁` into a space and `<0xXX>` into its byte.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
-        let s = self.inner.id_to_token(id)?;
-        if self.byte_level {
-            Some(decode::byte_level_bytes(&s))
-        } else {
-            Some(s.into_bytes())
+        match &self.backend {
+            Backend::Hf { inner, byte_level } => {
+                let s = inner.id_to_token(id)?;
+                Some(if *byte_level {
+                    decode::byte_level_bytes(&s)
+                } else {
+                    s.into_bytes()
+                })
+            }
+            Backend::Spm(v) => v.piece(id),
         }
     }
 
-    /// An incremental decoder: push ids, get text that never ends in half a character.
+    /// Every token is an exact run of bytes ([`token_bytes`](Self::token_bytes)):
+    /// decoding concatenates them. Otherwise (a `tokenizer.json` with its own
+    /// decoder) the tokenizer decodes.
+    fn tokens_are_bytes(&self) -> bool {
+        match &self.backend {
+            Backend::Hf { byte_level, .. } => *byte_level,
+            Backend::Spm(_) => true,
+        }
+    }
+
+    /// HF's decoding of `ids` (special tokens kept), for a tokenizer whose
+    /// tokens are not exact bytes; `None` when it fails.
+    fn hf_decode(&self, ids: &[u32]) -> Option<String> {
+        match &self.backend {
+            Backend::Hf { inner, .. } => inner.decode(ids, false).ok(),
+            Backend::Spm(_) => None,
+        }
+    }
+
+    /// Decoding drops one leading space of the first token: llama.cpp's
+    /// `llama_detokenize` for a vocabulary that adds a space prefix.
+    fn strips_first_space(&self) -> bool {
+        matches!(&self.backend, Backend::Spm(v) if v.add_space_prefix())
+    }
+
+    /// An incremental decoder: push ids, get text that never ends in half a
+    /// character. It continues a text, so nothing is stripped from the first
+    /// token (unlike [`decode`](Self::decode) of a whole text).
     pub fn stream(&self) -> TextStream<'_> {
         TextStream::new(self)
     }
@@ -179,7 +241,7 @@ impl Tokenizer {
     /// like a decoding bug; a byte that cannot start or continue a character
     /// (a model generating a stray byte token) as `<invalid UTF-8: 98>`.
     pub fn decode_display(&self, ids: &[u32]) -> String {
-        let mut s = self.stream().show_invalid_bytes();
+        let mut s = TextStream::whole_text(self).show_invalid_bytes();
         let mut out: String = ids.iter().map(|&id| s.push(id)).collect();
         let tail = s.pending();
         if !tail.is_empty() {
@@ -189,9 +251,11 @@ impl Tokenizer {
         out
     }
 
-    /// All of `ids` as text (special tokens written out, e.g. `<|im_end|>`).
+    /// All of `ids` as text (special tokens written out, e.g. `<|im_end|>`),
+    /// as a whole text: a SentencePiece vocabulary with `add_space_prefix`
+    /// drops the first token's leading space, as `llama_detokenize` does.
     pub fn decode(&self, ids: &[u32]) -> String {
-        let mut s = self.stream();
+        let mut s = TextStream::whole_text(self);
         let mut out: String = ids.iter().map(|&id| s.push(id)).collect();
         out.push_str(&s.finish());
         out

@@ -307,8 +307,9 @@ fn gguf_tokenizer_errors_name_the_file_and_the_key() {
             "`tokenizer.ggml.tokens` is a u32, expected an array of strings",
         ),
         (
-            Box::new(|kv| set(kv, "tokenizer.ggml.model", Some(Value::String("llama".into())))),
-            "`tokenizer.ggml.model` is \"llama\"",
+            Box::new(|kv| set(kv, "tokenizer.ggml.model", Some(Value::String("bert".into())))),
+            "`tokenizer.ggml.model` is \"bert\": the tokenizer models supported for text prompts are \"gpt2\" \
+             (byte-level BPE) and \"llama\" (SentencePiece)",
         ),
         (
             Box::new(|kv| set(kv, "tokenizer.ggml.pre", Some(Value::String("kimi-k2".into())))),
