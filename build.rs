@@ -32,6 +32,16 @@ const PLANTED: &[Planted] = &[
             "const int kvh = h % kv_heads;",
         )],
     ),
+    // A local layer's window ignored: every past key stays visible (a kernel
+    // that treats Gemma 3's sliding layers as global ones).
+    (
+        "planted_window_ignored",
+        "attention.cu",
+        &[(
+            "const int first = window > 0 && visible > window ? visible - window : 0;",
+            "const int first = 0;",
+        )],
+    ),
     // RoPE pairs: the NEOX kernel rotates the interleaved pairs (2j, 2j+1)
     // instead of (j, j + D/2), and the interleaved one the NEOX pairs.
     (

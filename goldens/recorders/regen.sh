@@ -115,13 +115,14 @@ FILES="model/config.json model/generation_config.json model/model.safetensors mo
 # Extra goldens per model folder (compared like FILES).
 EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safetensors sampling-oracle.safetensors
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
-REAL=qwen2.5-0.5b
-REAL_SPEC="$ROOT/specs/qwen2.5-0.5b.yaml"
+# The real models: golden folder:spec, each recorded when its GGUF is cached.
+REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml"
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 
 # Arguments from a spec, NUL-separated (a prompt may hold newlines):
 #   prompt SPEC  -> --prompt TEXT [--chat] [--decode-steps N]
-#   record SPEC  -> [--steps ..] [--stages ..] [--logits last]   (its `record:`)
+#   record SPEC  -> [--steps ..] [--stages ..] [--logits last] [--rows ..]   (its `record:`)
+#   kv SPEC      -> [--kv-type f16] (llama.cpp's KV cache as the spec declares it)
 #   model SPEC   -> the model path (`cache:NAME` is $CACHE/models/NAME)
 spec_args() {
     "$PYBIN" - "$1" "$2" "$CACHE" <<'PY'
@@ -147,6 +148,14 @@ elif what == "record":
         out += ["--stages", ",".join(r["stages"])]
     if r.get("logits") == "last":
         out += ["--logits", "last"]
+    if r.get("rows"):
+        out += ["--rows", ",".join(str(x) for x in r["rows"])]
+elif what == "kv":
+    # llama.cpp's KV cache as the spec's declared arithmetic says (as
+    # `touchstone goldens regen` passes it).
+    a = ((spec.get("scaled") or {}).get("arithmetic") or {}).get("llama.cpp")
+    if isinstance(a, dict) and a.get("kv") == "f16":
+        out += ["--kv-type", "f16"]
 elif what == "model":
     m = spec["model"]
     out.append(os.path.join(cache, "models", m[len("cache:"):]) if m.startswith("cache:")
@@ -209,17 +218,25 @@ say "[qwen2-tiny] recording the token-prompt llama.cpp golden into $dir/tokens-l
 "$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/tokens-llamacpp.safetensors" \
     --hf-golden "$dir/tokens-hf.safetensors" >/dev/null || die "record_llamacpp.py (tokens) failed"
 
-# The real model (specs/qwen2.5-0.5b.yaml), when its GGUF is cached.
-mapfile -d '' REAL_MODEL < <(spec_args model "$REAL_SPEC")
-[ -n "${REAL_MODEL[0]:-}" ] || die "cannot read the model of $REAL_SPEC"
-real_done=0
-if [ -f "${REAL_MODEL[0]}" ]; then
+# The real models (specs/qwen2.5-0.5b.yaml, specs/gemma3-270m.yaml), each when
+# its GGUF is cached.
+REALS_DONE=""
+for r in $REALS; do
+    REAL="${r%%:*}"
+    REAL_SPEC="$ROOT/specs/${r#*:}"
+    mapfile -d '' REAL_MODEL < <(spec_args model "$REAL_SPEC")
+    [ -n "${REAL_MODEL[0]:-}" ] || die "cannot read the model of $REAL_SPEC"
+    if [ ! -f "${REAL_MODEL[0]}" ]; then
+        say "[$REAL] skipped: ${REAL_MODEL[0]} is not there (python3 ci/fetch_real_model.py caches it)"
+        continue
+    fi
     dir="$OUT/$REAL"
     mkdir -p "$dir" || die "cannot create $dir"
     rm -f "$dir"/*.safetensors
     mapfile -d '' RP < <(spec_args prompt "$REAL_SPEC")
     mapfile -d '' RR < <(spec_args record "$REAL_SPEC")
-    [ "${RP[0]:-}" = --prompt ] || die "cannot read the prompt of $REAL_SPEC"
+    mapfile -d '' RK < <(spec_args kv "$REAL_SPEC")
+    case "${RP[0]:-}" in --prompt|--prompt-tokens) ;; *) die "cannot read the prompt of $REAL_SPEC";; esac
     say "[$REAL] recording HF goldens from ${REAL_MODEL[0]} into $dir/hf.safetensors (minutes)"
     "$PYBIN" "$HERE/record_hf.py" "${REAL_MODEL[0]}" "$dir/hf.safetensors" "${RP[@]}" "${RR[@]}" >/dev/null \
         || die "record_hf.py ($REAL) failed"
@@ -228,11 +245,9 @@ if [ -f "${REAL_MODEL[0]}" ]; then
         --dtype float64 >/dev/null || die "record_hf.py --dtype float64 ($REAL) failed"
     say "[$REAL] recording llama.cpp goldens into $dir/llamacpp.safetensors"
     "$PYBIN" "$HERE/record_llamacpp.py" "${REAL_MODEL[0]}" "$dir/llamacpp.safetensors" \
-        --hf-golden "$dir/hf.safetensors" "${RR[@]}" >/dev/null || die "record_llamacpp.py ($REAL) failed"
-    real_done=1
-else
-    say "[$REAL] skipped: ${REAL_MODEL[0]} is not there (python3 ci/fetch_real_model.py caches it)"
-fi
+        --hf-golden "$dir/hf.safetensors" "${RR[@]}" "${RK[@]}" >/dev/null || die "record_llamacpp.py ($REAL) failed"
+    REALS_DONE="$REALS_DONE $REAL"
+done
 
 # ---- compare with the committed files ---------------------------------------
 sha() { if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo "(missing)"; fi; }
@@ -255,7 +270,10 @@ for m in $MODELS; do
     compare_list "$name" $FILES ${!extra_var:-}
 done
 # shellcheck disable=SC2086
-[ "$real_done" = 1 ] && compare_list "$REAL" $REAL_FILES
+for REAL in $REALS_DONE; do
+    # shellcheck disable=SC2086
+    compare_list "$REAL" $REAL_FILES
+done
 echo
 if [ "$differ" = 0 ]; then
     say "IDENTICAL: the regenerated files match goldens/ byte for byte"
@@ -266,6 +284,8 @@ else
         name="${m%%:*}"
         say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
     done
-    [ "$real_done" = 1 ] && say "  cp '$OUT/$REAL/'*.safetensors '$GOLDENS/$REAL/'"
+    for REAL in $REALS_DONE; do
+        say "  cp '$OUT/$REAL/'*.safetensors '$GOLDENS/$REAL/'"
+    done
     exit 1
 fi
