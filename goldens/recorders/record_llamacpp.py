@@ -165,7 +165,7 @@ ARCH_NODE_MAP = {
         "blk.{L}.q_norm": ("Qcur_normed-{L}", "MUL", "last"),
         "blk.{L}.k_norm": ("Kcur_normed-{L}", "MUL", "last"),
     },
-    # Gemma 3 (src/models/gemma3.cpp): the embeddings times sqrt(n_embd) are
+    # Gemma 3 (llama.cpp's models/gemma3.cpp): the embeddings times sqrt(n_embd) are
     # `inp_scaled` (a SCALE of embd); per-head q/k norms as Qwen3; the norm
     # of the attention output is attn_post_norm-L (MUL), the residual after
     # attention sa_out-L, the gated GELU one GEGLU op (ffn_geglu-L: the tanh

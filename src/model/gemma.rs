@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value};
 
-use super::config::{Activation, LocalAttention};
+use super::features::{Activation, LocalAttention};
 
 /// The Gemma features of one config.
 #[derive(Clone, Debug, PartialEq)]

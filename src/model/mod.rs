@@ -3,6 +3,7 @@
 //! a `.gguf` file.
 pub mod cache;
 pub mod config;
+pub mod features;
 pub mod file_tensors;
 pub mod fused;
 pub mod gemma;

@@ -210,7 +210,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
-            scale: (8 as f64).powf(-0.5),
+            scale: 8f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
         };
@@ -239,7 +239,7 @@ mod tests {
             heads: 6,
             kv_heads: 2,
             head_dim: 4,
-            scale: (4 as f64).powf(-0.5),
+            scale: 4f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
         };
@@ -289,7 +289,7 @@ mod tests {
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
-            scale: (4 as f64).powf(-0.5),
+            scale: 4f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
         };

@@ -1,0 +1,42 @@
+//! Model features beyond the Llama layout that more than one family may have:
+//! the MLP's gate activation and interleaved local attention. `ModelConfig`
+//! holds them; `model::gemma` reads Gemma 3's into them.
+
+/// The MLP's gate activation, `act(gate)·up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// x·σ(x) (HF `silu`).
+    Silu,
+    /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (HF `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The HF name's activation (`gelu` is the exact erf GELU: not this one).
+    pub fn parse(name: &str) -> Option<Activation> {
+        match name {
+            "silu" | "swish" => Some(Activation::Silu),
+            "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+}
+
+/// Interleaved local attention (see `ModelConfig::local`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LocalAttention {
+    /// A query at position p sees keys at positions p − window < j ≤ p (HF's
+    /// `sliding_window_overlay`, llama.cpp's `p1 − p0 >= n_swa` masked).
+    pub window: usize,
+    /// Per layer: true for a local layer.
+    pub layers: Vec<bool>,
+    /// The RoPE base of local layers (global ones use `rope_theta`).
+    pub rope_theta: f64,
+}
