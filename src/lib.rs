@@ -8,6 +8,7 @@
 
 pub mod arithmetic;
 pub mod checks;
+pub mod ci_env;
 pub mod cli;
 pub mod cmd;
 pub mod compare;

@@ -3,10 +3,57 @@
 //! every shipped tiny spec, the one whose RoPE is not applied in decode fails
 //! with its first divergence at decode1/blk.0.q_rope, and the same engine's
 //! captures, saved and checked again as dumps, get the same stage verdicts.
-//! The test command (ci/test.sh) provides python3 with numpy.
+//! The test command (ci/test.sh) provides python3 with numpy; where python3
+//! cannot import numpy every trial is ignored with that reason (touchstone
+//! itself needs only Rust), except under `CI=true`, where they run and fail.
 
 mod common;
 use common::*;
+
+use libtest_mimic::{Arguments, Completion, Trial};
+
+fn main() {
+    let args = Arguments::from_args();
+    let missing = if touchstone::ci_env::on_ci() {
+        None
+    } else {
+        let probe = ["python3", "-c", "import numpy"].map(String::from);
+        touchstone::engine::requires::probe(&probe, None).err()
+    };
+    let tests: [(&str, fn()); 4] = [
+        (
+            "the_numpy_engine_passes_every_shipped_tiny_spec",
+            the_numpy_engine_passes_every_shipped_tiny_spec,
+        ),
+        (
+            "the_engine_without_rope_in_decode_diverges_at_decode1_q_rope",
+            the_engine_without_rope_in_decode_diverges_at_decode1_q_rope,
+        ),
+        (
+            "its_captures_as_dumps_get_the_same_stage_verdicts",
+            its_captures_as_dumps_get_the_same_stage_verdicts,
+        ),
+        (
+            "the_spec_declared_engine_is_selected_by_name",
+            the_spec_declared_engine_is_selected_by_name,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| match missing.clone() {
+            Some(why) => Trial::ignorable_test(name, move || {
+                Ok(Completion::ignored_with(format!(
+                    "{why} (the reference engines are numpy programs; CI=true makes this fail)"
+                )))
+            }),
+            None => Trial::test(name, move || {
+                f();
+                Ok(())
+            }),
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
 
 fn exec(script: &str) -> String {
     format!(
@@ -19,7 +66,6 @@ fn spec(name: &str) -> String {
     root().join("specs").join(name).display().to_string()
 }
 
-#[test]
 fn the_numpy_engine_passes_every_shipped_tiny_spec() {
     for s in [
         "qwen2-tiny.yaml",
@@ -37,7 +83,6 @@ fn the_numpy_engine_passes_every_shipped_tiny_spec() {
     }
 }
 
-#[test]
 fn the_engine_without_rope_in_decode_diverges_at_decode1_q_rope() {
     let d = tempfile::tempdir().unwrap();
     let j = d.path().join("r.json");
@@ -62,7 +107,6 @@ fn the_engine_without_rope_in_decode_diverges_at_decode1_q_rope() {
     assert!(o.stdout.contains("FIRST DIVERGENCE"), "{}", o.stdout);
 }
 
-#[test]
 fn its_captures_as_dumps_get_the_same_stage_verdicts() {
     let d = tempfile::tempdir().unwrap();
     let p = |x: &std::path::Path| x.display().to_string();
@@ -103,7 +147,6 @@ fn its_captures_as_dumps_get_the_same_stage_verdicts() {
     }
 }
 
-#[test]
 fn the_spec_declared_engine_is_selected_by_name() {
     let o = touchstone(&["run", &spec("qwen2-tiny.yaml"), "--engine", "numpy", "-q"]);
     assert_eq!(o.code, 0, "{}", o.all());

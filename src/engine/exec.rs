@@ -50,6 +50,8 @@ pub struct ExecSpec {
     pub timeout: Duration,
     /// The arithmetic the spec declares for it (`engines: NAME: {arithmetic}`).
     pub arithmetic: Option<Arithmetic>,
+    /// Its prerequisite probe (`engines: NAME: {requires}`; see `engine::requires`).
+    pub requires: Option<Vec<String>>,
 }
 
 impl ExecSpec {
@@ -65,7 +67,16 @@ impl ExecSpec {
             cwd: None,
             timeout: DEFAULT_TIMEOUT,
             arithmetic: None,
+            requires: None,
         })
+    }
+
+    /// Ok when it has no prerequisite or its probe passes (in its folder).
+    pub fn prerequisites(&self) -> std::result::Result<(), String> {
+        match &self.requires {
+            Some(argv) => super::requires::probe(argv, self.cwd.as_deref()),
+            None => Ok(()),
+        }
     }
 
     /// The command as one line, for messages and rerun commands.

@@ -22,6 +22,7 @@ pub mod names;
 pub mod output;
 pub mod registry;
 pub mod replay;
+pub mod requires;
 
 use crate::error::Result;
 use crate::model::ModelConfig;

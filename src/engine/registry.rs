@@ -54,6 +54,12 @@ pub struct EngineDecl {
     /// may say it instead.
     #[serde(default)]
     pub arithmetic: Option<crate::arithmetic::Arithmetic>,
+    /// A command that must exit 0 for the engine to run here (e.g.
+    /// `[python3, -c, "import numpy"]`); where it fails the engine's trials
+    /// are ignored with its words as the reason, except under `CI=true`,
+    /// where they fail (`engine::requires`).
+    #[serde(default)]
+    pub requires: Option<Vec<String>>,
 }
 
 /// A timeout: a finite number of seconds >= 0.
@@ -150,12 +156,21 @@ impl EngineSel {
     }
 
     /// Checked before loading anything, so an unavailable engine costs nothing.
+    /// A declared engine whose `requires:` fails is unavailable, except on CI
+    /// (`CI=true`), where `load` then fails with the same reason.
     pub fn availability(&self) -> Availability {
         match self {
             EngineSel::Cuda => cuda::availability(),
             EngineSel::Dumps(p) if !p.exists() => {
                 Availability::Unavailable(format!("dumps: {} does not exist", p.display()))
             }
+            EngineSel::Exec(e) if !crate::ci_env::on_ci() => match e.prerequisites() {
+                Ok(()) => Availability::Available,
+                Err(why) => Availability::Unavailable(format!(
+                    "{why} (the engine `{}` needs it; trials are ignored here, and fail under CI=true)",
+                    e.name
+                )),
+            },
             _ => Availability::Available,
         }
     }
@@ -170,7 +185,15 @@ impl EngineSel {
                 Availability::Available => cuda::load(model, opts),
             },
             EngineSel::CudaEmu => cuda::load_emu(model, opts),
-            EngineSel::Exec(e) => Ok(Box::new(ExecEngine::start(e, model, opts, names)?)),
+            EngineSel::Exec(e) => {
+                e.prerequisites().map_err(|why| {
+                    Error::engine(
+                        &e.name,
+                        format!("{why}; CI is set, so a missing prerequisite fails instead of being skipped"),
+                    )
+                })?;
+                Ok(Box::new(ExecEngine::start(e, model, opts, names)?))
+            }
             EngineSel::Dumps(p) => Ok(Box::new(dumps::DumpsEngine::open(p, model, opts.storage, names)?)),
         }
     }
@@ -192,6 +215,7 @@ fn declared_engine(declared: &Declared, name: &str) -> EngineSel {
             .map(Duration::from_secs_f64)
             .unwrap_or(super::exec::DEFAULT_TIMEOUT),
         arithmetic: d.arithmetic,
+        requires: d.requires.clone(),
     })
 }
 

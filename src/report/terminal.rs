@@ -257,9 +257,14 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
     if !failures.is_empty() {
         let _ = writeln!(out, "\nfailures ({}):", failures.len());
         for (n, o) in failures.iter().enumerate() {
-            if n > FULL_FAILURES {
-                let rest: Vec<String> = failures[n..].iter().map(|o| o.id.clone()).collect();
-                let _ = writeln!(out, "  ... and {} more: {}", rest.len(), rest.join(", "));
+            // A long list is cut to a count (a real model's downstream
+            // failures number thousands; their ids alone were one 20 KB line).
+            if n > FULL_FAILURES && !view.verbose {
+                let _ = writeln!(
+                    out,
+                    "  ... and {} more failures (--verbose shows every one; --json FILE writes them all)",
+                    failures.len() - n
+                );
                 break;
             }
             let tag = if o.first_divergence {

@@ -177,13 +177,7 @@ fn is_gguf(model: &Path) -> bool {
     model.is_file() && model.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
-/// True when the environment says this is CI (`CI=true`, or `CI=1`, as CI services set it).
-pub fn on_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| {
-        let v = v.trim().to_ascii_lowercase();
-        !v.is_empty() && v != "false" && v != "0"
-    })
-}
+pub use crate::ci_env::on_ci;
 
 /// Exit-2 error when on CI: goldens are never written there.
 pub fn refuse_on_ci(what: &str) -> Result<()> {
