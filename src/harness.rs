@@ -191,7 +191,7 @@ pub fn verdict(run: &std::result::Result<SuiteRun, String>, id: &str) -> std::re
     match o.status {
         Status::Pass => Ok(Completion::Completed),
         // A check with nothing to check is reported as ignored, with its reason.
-        Status::Skip => Ok(Completion::ignored_with(&o.message)),
+        Status::Skip | Status::NotApplicable => Ok(Completion::ignored_with(&o.message)),
         Status::Fail => {
             let mut msg = o.message.clone();
             if o.first_divergence {

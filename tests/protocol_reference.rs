@@ -20,7 +20,7 @@ fn main() {
         let probe = ["python3", "-c", "import numpy"].map(String::from);
         touchstone::engine::requires::probe(&probe, None).err()
     };
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         (
             "the_numpy_engine_passes_every_shipped_tiny_spec",
             the_numpy_engine_passes_every_shipped_tiny_spec,
@@ -36,6 +36,10 @@ fn main() {
         (
             "the_spec_declared_engine_is_selected_by_name",
             the_spec_declared_engine_is_selected_by_name,
+        ),
+        (
+            "a_flash_attention_engine_is_judged_on_what_it_can_tap",
+            a_flash_attention_engine_is_judged_on_what_it_can_tap,
         ),
     ];
     let trials = tests
@@ -156,5 +160,45 @@ fn the_spec_declared_engine_is_selected_by_name() {
         l.stdout.lines().all(|x| x.starts_with("numpy::qwen2-tiny::")),
         "{}",
         l.stdout
+    );
+}
+
+/// An engine that cannot tap attn_scores/attn_probs (flash attention) and
+/// says so passes, those checks counted not applicable; the same engine
+/// claiming every stage and writing none of them fails them as missing
+/// captures, and none of them is the first divergence.
+fn a_flash_attention_engine_is_judged_on_what_it_can_tap() {
+    let o = touchstone(&[
+        "run",
+        &spec("qwen2-tiny.yaml"),
+        "--engine",
+        &exec("numpy_engine_flash.py"),
+        "-q",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let summary = o.stdout.lines().last().unwrap_or("").to_string();
+    // 2 layers x (scores + probs) x 4 steps, each with its checks.
+    assert!(
+        summary.contains("0 failed") && summary.contains("not applicable"),
+        "{summary}"
+    );
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let o = touchstone(&[
+        "run",
+        &spec("qwen2-tiny.yaml"),
+        "--engine",
+        &format!("{} --claim-all", exec("numpy_engine_flash.py")),
+        "-q",
+        "--json",
+        &j.display().to_string(),
+    ]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(o.stdout.contains("did not capture"), "{}", o.stdout);
+    let r = json(&j);
+    let fd = &r["runs"][0]["first_divergence"];
+    assert!(
+        fd.is_null() || !fd["stage"].as_str().unwrap_or("").contains("attn_"),
+        "a missing capture is no first divergence: {fd}"
     );
 }

@@ -22,6 +22,10 @@ pub struct Mark<'a> {
     pub status: Status,
     /// The check's name in ids: the tie-break between suspects at one stage.
     pub check: &'a str,
+    /// Whether it measured numbers (has metrics): a failure that measured
+    /// none (a tapped stage the engine did not write) is never the first
+    /// divergence, which is reserved for numbers that differ.
+    pub measured: bool,
 }
 
 /// The triage of a run's outcomes, index for index.
@@ -62,7 +66,7 @@ pub fn triage(marks: &[Mark]) -> Triage {
     let first = marks
         .iter()
         .enumerate()
-        .filter(|(i, m)| failed(m) && m.family.is_golden() && !suspect[*i])
+        .filter(|(i, m)| failed(m) && m.family.is_golden() && !suspect[*i] && m.measured)
         .filter_map(|(i, m)| m.at.map(|at| (at, i)))
         .min();
     let downstream = marks
@@ -117,6 +121,7 @@ mod tests {
             family,
             status,
             check: "c",
+            measured: true,
         }
     }
 
@@ -175,6 +180,7 @@ mod tests {
                 family: &r,
                 status: Status::Fail,
                 check: "kv_cache",
+                measured: true,
             },
             mark(Step::Prefill, q, &g, Status::Fail),
         ]);

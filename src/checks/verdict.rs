@@ -11,6 +11,10 @@ pub enum Status {
     Pass,
     Fail,
     Skip,
+    /// The engine cannot tap a stage the check reads (its capabilities):
+    /// neither passed nor failed, counted apart from skips.
+    #[serde(rename = "not_applicable")]
+    NotApplicable,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -38,6 +42,14 @@ impl Verdict {
     pub fn skip(reason: impl Into<String>) -> Verdict {
         Verdict {
             status: Status::Skip,
+            metrics: BTreeMap::new(),
+            message: reason.into(),
+        }
+    }
+    /// Not applicable to the engine (it cannot tap a stage the check reads).
+    pub fn not_applicable(reason: impl Into<String>) -> Verdict {
+        Verdict {
+            status: Status::NotApplicable,
             metrics: BTreeMap::new(),
             message: reason.into(),
         }

@@ -149,9 +149,9 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
     let c = report.counts();
     if c.failed == 0 && c.passed == 0 && !allow_skip {
         eprintln!(
-            "touchstone: NOTHING RAN: all {} selected check(s) were skipped; that is not a pass (exit 1). \
-             Pass --allow-skip to accept a run that checks nothing.",
-            c.skipped
+            "touchstone: NOTHING RAN: all {} selected check(s) were skipped or not applicable; that is not a \
+             pass (exit 1). Pass --allow-skip to accept a run that checks nothing.",
+            c.skipped + c.not_applicable
         );
         return Ok(Outcome::Failed);
     }

@@ -110,6 +110,8 @@ pub struct ExecEngine {
     /// Where run outputs are written (removed on drop).
     work: tempfile::TempDir,
     runs: std::sync::atomic::AtomicUsize,
+    /// The stages its load answer says it can tap (every one by default).
+    capabilities: super::capabilities::Capabilities,
 }
 
 impl ExecEngine {
@@ -192,6 +194,7 @@ impl ExecEngine {
             }),
             work,
             runs: Default::default(),
+            capabilities: Default::default(),
         };
         let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
         let answer = engine.request(
@@ -214,6 +217,8 @@ impl ExecEngine {
             }
             engine.declared = Some(a);
         }
+        engine.capabilities = super::capabilities::Capabilities::from_answer(&answer)
+            .map_err(|e| fail(format!("its load answer's stage capabilities: {e}")))?;
         Ok(engine)
     }
 
@@ -343,6 +348,10 @@ impl Engine for ExecEngine {
 
     fn arithmetic(&self) -> Option<Arithmetic> {
         self.declared
+    }
+
+    fn capabilities(&self) -> super::capabilities::Capabilities {
+        self.capabilities.clone()
     }
 
     fn config(&self) -> &ModelConfig {

@@ -13,6 +13,7 @@
 //! at positions 0..T; decode step n runs one token at position T + n − 1 with
 //! the KV cache of everything before it.
 
+pub mod capabilities;
 pub mod cpu;
 pub mod cuda;
 pub mod driver;
@@ -193,6 +194,11 @@ pub trait Engine: Send + Sync {
     /// policy's floors follow it. None: plain arithmetic at its storage.
     fn arithmetic(&self) -> Option<crate::arithmetic::Arithmetic> {
         None
+    }
+    /// The stages it can tap (every one unless it says otherwise): checks
+    /// reading another stage are not applicable to it (`capabilities`).
+    fn capabilities(&self) -> capabilities::Capabilities {
+        capabilities::Capabilities::all()
     }
     /// The model's configuration (shapes of every stage follow from it).
     fn config(&self) -> &ModelConfig;

@@ -289,11 +289,12 @@ pub fn render(report: &Report) -> String {
     let c = report.counts();
     let verdict = if c.failed > 0 { "fail" } else { "pass" };
     let header = format!(
-        "<p class=\"{verdict}\">{}: {} passed, {} failed, {} skipped</p>",
+        "<p class=\"{verdict}\">{}: {} passed, {} failed, {} skipped{}</p>",
         if c.failed > 0 { "FAILED" } else { "PASSED" },
         c.passed,
         c.failed,
-        c.skipped
+        c.skipped,
+        c.not_applicable_tail()
     );
     let mut sections = Vec::new();
     for run in &report.runs {

@@ -51,7 +51,7 @@ pub fn render_suites(root: &str, suites: &[Suite]) -> String {
                         .set_description(text.as_str());
                     st
                 }
-                Status::Skip => {
+                Status::Skip | Status::NotApplicable => {
                     let mut st = TestCaseStatus::skipped();
                     st.set_message(text.lines().next().unwrap_or(""));
                     st

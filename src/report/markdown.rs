@@ -34,8 +34,11 @@ pub fn render(report: &Report) -> String {
         "✅ PASSED"
     };
     let mut out = format!(
-        "## touchstone: {verdict}\n\n{} passed, {} failed, {} skipped\n",
-        c.passed, c.failed, c.skipped
+        "## touchstone: {verdict}\n\n{} passed, {} failed, {} skipped{}\n",
+        c.passed,
+        c.failed,
+        c.skipped,
+        c.not_applicable_tail()
     );
     for run in &report.runs {
         let _ = write!(
@@ -121,6 +124,7 @@ pub fn render(report: &Report) -> String {
                     Status::Pass => "✅",
                     Status::Fail => "❌",
                     Status::Skip => "skip",
+                    Status::NotApplicable => "n/a",
                 };
                 let _ = writeln!(
                     out,

@@ -153,6 +153,11 @@ impl SuiteRun {
                 family: &o.family,
                 status: o.status,
                 check: &o.check,
+                // Its own error metric, not the budget attached beside it.
+                measured: match o.error_metric {
+                    Some(m) => o.metrics.contains_key(m.key()),
+                    None => o.metrics.keys().any(|k| k != "budget_max_abs"),
+                },
             })
             .collect();
         let t = divergence::triage(&marks);
@@ -207,6 +212,19 @@ pub struct Counts {
     pub passed: usize,
     pub failed: usize,
     pub skipped: usize,
+    /// Checks reading a stage the engine cannot tap (its capabilities).
+    pub not_applicable: usize,
+}
+
+impl Counts {
+    /// `, N not applicable` when there are any (the summary lines' tail).
+    pub fn not_applicable_tail(&self) -> String {
+        if self.not_applicable == 0 {
+            String::new()
+        } else {
+            format!(", {} not applicable", self.not_applicable)
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -226,6 +244,7 @@ impl Report {
                 Status::Pass => c.passed += 1,
                 Status::Fail => c.failed += 1,
                 Status::Skip => c.skipped += 1,
+                Status::NotApplicable => c.not_applicable += 1,
             }
         }
         c

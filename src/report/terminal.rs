@@ -66,11 +66,12 @@ pub fn render_view(report: &Report, view: View) -> String {
     };
     let _ = writeln!(
         out,
-        "touchstone: {}: {} passed, {} failed, {} skipped",
+        "touchstone: {}: {} passed, {} failed, {} skipped{}",
         view.status(verdict),
         c.passed,
         c.failed,
-        c.skipped
+        c.skipped,
+        c.not_applicable_tail()
     );
     out
 }
@@ -152,10 +153,15 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         for ((step, stage), outs) in rows.iter().filter(|(_, o)| !hide_passing || not_passing(o)) {
             let failed = outs.iter().any(|o| o.status == Status::Fail);
             let all_skipped = outs.iter().all(|o| o.status == Status::Skip);
+            let all_na = outs
+                .iter()
+                .all(|o| matches!(o.status, Status::Skip | Status::NotApplicable));
             let result = if failed {
                 "FAIL"
             } else if all_skipped {
                 "skip"
+            } else if all_na {
+                "n/a "
             } else {
                 "pass"
             };
@@ -240,6 +246,7 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
                 Status::Pass => "pass",
                 Status::Fail => "FAIL",
                 Status::Skip => "skip",
+                Status::NotApplicable => "n/a",
             };
             let first_line = o.message.lines().next().unwrap_or("");
             let _ = writeln!(

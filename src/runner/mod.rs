@@ -196,8 +196,17 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
     if let Some(a) = engine.arithmetic() {
         facts.arithmetic = a;
     }
+    // Checks reading a stage the engine cannot tap are not applicable to it
+    // (`engine::capabilities`): judged by nothing, never tapped.
+    let caps = engine.capabilities();
+    let not_applicable = |c: &CheckInstance| -> Option<String> {
+        let (CheckKind::Stage(check), Some((_, stage))) = (&c.kind, c.at()) else {
+            return None;
+        };
+        check.reads(stage).into_iter().find_map(|s| caps.why_not(s))
+    };
     let mut taps = TapSet::none();
-    for c in &selected {
+    for c in selected.iter().filter(|c| not_applicable(c).is_none()) {
         if let (CheckKind::Stage(check), Some((_, stage))) = (&c.kind, c.at()) {
             check.reads(stage).into_iter().for_each(|s| taps.insert(s));
             // A golden check's floor reads the engine's errors at the stage's
@@ -205,6 +214,7 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             if matches!(check.family(), Family::Golden { .. }) && plan.oracle.is_some() {
                 floor::inputs(&plan.config, stage)
                     .into_iter()
+                    .filter(|s| caps.why_not(*s).is_none())
                     .for_each(|s| taps.insert(s));
             }
         }
@@ -227,9 +237,10 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             let (CheckKind::Stage(check), Some((step, stage))) = (&c.kind, c.at()) else {
                 return None;
             };
-            let verdict = match &main_run {
-                Some(Err(e)) => Verdict::fail(format!("the engine failed: {e}")),
-                Some(Ok(out)) => check.judge(
+            let verdict = match (&main_run, not_applicable(c)) {
+                (_, Some(why)) => Verdict::not_applicable(why),
+                (Some(Err(e)), None) => Verdict::fail(format!("the engine failed: {e}")),
+                (Some(Ok(out)), None) => check.judge(
                     &facts,
                     &At {
                         step,
@@ -237,7 +248,7 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
                         run: Some(out),
                     },
                 ),
-                None => check.judge(&facts, &At { step, stage, run: None }),
+                (None, None) => check.judge(&facts, &At { step, stage, run: None }),
             };
             Some(outcome(plan, engine.name(), c, verdict, opts))
         })

@@ -126,10 +126,12 @@ fn evaluate(d: &Determinism, facts: &Facts, engine: &dyn Engine) -> Result<Verdi
         seed,
         forced: None,
     };
-    // Every stage the model has (no q_norm on a model without it), so any
-    // engine can be asked for exactly what it computes.
+    // Every stage the model has (no q_norm on a model without it) that the
+    // engine can tap, so any engine is asked for exactly what it computes.
+    let caps = engine.capabilities();
     let taps: TapSet = Stage::of_model(facts.config, d.sampling != Sampling::Greedy)
         .into_iter()
+        .filter(|s| caps.why_not(*s).is_none())
         .collect();
     let first = run_engine(engine, &req(seed), &taps)?;
     for run in 2..=d.runs {

@@ -1,0 +1,105 @@
+//! Which stages an engine can tap. Real engines are not built like the CPU
+//! engine: flash attention never materialises the scores or probabilities,
+//! a fused kernel skips q/k before RoPE, a serving engine shows only logits.
+//! A check that reads a stage the engine cannot tap is not applicable to it:
+//! reported with the reason, never passed, never failed, never a first
+//! divergence. A stage the engine claims and then does not write still fails.
+
+use crate::stage::pattern::StagePattern;
+use crate::stage::Stage;
+
+/// What an engine says it can tap (`Engine::capabilities`; a protocol
+/// engine's load answer `"taps"` / `"cannot_tap"` / `"why"`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Capabilities {
+    /// The stages it can tap (None: every stage).
+    pub taps: Option<Vec<StagePattern>>,
+    /// Stages it cannot tap, whatever `taps` says.
+    pub cannot_tap: Vec<StagePattern>,
+    /// Why, in the engine's words (e.g. "flash attention").
+    pub why: Option<String>,
+}
+
+impl Capabilities {
+    /// Every stage (the built-in engines).
+    pub fn all() -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// None when `stage` can be tapped; else why not, for the report.
+    pub fn why_not(&self, stage: Stage) -> Option<String> {
+        let listed = self.taps.as_ref().is_none_or(|t| t.iter().any(|p| p.matches(stage)));
+        let refused = self.cannot_tap.iter().find(|p| p.matches(stage));
+        if listed && refused.is_none() {
+            return None;
+        }
+        let how = match refused {
+            Some(p) => format!("its `cannot_tap` has `{}`", p.as_str()),
+            None => "it is not among the stages its `taps` lists".to_string(),
+        };
+        let why = self.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        Some(format!("not applicable: the engine cannot tap {stage} ({how}{why})"))
+    }
+
+    /// Reads a load answer's `taps`, `cannot_tap` (lists of stage patterns)
+    /// and `why`; absent keys mean every stage.
+    pub fn from_answer(answer: &serde_json::Value) -> Result<Capabilities, String> {
+        let patterns = |key: &str| -> Result<Option<Vec<StagePattern>>, String> {
+            let Some(v) = answer.get(key) else { return Ok(None) };
+            let items = v
+                .as_array()
+                .ok_or_else(|| format!("`{key}` is {v}, expected a list of stage patterns"))?;
+            items
+                .iter()
+                .map(|x| {
+                    let s = x
+                        .as_str()
+                        .ok_or_else(|| format!("`{key}` holds {x}, expected a stage pattern string"))?;
+                    StagePattern::parse(s).map_err(|e| format!("`{key}`: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        };
+        let why = match answer.get("why") {
+            None => None,
+            Some(w) => Some(
+                w.as_str()
+                    .ok_or_else(|| format!("`why` is {w}, expected a string"))?
+                    .to_string(),
+            ),
+        };
+        Ok(Capabilities {
+            taps: patterns("taps")?,
+            cannot_tap: patterns("cannot_tap")?.unwrap_or_default(),
+            why,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::BlockStage;
+    use serde_json::json;
+
+    #[test]
+    fn a_flash_attention_engine_cannot_tap_scores_and_probs_only() {
+        let c = Capabilities::from_answer(&json!({"cannot_tap": ["blk.*.attn_scores", "blk.*.attn_probs"],
+                                                  "why": "flash attention"}))
+        .unwrap();
+        assert!(c.why_not(Stage::Block(3, BlockStage::AttnCtx)).is_none());
+        let w = c.why_not(Stage::Block(3, BlockStage::AttnProbs)).unwrap();
+        assert!(w.contains("blk.3.attn_probs") && w.contains("flash attention"), "{w}");
+        let logits_only = Capabilities::from_answer(&json!({"taps": ["logits"]})).unwrap();
+        assert!(logits_only.why_not(Stage::Logits).is_none());
+        assert!(logits_only.why_not(Stage::Embed).unwrap().contains("`taps`"));
+        assert!(Capabilities::all().why_not(Stage::Embed).is_none());
+        for bad in [
+            json!({"taps": "logits"}),
+            json!({"cannot_tap": [3]}),
+            json!({"cannot_tap": ["blk.x.q"]}),
+        ] {
+            assert!(Capabilities::from_answer(&bad).is_err(), "{bad}");
+        }
+    }
+}
