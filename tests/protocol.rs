@@ -255,6 +255,23 @@ fn dumps_with_engine_names_are_mapped_by_the_spec() {
     ]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.stdout.contains("PASSED"), "{}", o.stdout);
+    // What the dumps hold is what they can tap: checks on stages they do not
+    // hold (blk.0.k, ...) are not applicable, counted, never failed.
+    let o = touchstone(&[
+        "run",
+        &p(&s2),
+        "-q",
+        "--engine",
+        &format!("dumps:{}", p(&dump)),
+        "--only",
+        "prefill/blk.0.*::golden:hf",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let summary = o.stdout.lines().last().unwrap_or("").to_string();
+    assert!(
+        summary.contains("0 failed") && summary.contains("not applicable"),
+        "{summary}"
+    );
     // Without the map the names are unknown, and the message says so.
     let s3 = write(d.path(), "s3.yaml", &spec_text(&model_dir(), &hf_golden()));
     let o = touchstone(&[

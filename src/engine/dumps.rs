@@ -126,6 +126,30 @@ impl Engine for DumpsEngine {
     fn name(&self) -> &str {
         NAME
     }
+    /// What the dumps hold (at any step) is what they can tap. Dumps with a
+    /// tensor touchstone cannot name claim every stage instead, so a stage
+    /// missing there is reported with the names to map (`names:`).
+    fn capabilities(&self) -> super::capabilities::Capabilities {
+        let mut held = std::collections::BTreeSet::new();
+        for key in self.file.floats.keys() {
+            let name = key.split_once('/').map_or(key.as_str(), |(_, n)| n);
+            match self.names.resolve(name) {
+                Some((stage, _)) => {
+                    held.insert(stage);
+                }
+                None => return super::capabilities::Capabilities::all(),
+            }
+        }
+        let taps = held
+            .iter()
+            .filter_map(|s| crate::stage::pattern::StagePattern::parse(&s.to_string()).ok())
+            .collect();
+        super::capabilities::Capabilities {
+            taps: Some(taps),
+            cannot_tap: Vec::new(),
+            why: Some("the dumps hold no tensor for it at any step".into()),
+        }
+    }
     fn config(&self) -> &ModelConfig {
         &self.config
     }
