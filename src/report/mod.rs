@@ -256,10 +256,15 @@ mod tests {
     use super::*;
     use crate::stage::BlockStage;
 
+    /// An outcome; a golden one measured (max_abs), as a compared tensor is.
     fn o(step: Step, stage: Stage, check: &str, status: Status) -> Outcome {
+        let mut metrics = BTreeMap::new();
+        if check.starts_with("golden:") {
+            metrics.insert("max_abs".to_string(), 1.0);
+        }
         let v = Verdict {
             status,
-            metrics: BTreeMap::new(),
+            metrics,
             message: String::new(),
         };
         let family = match check.strip_prefix("golden:") {
@@ -291,6 +296,13 @@ mod tests {
                 o(Step::Decode(1), q1, "golden:hf", Status::Fail),
                 o(Step::Decode(1), q0, "golden:hf", Status::Pass),
                 o(Step::Prefill, Stage::Logits, "softmax_rows", Status::Fail),
+                // A claimed stage the engine did not write: a golden failure
+                // that measured nothing, earlier, and no first divergence.
+                {
+                    let mut x = o(Step::Prefill, q0, "golden:hf", Status::Fail);
+                    x.metrics.clear();
+                    x
+                },
             ],
             None,
         );
@@ -304,6 +316,7 @@ mod tests {
         // An invariant failing at the same stage is not downstream; one before it neither.
         assert_eq!(run.outcomes[1].downstream_of, None);
         assert_eq!(run.outcomes[4].downstream_of, None);
+        assert!(!run.outcomes[5].first_divergence && run.outcomes[5].downstream_of.is_none());
         assert!(!run.passed);
     }
 }
