@@ -82,6 +82,9 @@ mod self_test {
             EmbedNotScaled => ("gemma3-tiny.yaml", "prefill/embed"),
             LocalRopeGlobalBase => ("gemma3-tiny.yaml", "prefill/blk.0.q_rope"),
             NormWithoutPlusOne => ("gemma3-tiny.yaml", "prefill/blk.0.attn_norm"),
+            // Every stage check judges the tapped path: the run check that
+            // compares it with a logits-only run is the one that can see it.
+            UntappedAttnScale => ("qwen2-tiny.yaml", "run::tap_invariance"),
         }
     }
 

@@ -5,6 +5,7 @@
 super::registry::table!(RunRule;
     determinism::Determinism,
     kv_cache::KvCache,
+    tap_invariance::TapInvariance,
     greedy_tokens::GreedyTokens,
     weights::Weights,
 );

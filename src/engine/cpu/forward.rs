@@ -180,8 +180,14 @@ pub fn forward(
             lc.swap_last_two();
         }
         let s = lc.len();
+        let untapped = !(tap.wants(st(B::AttnScores)) || tap.wants(st(B::AttnProbs)));
         let shape = AttnShape {
             window: cfg.window_of(l),
+            scale: if untapped && mx.is(Mutant::UntappedAttnScale) {
+                1.0 / d as f64
+            } else {
+                shape.scale
+            },
             ..shape
         };
         let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape, tap.wants(st(B::AttnScores)));

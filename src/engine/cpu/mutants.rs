@@ -56,13 +56,17 @@ pub enum Mutant {
     LocalRopeGlobalBase,
     /// Gemma: RMSNorm multiplies by w instead of 1 + w.
     NormWithoutPlusOne,
+    /// The untapped fast path scales scores by 1/D (an engine whose fused
+    /// kernel differs from the one its taps run): every stage check sees the
+    /// tapped path, so only `tap_invariance` can catch it.
+    UntappedAttnScale,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, where they change the model).
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 25] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -87,6 +91,7 @@ impl Mutant {
         Mutant::EmbedNotScaled,
         Mutant::LocalRopeGlobalBase,
         Mutant::NormWithoutPlusOne,
+        Mutant::UntappedAttnScale,
     ];
 }
 
