@@ -40,6 +40,9 @@ fn temp_prefix(target: &Path) -> String {
 /// (`.<name>.tmp.<pid>`), write, fsync, rename over `target`, fsync the folder.
 pub fn write_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
     let dir = parent(target);
+    // A new spec's golden folder is made on its first regen (the recording
+    // took minutes; failing here for a missing folder would waste them).
+    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let tmp = dir.join(format!("{}{}", temp_prefix(target), std::process::id()));
     let mut f = OpenOptions::new()
         .write(true)
@@ -185,4 +188,19 @@ pub fn reject(goldens: &[GoldenRef]) -> Result<String> {
         out += "no pending goldens to reject\n";
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_golden_of_a_new_spec_gets_its_folder() {
+        let d = tempfile::tempdir().unwrap();
+        let target = pending_path(&d.path().join("new-model/hf.safetensors"));
+        write_atomic(&target, b"golden").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"golden");
+        let left: Vec<_> = fs::read_dir(target.parent().unwrap()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left beside it");
+    }
 }
