@@ -116,7 +116,7 @@ FILES="model/config.json model/generation_config.json model/model.safetensors mo
 EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safetensors sampling-oracle.safetensors
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
-REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml"
+REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 
 # Arguments from a spec, NUL-separated (a prompt may hold newlines):
