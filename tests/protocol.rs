@@ -321,3 +321,33 @@ fn npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
     b.extend_from_slice(data);
     std::fs::write(path, b).unwrap();
 }
+
+#[test]
+fn an_engine_tokenizer_is_judged_by_the_tokenize_op() {
+    // The misbehaving engine's `tokenize` answers [1, 2, 3] for every text.
+    let d = tempfile::tempdir().unwrap();
+    let s = spec_with(d.path(), "tokenizer");
+    let mut text = std::fs::read_to_string(&s).unwrap();
+    text = text.replacen("\nrun_checks:\n", "\nrun_checks:\n  - tokenizer\n", 1);
+    std::fs::write(&s, text).unwrap();
+    let o = touchstone(&["run", &s, "--engine", "bad", "-q", "--only", "tokenizer"]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(
+        o.stdout.contains("the engine's ids for") && o.stdout.contains("engine [1, 2, 3]"),
+        "{}",
+        o.stdout
+    );
+    // The CPU engine has no tokenizer of its own: not applicable.
+    let o = touchstone(&[
+        "run",
+        &s,
+        "--engine",
+        "cpu",
+        "-q",
+        "--only",
+        "tokenizer",
+        "--allow-skip",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("1 not applicable"), "{}", o.stdout);
+}

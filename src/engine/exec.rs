@@ -112,6 +112,8 @@ pub struct ExecEngine {
     runs: std::sync::atomic::AtomicUsize,
     /// The stages its load answer says it can tap (every one by default).
     capabilities: super::capabilities::Capabilities,
+    /// Its load answer says it answers `tokenize` requests.
+    tokenizes: bool,
 }
 
 impl ExecEngine {
@@ -195,6 +197,7 @@ impl ExecEngine {
             work,
             runs: Default::default(),
             capabilities: Default::default(),
+            tokenizes: false,
         };
         let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
         let answer = engine.request(
@@ -219,6 +222,15 @@ impl ExecEngine {
         }
         engine.capabilities = super::capabilities::Capabilities::from_answer(&answer)
             .map_err(|e| fail(format!("its load answer's stage capabilities: {e}")))?;
+        engine.tokenizes = match answer.get("tokenize") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(fail(format!(
+                    "its load answer's `tokenize` is {v}, expected true or false"
+                )))
+            }
+        };
         Ok(engine)
     }
 
@@ -352,6 +364,29 @@ impl Engine for ExecEngine {
 
     fn capabilities(&self) -> super::capabilities::Capabilities {
         self.capabilities.clone()
+    }
+
+    /// `{"op":"tokenize","text":…,"chat":…}` → `{"ok":true,"ids":[…]}`, for an
+    /// engine whose load answer said `"tokenize": true`.
+    fn tokenize(&self, text: &str, chat: bool) -> Option<Result<Vec<u32>>> {
+        if !self.tokenizes {
+            return None;
+        }
+        let answer = match self.request("tokenize", json!({"op": "tokenize", "text": text, "chat": chat})) {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+        let ids = answer.get("ids").and_then(Value::as_array).and_then(|a| {
+            a.iter()
+                .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect::<Option<Vec<u32>>>()
+        });
+        Some(ids.ok_or_else(|| {
+            Error::engine(
+                &self.spec.name,
+                format!("its `tokenize` answer has no `ids` list of token ids: {answer}"),
+            )
+        }))
     }
 
     fn config(&self) -> &ModelConfig {

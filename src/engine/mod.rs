@@ -214,6 +214,14 @@ pub trait Engine: Send + Sync {
     fn reruns(&self) -> Option<String> {
         None
     }
+    /// The engine's own tokenization of `text` (in its chat template as one
+    /// user message with the generation prompt when `chat`), for engines
+    /// that ship their own tokenizer: None when it has none (the `tokenizer`
+    /// run check is then not applicable).
+    fn tokenize(&self, text: &str, chat: bool) -> Option<Result<Vec<u32>>> {
+        let _ = (text, chat);
+        None
+    }
     /// Calls `f` once per weight tensor the engine holds, with its HF name
     /// (fused projections under their split names: `q_proj`, `gate_proj`, ...),
     /// its row-major shape and its values as held (rounded to the storage

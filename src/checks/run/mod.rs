@@ -6,6 +6,7 @@ super::registry::table!(RunRule;
     determinism::Determinism,
     kv_cache::KvCache,
     tap_invariance::TapInvariance,
+    tokenizer::TokenizerCheck,
     greedy_tokens::GreedyTokens,
     weights::Weights,
 );
