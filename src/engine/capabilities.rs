@@ -41,6 +41,15 @@ impl Capabilities {
         Some(format!("not applicable: the engine cannot tap {stage} ({how}{why})"))
     }
 
+    /// Every stage of the model the engine can tap (`sample_probs` only with
+    /// random sampling): what the run checks that tap everything ask for.
+    pub fn tappable(&self, cfg: &crate::model::ModelConfig, random_sampling: bool) -> super::TapSet {
+        Stage::of_model(cfg, random_sampling)
+            .into_iter()
+            .filter(|s| self.why_not(*s).is_none())
+            .collect()
+    }
+
     /// Reads a load answer's `taps`, `cannot_tap` (lists of stage patterns)
     /// and `why`; absent keys mean every stage.
     pub fn from_answer(answer: &serde_json::Value) -> Result<Capabilities, String> {

@@ -2,6 +2,17 @@
 //! the MLP's gate activation and interleaved local attention. `ModelConfig`
 //! holds them; `model::gemma` reads Gemma 3's into them.
 
+/// The HF name of the MLP's input norm: `post_attention_layernorm` in the
+/// Llama layout, `pre_feedforward_layernorm` where the model has post norms
+/// (Gemma, whose `post_attention_layernorm` is the attention output's norm).
+pub fn ffn_norm_name(post_norms: bool) -> &'static str {
+    if post_norms {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    }
+}
+
 /// The MLP's gate activation, `act(gate)·up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

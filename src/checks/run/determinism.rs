@@ -12,7 +12,6 @@ use crate::checks::kind::{Count, Kind, Limit, RuleEnv, RunCheck, RunRule};
 use crate::checks::verdict::Verdict;
 use crate::engine::{Engine, RunOutput, RunRequest, TapSet};
 use crate::sampling::Sampling;
-use crate::stage::Stage;
 
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -128,11 +127,9 @@ fn evaluate(d: &Determinism, facts: &Facts, engine: &dyn Engine) -> Result<Verdi
     };
     // Every stage the model has (no q_norm on a model without it) that the
     // engine can tap, so any engine is asked for exactly what it computes.
-    let caps = engine.capabilities();
-    let taps: TapSet = Stage::of_model(facts.config, d.sampling != Sampling::Greedy)
-        .into_iter()
-        .filter(|s| caps.why_not(*s).is_none())
-        .collect();
+    let taps = engine
+        .capabilities()
+        .tappable(facts.config, d.sampling != Sampling::Greedy);
     let first = run_engine(engine, &req(seed), &taps)?;
     for run in 2..=d.runs {
         let again = run_engine(engine, &req(seed), &taps)?;

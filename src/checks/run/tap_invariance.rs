@@ -108,10 +108,7 @@ fn evaluate(k: &TapInvariance, facts: &Facts, engine: &dyn Engine) -> Result<Ver
         return Ok(Verdict::not_applicable(why));
     }
     let logits_only: TapSet = [Stage::Logits].into_iter().collect();
-    let every: TapSet = Stage::of_model(facts.config, false)
-        .into_iter()
-        .filter(|s| caps.why_not(*s).is_none())
-        .collect();
+    let every = caps.tappable(facts.config, false);
     let plain = run_engine(engine, &req, &logits_only)?;
     let tapped = run_engine(engine, &req, &every)?;
     if plain.sampled != tapped.sampled {

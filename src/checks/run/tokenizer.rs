@@ -73,13 +73,6 @@ impl RunCheck for TokenizerCheck {
         Self::NAME.into()
     }
     fn evaluate(&self, facts: &Facts, engine: &dyn Engine) -> Verdict {
-        if engine.tokenize("", false).is_none() {
-            return Verdict::not_applicable(format!(
-                "not applicable: the engine `{}` has no tokenizer of its own (a protocol engine offers one with \
-                 `\"tokenize\": true` in its load answer)",
-                engine.name()
-            ));
-        }
         let tok = match Tokenizer::load(facts.model) {
             Ok(t) => t,
             Err(e) => return Verdict::skip(format!("skipped: the model's tokenizer cannot be read: {e}")),
@@ -87,11 +80,11 @@ impl RunCheck for TokenizerCheck {
         let mut cases: Vec<(String, bool)> = PROBES.iter().map(|t| (t.to_string(), false)).collect();
         let prompt = tok.decode(facts.prompt);
         cases.push((prompt, false));
+        // The model's own additions to any text (a BOS).
+        let bare = tok.encode("").unwrap_or_default().len();
         for m in MARKERS {
             // A marker the vocabulary holds as one token (beyond any BOS).
-            let ids = tok.encode(m).unwrap_or_default();
-            let bare = tok.encode("").unwrap_or_default();
-            if ids.len() == bare.len() + 1 {
+            if tok.encode(m).is_ok_and(|ids| ids.len() == bare + 1) {
                 cases.push((format!("{m}user\nhi{m}"), false));
             }
         }
@@ -105,6 +98,14 @@ impl RunCheck for TokenizerCheck {
             let got = match engine.tokenize(text, *chat) {
                 Some(Ok(ids)) => ids,
                 Some(Err(e)) => return Verdict::fail(format!("the engine's tokenize failed on {text:?}: {e}")),
+                // Asked first, so an engine without a tokenizer costs no request.
+                None if checked == 0 => {
+                    return Verdict::not_applicable(format!(
+                        "not applicable: the engine `{}` has no tokenizer of its own (a protocol engine offers one \
+                         with `\"tokenize\": true` in its load answer)",
+                        engine.name()
+                    ))
+                }
                 None => return Verdict::fail("the engine stopped offering tokenize"),
             };
             if got != want {

@@ -86,11 +86,7 @@ impl StageRule for RmsNorm {
 fn norm_of(stage: Stage, layers: Option<usize>, post_norms: bool) -> Option<(Stage, String)> {
     use BlockStage::{AttnNorm, AttnOut, AttnPostNorm, FfnInp, FfnNorm, FfnOut, FfnPostNorm, KNorm, Out, QNorm, K, Q};
     let p = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
-    let ffn_norm = if post_norms {
-        "pre_feedforward_layernorm"
-    } else {
-        "post_attention_layernorm"
-    };
+    let ffn_norm = crate::model::features::ffn_norm_name(post_norms);
     Some(match stage {
         Stage::Block(0, AttnNorm) => (Stage::Embed, p(0, "input_layernorm")),
         Stage::Block(l, AttnNorm) => (Stage::Block(l - 1, Out), p(l, "input_layernorm")),

@@ -340,15 +340,9 @@ fn post_norm(ws: &mut Weights, cfg: &ModelConfig, name: &str) -> Result<Option<V
     Ok(Some(ws.take(name, &[cfg.hidden])?.into_data()))
 }
 
-/// The HF name of the MLP's input norm: `post_attention_layernorm` in the
-/// Llama layout, `pre_feedforward_layernorm` where the model has post norms
-/// (Gemma, whose `post_attention_layernorm` is the attention output's norm).
+/// The HF name of the MLP's input norm (`model::features::ffn_norm_name`).
 pub fn ffn_norm_name(cfg: &ModelConfig) -> &'static str {
-    if cfg.post_norms {
-        "pre_feedforward_layernorm"
-    } else {
-        "post_attention_layernorm"
-    }
+    crate::model::features::ffn_norm_name(cfg.post_norms)
 }
 
 /// Non-parameter buffers some checkpoints carry (RoPE tables HF recomputes).
