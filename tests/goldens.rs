@@ -2,8 +2,11 @@
 //! a fake recorder interpreter (`--python`, a shell script that copies a
 //! prepared golden), so `cargo test` never runs the real recorders.
 //! Covers status/accept/reject, regen's change table, the CI refusal, stale
-//! goldens, and kill-safety: a SIGKILL at any moment of a regen leaves the
-//! committed golden byte-identical.
+//! goldens, kill-safety (a SIGKILL at any moment of a regen leaves the
+//! committed golden byte-identical), and a `next_token` check's folder of
+//! next-token goldens: its five recordings in regen.sh's order and
+//! arguments, their validation and review, and `accept` keeping the folder
+//! one consistent set.
 
 mod common;
 use common::*;
@@ -24,12 +27,14 @@ fn scratch(name: &str) -> Scratch {
     let dir = tempfile::tempdir().unwrap();
     let golden = dir.path().join("hf.safetensors");
     std::fs::copy(hf_golden(), &golden).unwrap();
-    // HF only: regen writes pending files beside every golden the spec names.
-    let spec = write(
-        dir.path(),
-        &format!("{name}.yaml"),
-        &hf_only_spec_text(&model_dir(), &golden),
-    );
+    // HF only: regen writes pending files beside every golden the spec names,
+    // so the `next_token` item (the repository's next-token goldens) goes too.
+    let text: String = hf_only_spec_text(&model_dir(), &golden)
+        .lines()
+        .filter(|l| !l.contains("- {next_token:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let spec = write(dir.path(), &format!("{name}.yaml"), &text);
     Scratch { dir, golden, spec }
 }
 
@@ -732,4 +737,389 @@ fn an_exclusion_takes_the_missing_stage_out_of_the_rule_and_the_spec_passes() {
     let o = touchstone(&["run", &s(&spec), "-q"]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.all().contains("PASSED"), "{}", o.all());
+}
+
+// ---- next-token goldens -------------------------------------------------------
+
+/// The committed next-token goldens of qwen2-tiny.
+fn nt_goldens() -> PathBuf {
+    root().join("goldens/qwen2-tiny/next-token")
+}
+
+fn prompt_set() -> PathBuf {
+    root().join("goldens/prompt-sets/tiny-code-and-prose.yaml")
+}
+
+/// A scratch spec (HF golden only) with a `next_token` item whose folder,
+/// `<scratch>/nt`, holds copies of the committed next-token goldens.
+fn nt_scratch(name: &str) -> (Scratch, PathBuf) {
+    let sc = scratch(name);
+    let nt = sc.dir.path().join("nt");
+    std::fs::create_dir(&nt).unwrap();
+    for f in std::fs::read_dir(nt_goldens()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), nt.join(f.file_name())).unwrap();
+    }
+    let mut text = std::fs::read_to_string(&sc.spec).unwrap();
+    let last = text.lines().rfind(|l| !l.trim_start().starts_with('#')).unwrap();
+    assert!(last.starts_with("  - "), "run_checks: is the spec's last key: {last}");
+    text += &format!(
+        "  - {{next_token: {{prompts: {}, goldens: {}}}}}\n",
+        s(&prompt_set()),
+        s(&nt)
+    );
+    std::fs::write(&sc.spec, text).unwrap();
+    (sc, nt)
+}
+
+/// A fake interpreter as `fake_python`, but record_next_token.py "records"
+/// the file of its `--source` from the folder $FAKE_NT.
+fn fake_python_nt(dir: &Path) -> PathBuf {
+    let p = dir.join("fake-python-nt");
+    std::fs::write(
+        &p,
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nscript=\"$(basename \"$1\")\"; shift\necho \"$script $*\" >> \"$FAKE_LOG\"\n\
+         from=\"$FAKE_GOLDEN\"; prev=\"\"\n\
+         for a in \"$@\"; do\n  if [ \"$script\" = record_next_token.py ] && [ \"$prev\" = --source ]; then\n    \
+         case \"$a\" in llama.cpp) from=\"$FAKE_NT/llamacpp.safetensors\";; *) from=\"$FAKE_NT/$a.safetensors\";; esac\n  \
+         fi\n  prev=\"$a\"\ndone\ncp \"$from\" \"$2\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// The log's calls of one script, each as its arguments.
+fn calls_of(log: &Path, script: &str) -> Vec<Vec<String>> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{script} ")))
+        .map(|l| l.split(' ').map(String::from).collect())
+        .collect()
+}
+
+const NT_FILES: [&str; 5] = [
+    "oracle.safetensors",
+    "hf.safetensors",
+    "hf-bf16.safetensors",
+    "hf-f16.safetensors",
+    "llamacpp.safetensors",
+];
+
+#[test]
+fn regen_records_a_next_token_folder_in_regen_sh_order_and_accept_takes_it() {
+    let (sc, nt) = nt_scratch("nt-plan");
+    let log = sc.dir.path().join("log");
+    let fake = fake_python_nt(sc.dir.path());
+    let envs = [
+        ("FAKE_LOG", s(&log)),
+        ("FAKE_GOLDEN", s(&sc.golden)),
+        ("FAKE_NT", s(&nt_goldens())),
+    ];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let o = touchstone_env(&["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)], &envs);
+    assert_eq!(o.code, 0, "{}", o.all());
+
+    // The stage golden first, then the five next-token sources in regen.sh's
+    // order: the oracle, `hf` against it, the others fed `hf`'s tokens, each
+    // given this run's files (the pending ones).
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let scripts: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(
+        scripts,
+        [
+            "record_hf.py",
+            "record_next_token.py",
+            "record_next_token.py",
+            "record_next_token.py",
+            "record_next_token.py",
+            "convert_gguf.py",
+            "record_next_token.py"
+        ],
+        "{lines:#?}"
+    );
+    let calls = calls_of(&log, "record_next_token.py");
+    let p = |f: &str| s(&pending(&nt.join(f)));
+    let gguf = &calls_of(&log, "convert_gguf.py")[0];
+    assert_eq!(gguf[0], s(&model_dir()));
+    let tail = |c: &Vec<String>| c[2..].join(" ");
+    let set = s(&prompt_set());
+    for (c, source, model) in [
+        (&calls[0], "oracle", s(&model_dir())),
+        (&calls[1], "hf", s(&model_dir())),
+        (&calls[2], "hf-bf16", s(&model_dir())),
+        (&calls[3], "hf-f16", s(&model_dir())),
+        (&calls[4], "llama.cpp", gguf[1].clone()),
+    ] {
+        assert_eq!(c[0], model, "{c:?}");
+        assert!(
+            c[1].ends_with(".safetensors"),
+            "the recorder writes into the work folder: {c:?}"
+        );
+        let mut want = format!("--prompts {set} --source {source}");
+        if matches!(source, "hf-bf16" | "hf-f16" | "llama.cpp") {
+            want += &format!(" --tokens-from {}", p("hf.safetensors"));
+        }
+        if source != "oracle" {
+            want += &format!(" --oracle {}", p("oracle.safetensors"));
+        }
+        assert_eq!(tail(c), want, "{source}");
+    }
+
+    // Reviewed per file as unchanged; the pending files are the recordings.
+    for src in ["oracle", "hf", "hf-bf16", "hf-f16", "llama.cpp"] {
+        assert!(
+            o.stdout.contains(&format!("nt-plan next-token `{src}`: pending")),
+            "{src}:\n{}",
+            o.stdout
+        );
+    }
+    assert_eq!(
+        o.stdout
+            .matches("every prompt unchanged: the same tokens and top ids")
+            .count(),
+        5,
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("  add-py                  39 same          0/39"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stderr.contains("regen: [7/7] recording next-token `llama.cpp`"),
+        "{}",
+        o.stderr
+    );
+    for f in NT_FILES {
+        assert_eq!(
+            std::fs::read(pending(&nt.join(f))).unwrap(),
+            std::fs::read(nt_goldens().join(f)).unwrap()
+        );
+    }
+
+    let o = touchstone_env(&["goldens", "status", &s(&sc.spec)], &[]);
+    assert!(
+        o.stdout.contains("(nt-plan next-token `hf-bf16`): byte-identical"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("6 pending golden(s)"), "{}", o.stdout);
+    let o = touchstone_env(&["goldens", "accept", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert_eq!(o.stdout.matches("accepted").count(), 6, "{}", o.stdout);
+    for f in NT_FILES {
+        assert!(!pending(&nt.join(f)).exists());
+        assert_eq!(
+            std::fs::read(nt.join(f)).unwrap(),
+            std::fs::read(nt_goldens().join(f)).unwrap()
+        );
+    }
+}
+
+#[test]
+fn a_next_token_llama_cpp_regen_gets_the_declared_arithmetic_and_the_current_files() {
+    // llama.cpp alone: its stage golden and its next-token file, the latter
+    // fed the folder's current `hf` and oracle files, with the KV type and
+    // the arithmetic the spec declares, on the spec's GGUF as it is.
+    let (sc, nt) = nt_scratch("nt-arith");
+    let gguf = root().join("goldens/qwen2-tiny/model.gguf");
+    let lc = sc.dir.path().join("llamacpp.safetensors");
+    std::fs::copy(&sc.golden, &lc).unwrap();
+    let oracle = sc.dir.path().join("oracle.safetensors");
+    std::fs::copy(root().join("goldens/qwen2-tiny/oracle.safetensors"), &oracle).unwrap();
+    let text = std::fs::read_to_string(&sc.spec)
+        .unwrap()
+        .replace(&s(&model_dir()), &s(&gguf))
+        .replace(
+            "goldens:\n",
+            &format!(
+                "oracle: {}\nscaled:\n  arithmetic: {{llama.cpp: {{storage: f32, kv: f16, activations: q8_k}}}}\n\
+             goldens:\n  llama.cpp: {}\n",
+                s(&oracle),
+                s(&lc)
+            ),
+        );
+    std::fs::write(&sc.spec, &text).unwrap();
+    let log = sc.dir.path().join("log");
+    let fake = fake_python_nt(sc.dir.path());
+    let envs = [
+        ("FAKE_LOG", s(&log)),
+        ("FAKE_GOLDEN", s(&sc.golden)),
+        ("FAKE_NT", s(&nt_goldens())),
+    ];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "goldens",
+        "regen",
+        &s(&sc.spec),
+        "--source",
+        "llama.cpp",
+        "--python",
+        &s(&fake),
+    ];
+    let o = touchstone_env(&args, &envs);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls = calls_of(&log, "record_next_token.py");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0][0], s(&gguf), "no conversion of a GGUF");
+    assert_eq!(
+        calls[0][2..].join(" "),
+        format!(
+            "--prompts {} --source llama.cpp --kv-type f16 --arithmetic {{\"activations\":\"q8_k\",\"kv\":\"f16\",\
+             \"storage\":\"f32\"}} --tokens-from {} --oracle {}",
+            s(&prompt_set()),
+            s(&nt.join("hf.safetensors")),
+            s(&nt.join("oracle.safetensors"))
+        )
+    );
+    assert!(calls_of(&log, "convert_gguf.py").is_empty());
+
+    // A name is expanded as regen.sh expands it; its KV cache is its storage's.
+    std::fs::write(
+        &sc.spec,
+        text.replace(
+            "{llama.cpp: {storage: f32, kv: f16, activations: q8_k}}",
+            "{llama.cpp: q8_0}",
+        ),
+    )
+    .unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let o = touchstone_env(&args, &envs);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let calls = calls_of(&log, "record_next_token.py");
+    assert!(
+        calls[0][2..]
+            .join(" ")
+            .contains("--source llama.cpp --arithmetic {\"activations\":\"q8_0\",\"storage\":\"f32\"} --tokens-from"),
+        "{calls:?}"
+    );
+
+    // Without the folder's `hf` file (and not recording it) there are no tokens to feed.
+    std::fs::remove_file(nt.join("hf.safetensors")).unwrap();
+    let o = touchstone_env(&args, &envs);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr
+            .contains("the next-token `llama.cpp` golden is recorded with the tokens of the `hf` one"),
+        "{}",
+        o.stderr
+    );
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}
+
+/// A copy of a next-token golden with `key`'s element `i` moved by `delta`.
+fn moved(src: &Path, dst: &Path, key: &str, i: usize, delta: f64) {
+    let bytes = std::fs::read(src).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut data: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(k, v)| (k, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let t = data.iter_mut().find(|t| t.0 == key).unwrap();
+    let x = f64::from_le_bytes(t.3[8 * i..8 * i + 8].try_into().unwrap()) + delta;
+    t.3[8 * i..8 * i + 8].copy_from_slice(&x.to_le_bytes());
+    let views: Vec<(String, safetensors::tensor::TensorView)> = data
+        .iter()
+        .map(|(k, d, s, b)| {
+            (
+                k.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let out = safetensors::serialize(views, meta.metadata().clone()).unwrap();
+    std::fs::write(dst, out).unwrap();
+}
+
+#[test]
+fn next_token_recordings_are_checked_reviewed_and_accepted_only_as_a_consistent_set() {
+    let (sc, nt) = nt_scratch("nt-review");
+    let log = sc.dir.path().join("log");
+    let fake = fake_python_nt(sc.dir.path());
+    // What the fake recorder "records": the committed files, the `hf` one's
+    // first log-probability of `cat-en` lowered by 1e-3.
+    let rec = sc.dir.path().join("recorded");
+    std::fs::create_dir(&rec).unwrap();
+    for f in NT_FILES {
+        std::fs::copy(nt_goldens().join(f), rec.join(f)).unwrap();
+    }
+    moved(
+        &nt_goldens().join("hf.safetensors"),
+        &rec.join("hf.safetensors"),
+        "cat-en/top_logprobs",
+        0,
+        -1e-3,
+    );
+    let envs = [
+        ("FAKE_LOG", s(&log)),
+        ("FAKE_GOLDEN", s(&sc.golden)),
+        ("FAKE_NT", s(&rec)),
+    ];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = ["goldens", "regen", &s(&sc.spec), "--python", &s(&fake)];
+    let o = touchstone_env(&args, &envs);
+    assert_eq!(o.code, 1, "a changed golden exits 1:\n{}", o.all());
+    let hf = o
+        .stdout
+        .split("next-token `hf`:")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .next()
+        .unwrap();
+    for needle in [
+        "  cat-en                  37 same          0/37          0/37         1.0e-3                0",
+        "  add-py                  39 same          0/39          0/39              0                0",
+        "DIFFERS from the current golden",
+    ] {
+        assert!(hf.contains(needle), "no `{needle}` in:\n{hf}");
+    }
+    assert!(!hf.contains("every prompt unchanged"), "{hf}");
+    assert_eq!(o.stdout.matches("every prompt unchanged").count(), 4, "{}", o.stdout);
+
+    // A recording of another source is refused, and not staged.
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+    std::fs::copy(nt_goldens().join("hf-f16.safetensors"), rec.join("hf-bf16.safetensors")).unwrap();
+    let o = touchstone_env(&args, &envs);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr
+            .contains("records source `hf-f16`, but it is the `hf-bf16` next-token golden"),
+        "{}",
+        o.stderr
+    );
+    assert!(!pending(&nt.join("hf-bf16.safetensors")).exists());
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+
+    // accept: a stage golden is no next-token golden; a file of another
+    // prompt set would leave the folder inconsistent. Nothing is accepted.
+    let before: Vec<Vec<u8>> = NT_FILES.iter().map(|f| std::fs::read(nt.join(f)).unwrap()).collect();
+    std::fs::copy(&sc.golden, pending(&nt.join("hf-f16.safetensors"))).unwrap();
+    let o = touchstone_env(&["goldens", "accept", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(
+        o.stderr.contains("hf-f16.safetensors.new") && o.stderr.contains("touchstone-next-token/1"),
+        "{}",
+        o.stderr
+    );
+    std::fs::remove_file(pending(&nt.join("hf-f16.safetensors"))).unwrap();
+    let other = root().join("goldens/qwen2.5-0.5b/next-token/hf.safetensors");
+    std::fs::copy(&other, pending(&nt.join("hf.safetensors"))).unwrap();
+    let o = touchstone_env(&["goldens", "accept", &s(&sc.spec)], &[]);
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stderr.contains("would leave the folder inconsistent"), "{}", o.stderr);
+    assert!(o.stderr.contains("are not the oracle's"), "{}", o.stderr);
+    let after: Vec<Vec<u8>> = NT_FILES.iter().map(|f| std::fs::read(nt.join(f)).unwrap()).collect();
+    assert!(before == after, "accept changed a next-token golden");
+    assert!(pending(&nt.join("hf.safetensors")).exists());
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }

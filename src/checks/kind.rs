@@ -207,6 +207,13 @@ pub trait RunRule: Send + Sync + Debug {
     }
     /// The check as planned (defaults resolved against the spec).
     fn expand(&self, env: &RuleEnv) -> Arc<dyn RunCheck>;
+    /// The prompt set file and the folder of next-token goldens a
+    /// `next_token` item names, resolved against the spec's folder `dir`
+    /// (what `goldens regen` records from and into); None for other kinds.
+    fn next_token_files(&self, dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let _ = dir;
+        None
+    }
 }
 
 /// A planned check on whole runs of the engine.

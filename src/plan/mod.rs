@@ -114,6 +114,21 @@ impl Plan {
         prompt::check_references(&spec, &model, &config, &goldens, oracle.as_ref(), &p.ids)?;
 
         let env = spec.rule_env();
+        // A `next_token` check's goldens, as a stage golden, must be there
+        // to run (a spec naming a folder not recorded yet still loads, so
+        // that `goldens regen` can record it).
+        for (_, folder) in spec.run_checks.iter().filter_map(|r| r.next_token_files(&env.dir)) {
+            if !folder.is_dir() {
+                return Err(Error::golden(
+                    &folder,
+                    format!(
+                        "no such folder of next-token goldens (the spec's `next_token.goldens`): record them with \
+                         `touchstone goldens regen {}`, review, then `touchstone goldens accept {0}`",
+                        spec.path.display()
+                    ),
+                ));
+            }
+        }
         let run_checks: Vec<Arc<dyn RunCheck>> = spec.run_checks.iter().map(|r| r.expand(&env)).collect();
         check_context(&spec, &config, &p.ids, p.decode_steps, &run_checks)?;
         // The spec's storage dtype; `touchstone run --storage` overrides it.

@@ -12,6 +12,9 @@ super::registry::table!(RunRule;
     weights::Weights,
 );
 
+/// The next-token goldens' reader, for `goldens regen` and `accept`.
+pub(crate) use next_token::set as next_token_set;
+
 use super::facts::Facts;
 use super::kind::RunCheck;
 use super::verdict::Verdict;

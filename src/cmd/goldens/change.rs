@@ -207,7 +207,8 @@ pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {
     Ok((out, !identical))
 }
 
-fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+/// A JSON value as dotted paths to leaves (provenance, compared key by key).
+pub(super) fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, x) in m {

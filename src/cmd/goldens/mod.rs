@@ -1,9 +1,13 @@
 //! The golden review flow, modelled on insta's pending snapshots: `regen`
 //! records goldens into pending files beside the committed ones and shows what
 //! changed; `status` lists pending files; `accept` renames them over the
-//! goldens (atomic); `reject` deletes them. CI never writes goldens.
+//! goldens (atomic); `reject` deletes them. CI never writes goldens. A
+//! spec's goldens are those of `goldens:` and `oracle:`, and the folder of
+//! next-token goldens its `next_token` run check names (`next_token`).
 
 pub mod change;
+pub mod job;
+pub mod next_token;
 pub mod pending;
 mod progress;
 pub mod regen;
@@ -17,8 +21,8 @@ use crate::cli::{GoldensAction, SourceArg};
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::spec::Spec;
-use pending::GoldenRef;
-use regen::{Job, RecordArgs, Recorder};
+use job::{Job, RecordArgs, Recorder};
+use pending::{GoldenKind, GoldenRef};
 
 /// Which golden sources a command applies to (`--source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +55,8 @@ pub fn repo_root(spec: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
-/// Every golden the specs declare, filtered by source, with the spec's model.
+/// Every golden the specs declare (a `next_token` check's five files
+/// included), filtered by source, with the spec's model.
 pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
     let mut jobs = Vec::new();
     for p in specs {
@@ -81,12 +86,14 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
                     spec: spec.name.clone(),
                     source: source.clone(),
                     golden: golden.clone(),
+                    kind: GoldenKind::Stage,
                 },
                 model: spec.model.clone(),
                 recorder,
                 args: record_args(&spec),
             });
         }
+        jobs.extend(next_token::jobs(&spec, filter, record_args(&spec).kv_f16)?);
     }
     if jobs.is_empty() {
         return Err(Error::Usage(format!(
@@ -131,6 +138,8 @@ fn record_args(spec: &Spec) -> RecordArgs {
             .iter()
             .find(|(source, _)| Recorder::for_source(source) == Some(Recorder::Hf))
             .map(|(_, path)| path.clone()),
+        prompt_set: None,
+        arithmetic: None,
     }
 }
 

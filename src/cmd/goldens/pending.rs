@@ -4,15 +4,18 @@
 //! with [`write_atomic`] (a temporary file in the same folder, written, fsynced,
 //! then renamed, then the folder fsynced), so a reader — or a kill at any
 //! moment — sees the old pending file or the new one, never half of one.
-//! `accept` replaces the golden with its pending file by one `rename(2)`, which
-//! is atomic on POSIX file systems; `reject` deletes the pending file.
+//! `accept` checks every pending file (a next-token folder also as the set it
+//! would become), then replaces the golden with its pending file by one
+//! `rename(2)`, which is atomic on POSIX file systems; `reject` deletes the pending file.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::checks::run::next_token_set::{read_source, NextTokenSet, Source};
 use crate::error::{Error, Result};
-use crate::golden::GoldenSet;
+use crate::golden::{GoldenSet, ORACLE};
 
 /// Test hook: milliseconds to sleep after the temporary file is written and
 /// fsynced, before the rename (lets a test SIGKILL a writer mid-write).
@@ -97,17 +100,34 @@ pub fn leftovers(target: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// What kind of file a golden is, for validating it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoldenKind {
+    /// A stage golden of `goldens:` or `oracle:` (record_hf.py, record_llamacpp.py).
+    Stage,
+    /// One source's file of a `next_token` check's folder (record_next_token.py).
+    NextToken,
+}
+
 /// One golden a spec declares, with where its pending file goes.
 #[derive(Clone, Debug)]
 pub struct GoldenRef {
     pub spec: String,
     pub source: String,
     pub golden: PathBuf,
+    pub kind: GoldenKind,
 }
 
 impl GoldenRef {
     pub fn pending(&self) -> PathBuf {
         pending_path(&self.golden)
+    }
+    /// How messages name it: "SPEC `SOURCE`", or "SPEC next-token `SOURCE`".
+    pub fn label(&self) -> String {
+        match self.kind {
+            GoldenKind::Stage => format!("{} `{}`", self.spec, self.source),
+            GoldenKind::NextToken => format!("{} next-token `{}`", self.spec, self.source),
+        }
     }
 }
 
@@ -132,7 +152,7 @@ pub fn status_count(goldens: &[GoldenRef]) -> (String, usize) {
                 (Ok(_), Err(_)) => "NEW (no current golden)",
                 _ => "unreadable",
             };
-            out += &format!("pending {} ({} `{}`): {same}\n", p.display(), g.spec, g.source);
+            out += &format!("pending {} ({}): {same}\n", p.display(), g.label());
         }
         for l in leftovers(&p) {
             left += 1;
@@ -160,8 +180,18 @@ pub fn accept(goldens: &[GoldenRef]) -> Result<String> {
     // Validate everything first so a bad pending file accepts nothing.
     let todo: Vec<&GoldenRef> = goldens.iter().filter(|g| g.pending().exists()).collect();
     for g in &todo {
-        GoldenSet::load(&g.source, &g.pending())?;
+        match g.kind {
+            GoldenKind::Stage => {
+                GoldenSet::load(&g.source, &g.pending())?;
+            }
+            GoldenKind::NextToken => {
+                check_next_token_file(&g.pending(), &g.source)?;
+            }
+        }
     }
+    // A next-token folder must stay one consistent set (same prompts and
+    // tokens as its oracle's) once these are in it.
+    check_next_token_sets(&todo)?;
     for g in &todo {
         rename_durable(&g.pending(), &g.golden)?;
         out += &format!("accepted {} -> {}\n", g.pending().display(), g.golden.display());
@@ -170,6 +200,68 @@ pub fn accept(goldens: &[GoldenRef]) -> Result<String> {
         out += "no pending goldens to accept\n";
     }
     Ok(out)
+}
+
+/// One next-token file checked on its own: readable, of source `source`, with
+/// `at_oracle` exactly where it belongs (every source but the oracle).
+pub fn check_next_token_file(path: &Path, source: &str) -> Result<Source> {
+    let s = read_source(path)?;
+    if s.name != source {
+        return Err(Error::golden(
+            path,
+            format!(
+                "records source `{}`, but it is the `{source}` next-token golden",
+                s.name
+            ),
+        ));
+    }
+    let with = s.prompts.iter().filter(|p| p.at_oracle.is_some()).count();
+    let want = if source == ORACLE { 0 } else { s.prompts.len() };
+    if with != want {
+        return Err(Error::golden(
+            path,
+            format!(
+                "{with} of its {} prompts hold `at_oracle` (expected {want}: every source but the oracle's)",
+                s.prompts.len()
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+/// Each next-token folder among `todo` as `accept` would leave it (its
+/// current files, the pending ones in their place) must be one set: an
+/// oracle, and every other file of its prompts, tokens and K.
+pub fn check_next_token_sets(todo: &[&GoldenRef]) -> Result<()> {
+    let mut folders: BTreeMap<PathBuf, Vec<&GoldenRef>> = BTreeMap::new();
+    for g in todo.iter().filter(|g| g.kind == GoldenKind::NextToken) {
+        let folder = g.golden.parent().map(Path::to_path_buf).unwrap_or_default();
+        folders.entry(folder).or_default().push(g);
+    }
+    for (folder, gs) in folders {
+        let mut files: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+        if let Ok(rd) = std::fs::read_dir(&folder) {
+            for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+                if p.extension().is_some_and(|x| x == "safetensors") {
+                    files.insert(p.clone(), p);
+                }
+            }
+        }
+        for g in gs {
+            files.insert(g.golden.clone(), g.pending());
+        }
+        let files: Vec<PathBuf> = files.into_values().collect();
+        NextTokenSet::from_files(&folder, &files).map_err(|e| {
+            Error::golden(
+                &folder,
+                format!(
+                    "accepting its pending next-token goldens would leave the folder inconsistent ({e}); nothing \
+                     was accepted: regen its files together, then accept them together"
+                ),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// `touchstone goldens reject`: deletes pending files and interrupted-write leftovers.

@@ -14,8 +14,10 @@
 //! What is recorded: the spec's prompt (`prompt.text`, `prompt.chat`,
 //! `prompt.decode_steps`; without a text, the current golden's prompt) and its
 //! `record:` subset (`--steps`, `--stages`, `--logits`). The model is the
-//! spec's: an HF folder (llama.cpp gets a GGUF converted from it) or a GGUF,
-//! which both recorders read as it is.
+//! spec's: an HF folder (llama.cpp gets a GGUF converted from it, once per
+//! regen) or a GGUF, which both recorders read as it is. A spec's
+//! `next_token` run check adds its folder's five next-token goldens
+//! (`next_token`: record_next_token.py, in regen.sh's order and arguments).
 //!
 //! Nothing is written inside the touchstone checkout: the venv and libllama
 //! live in `$TOUCHSTONE_CACHE`, intermediate files (a converted GGUF, the
@@ -28,102 +30,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::change;
-use super::pending::{write_atomic, GoldenRef};
+use super::job::{Job, NtSource, RecordArgs, Recorder};
+use super::next_token;
+use super::pending::{check_next_token_file, write_atomic};
 use super::progress::{run_streaming, tail, Progress};
 use super::venv::python_env;
 use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
-
-/// Which recorders to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Recorder {
-    Hf,
-    /// HF transformers with the weights cast to a 16-bit dtype (`hf-bf16`,
-    /// `hf-f16`): a reference of a GPU engine's arithmetic, fed the `hf`
-    /// golden's tokens (teacher forcing), since a 16-bit greedy pick may
-    /// differ from the f32 one and every source must see the same inputs.
-    HfHalf(Half),
-    LlamaCpp,
-    /// HF transformers in float64: the spec's `oracle:`.
-    Oracle,
-}
-
-/// The 16-bit dtype of an `hf-bf16` / `hf-f16` golden.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Half {
-    Bf16,
-    F16,
-}
-
-impl Half {
-    /// record_hf.py's `--dtype` value.
-    fn torch_name(self) -> &'static str {
-        match self {
-            Half::Bf16 => "bfloat16",
-            Half::F16 => "float16",
-        }
-    }
-}
-
-impl Recorder {
-    /// The recorder for a golden source name as specs spell it.
-    pub fn for_source(source: &str) -> Option<Recorder> {
-        match source {
-            "hf" => Some(Recorder::Hf),
-            "hf-bf16" => Some(Recorder::HfHalf(Half::Bf16)),
-            "hf-f16" => Some(Recorder::HfHalf(Half::F16)),
-            "llama.cpp" | "llamacpp" | "llama_cpp" => Some(Recorder::LlamaCpp),
-            crate::golden::ORACLE => Some(Recorder::Oracle),
-            _ => None,
-        }
-    }
-    fn scripts(self) -> &'static [&'static str] {
-        match self {
-            Recorder::Hf | Recorder::HfHalf(_) | Recorder::Oracle => &["record_hf.py"],
-            Recorder::LlamaCpp => &["convert_gguf.py", "record_llamacpp.py"],
-        }
-    }
-}
-
-/// What a spec asks the recorders to record (its `prompt:` and `record:`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RecordArgs {
-    /// `prompt.tokens`: the ids recorded exactly as given.
-    pub tokens: Option<Vec<u32>>,
-    /// `prompt.text`; without it (and without `tokens`) the current golden's
-    /// prompt is recorded again.
-    pub prompt: Option<String>,
-    /// `prompt.chat`: render the text with the model's chat template.
-    pub chat: bool,
-    /// `prompt.decode_steps`; without it the current golden's count.
-    pub decode_steps: Option<usize>,
-    /// `record.steps` (default: every step).
-    pub steps: Option<Vec<String>>,
-    /// `record.stages` patterns (default: every stage).
-    pub stages: Option<Vec<String>>,
-    /// `record.logits: last`: only the last row of each step's logits.
-    pub logits_last: bool,
-    /// `record.rows`: the token rows kept of every stage.
-    pub rows: Option<Vec<i64>>,
-    /// The K/V cache type llama.cpp records with (`f16` where the spec's
-    /// arithmetic for that source says kv f16; else f32, closest to HF).
-    pub kv_f16: bool,
-    /// `TEMPERATURE,TOP_K,TOP_P` of a spec with random sampling: the HF
-    /// recorders also record `sample_probs` with HF's logits processors.
-    pub sample_probs: Option<String>,
-    /// The spec's `hf` golden: the token ids a llama.cpp recording is fed
-    /// when no HF golden is recorded in the same run.
-    pub hf_golden: Option<PathBuf>,
-}
-
-/// A golden to regenerate: the ref plus the model it is recorded from.
-#[derive(Clone, Debug)]
-pub struct Job {
-    pub golden: GoldenRef,
-    pub model: PathBuf,
-    pub recorder: Recorder,
-    pub args: RecordArgs,
-}
 
 /// A fresh folder for one regen's intermediate files, removed on drop (so
 /// also when regen fails and returns early). A SIGKILL leaves it in the
@@ -175,6 +88,34 @@ fn hf_tokens(fresh_hf: &std::collections::BTreeMap<String, PathBuf>, j: &Job) ->
 /// True when the model is a single GGUF file (recorded as it is).
 fn is_gguf(model: &Path) -> bool {
     model.is_file() && model.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The GGUF llama.cpp runs for a job: a GGUF model as it is (quantised or
+/// not); an HF folder converted first into the work folder, once per regen
+/// (`ggufs`), in a folder named after the first job that needs it and the
+/// file named as regen.sh names it (`model.gguf`, which the provenance keeps).
+fn gguf_of(
+    j: &Job,
+    work: &Path,
+    ggufs: &mut std::collections::BTreeMap<PathBuf, PathBuf>,
+    py: &Path,
+    recorders: &Path,
+    progress: &Progress,
+) -> Result<PathBuf> {
+    if is_gguf(&j.model) {
+        return Ok(j.model.clone());
+    }
+    if let Some(g) = ggufs.get(&j.model) {
+        return Ok(g.clone());
+    }
+    let dir = work.join(format!("{}-{}", j.golden.spec, j.golden.source));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let gguf = dir.join("model.gguf");
+    let mut c = recorder_cmd(py, &recorders.join("convert_gguf.py"));
+    c.arg(&j.model).arg(&gguf);
+    run_recorder(c, "convert_gguf.py", progress)?;
+    ggufs.insert(j.model.clone(), gguf.clone());
+    Ok(gguf)
 }
 
 pub use crate::ci_env::on_ci;
@@ -269,6 +210,7 @@ fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
         if [
             "record_hf.py:",
             "record_llamacpp.py:",
+            "record_next_token.py:",
             "build_llamacpp.py:",
             "convert_gguf.py:",
             "INFO:hf-to-gguf:",
@@ -281,7 +223,7 @@ fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
     }
 }
 
-fn recorder_cmd(python: &Path, script: &Path) -> Command {
+pub(super) fn recorder_cmd(python: &Path, script: &Path) -> Command {
     let mut c = Command::new(python);
     c.arg(script);
     // As regen.sh: CPU only, one thread, deterministic hashing, no Hub access.
@@ -331,6 +273,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     match j.recorder {
                         Recorder::Hf | Recorder::HfHalf(_) | Recorder::Oracle => "HF",
                         Recorder::LlamaCpp => "llama.cpp",
+                        Recorder::NextToken(_) => "next-token",
                     }
                 )));
             }
@@ -345,6 +288,18 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             )));
         }
     }
+    // A next-token file whose inputs (the oracle's, `hf`'s) neither this run
+    // records nor the folder holds is refused before anything is recorded.
+    let planned: next_token::Fresh = jobs
+        .iter()
+        .filter(|j| matches!(j.recorder, Recorder::NextToken(_)))
+        .map(|j| (j.golden.golden.clone(), j.golden.pending()))
+        .collect();
+    for j in jobs {
+        if let Recorder::NextToken(src) = j.recorder {
+            next_token::args(j, src, &j.model, Path::new(""), &planned)?;
+        }
+    }
     // Removed when this function returns, whichever way.
     let work_dir = WorkDir::new()?;
     let work = work_dir.0.as_path();
@@ -357,26 +312,38 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
     let mut record_times = Vec::new();
     // An HF golden regenerated in this run is what a llama.cpp recorder compares against.
     let mut fresh_hf: std::collections::BTreeMap<String, PathBuf> = Default::default();
+    // Next-token files recorded in this run, which the later sources read.
+    let mut fresh_nt = next_token::Fresh::new();
+    // The GGUF converted from each HF-folder model, once per regen.
+    let mut ggufs: std::collections::BTreeMap<PathBuf, PathBuf> = Default::default();
     // HF first, so the 16-bit HF and llama.cpp jobs of the same spec are fed
-    // the fresh HF golden's tokens.
+    // the fresh HF golden's tokens (`Recorder::order`).
     let mut ordered: Vec<&Job> = jobs.iter().collect();
-    ordered.sort_by_key(|j| j.recorder != Recorder::Hf);
+    ordered.sort_by_key(|j| j.recorder.order());
     for j in ordered {
         let g = &j.golden;
+        let nt = matches!(j.recorder, Recorder::NextToken(_));
         progress.start(&format!(
-            "recording `{}` golden of {} from {}",
+            "recording{} `{}` golden of {} from {}",
+            if nt { " next-token" } else { "" },
             g.source,
             g.spec,
             j.model.display()
         ));
         let t = Instant::now();
-        let out = work.join(format!("{}-{}.safetensors", g.spec, g.source));
+        let out = work.join(format!(
+            "{}{}-{}.safetensors",
+            g.spec,
+            if nt { "-next-token" } else { "" },
+            g.source
+        ));
         let _ = std::fs::remove_file(&out);
         match j.recorder {
             Recorder::HfHalf(half) => {
                 let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
                     Error::Usage(format!(
-                        "spec `{}`: golden `{}` is fed the `hf` golden's tokens, and the spec has no `hf` golden                          (add one, or record it in the same regen)",
+                        "spec `{}`: golden `{}` is fed the `hf` golden's tokens, and the spec has no `hf` golden \
+                         (add one, or record it in the same regen)",
                         g.spec, g.source
                     ))
                 })?;
@@ -407,21 +374,18 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     fresh_hf.insert(g.spec.clone(), g.pending());
                 }
             }
-            Recorder::LlamaCpp => {
-                // A GGUF is recorded as it is (quantised or not); an HF folder
-                // is converted first, into the work folder.
-                let gguf = if is_gguf(&j.model) {
-                    j.model.clone()
+            Recorder::NextToken(src) => {
+                let model = if src == NtSource::LlamaCpp {
+                    gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?
                 } else {
-                    // A folder per job, the file named as regen.sh names it.
-                    let dir = work.join(format!("{}-{}", g.spec, g.source));
-                    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-                    let gguf = dir.join("model.gguf");
-                    let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
-                    c.arg(&j.model).arg(&gguf);
-                    run_recorder(c, "convert_gguf.py", &progress)?;
-                    gguf
+                    j.model.clone()
                 };
+                let mut c = recorder_cmd(&py, &recorders.join("record_next_token.py"));
+                c.args(next_token::args(j, src, &model, &out, &fresh_nt)?);
+                run_recorder(c, "record_next_token.py", &progress)?;
+            }
+            Recorder::LlamaCpp => {
+                let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
                 let hf = hf_tokens(&fresh_hf, j);
                 let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
                 c.arg(&gguf).arg(&out);
@@ -435,19 +399,27 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         }
         let bytes = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
         // Refuse to stage something that is not a usable golden.
-        let recorded = GoldenSet::load(&g.source, &out)?;
-        write_atomic(&g.pending(), &bytes)?;
+        let (desc, differs, greedy) = if nt {
+            check_next_token_file(&out, &g.source)?;
+            write_atomic(&g.pending(), &bytes)?;
+            fresh_nt.insert(g.golden.clone(), g.pending());
+            let (desc, differs) = next_token::describe(&g.golden, &g.pending())?;
+            (desc, differs, String::new())
+        } else {
+            let recorded = GoldenSet::load(&g.source, &out)?;
+            write_atomic(&g.pending(), &bytes)?;
+            let (desc, differs) = change::describe(&g.golden, &g.pending())?;
+            let greedy = change::greedy_disagreement(&g.source, &recorded.provenance).unwrap_or_default();
+            (desc, differs, greedy)
+        };
         let took = t.elapsed();
-        record_times.push(format!("{} `{}` {:.1} s", g.spec, g.source, took.as_secs_f64()));
-        let (desc, differs) = change::describe(&g.golden, &g.pending())?;
+        record_times.push(format!("{} {:.1} s", g.label(), took.as_secs_f64()));
         changed |= differs;
         text += &format!(
-            "{} `{}`: pending {} vs current {}\n{desc}{}\n",
-            g.spec,
-            g.source,
+            "{}: pending {} vs current {}\n{desc}{greedy}\n",
+            g.label(),
             g.pending().display(),
             g.golden.display(),
-            change::greedy_disagreement(&g.source, &recorded.provenance).unwrap_or_default()
         );
     }
     progress.finish();

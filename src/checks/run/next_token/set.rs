@@ -60,19 +60,36 @@ pub struct NextTokenSet {
 impl NextTokenSet {
     /// Reads every `*.safetensors` of `dir`; exactly one must be the oracle.
     pub fn load(dir: &Path) -> Result<NextTokenSet> {
-        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::golden(
+                    dir,
+                    "no such folder of next-token goldens: record them with `touchstone goldens regen SPEC`, review, \
+                     then `touchstone goldens accept SPEC`",
+                )
+            } else {
+                Error::io(dir, e)
+            }
+        })?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
             .collect();
         files.sort();
+        NextTokenSet::from_files(dir, &files)
+    }
+
+    /// The set of these files (one folder's, as `load` lists them, or as
+    /// `goldens accept` would leave it): exactly one must be the oracle, and
+    /// every other must agree with it.
+    pub(crate) fn from_files(dir: &Path, files: &[PathBuf]) -> Result<NextTokenSet> {
         let mut oracle = None;
         let mut refs = Vec::new();
         for f in files {
-            let s = read_source(&f)?;
+            let s = read_source(f)?;
             if s.name == ORACLE {
                 if oracle.is_some() {
-                    return Err(Error::golden(&f, format!("a second `{ORACLE}` source in {}", dir.display())));
+                    return Err(Error::golden(f, format!("a second `{ORACLE}` source in {}", dir.display())));
                 }
                 oracle = Some(s);
             } else {
@@ -84,7 +101,8 @@ impl NextTokenSet {
                 dir,
                 format!(
                     "no file with source `{ORACLE}` (the float64 oracle every source is measured against): record it \
-                     with `touchstone goldens regen`"
+                     with `touchstone goldens regen SPEC` (it records the spec's `next_token` goldens, the oracle \
+                     first), review, then `touchstone goldens accept SPEC`"
                 ),
             )
         })?;
@@ -131,7 +149,9 @@ fn agree(oracle: &Source, r: &Source, k: usize) -> Result<()> {
     Ok(())
 }
 
-fn read_source(path: &Path) -> Result<Source> {
+/// One source's file, checked on its own (format, shapes, finite
+/// log-probabilities <= 0); `NextTokenSet` checks the sources agree.
+pub(crate) fn read_source(path: &Path) -> Result<Source> {
     let bad = |m: String| Error::golden(path, m);
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
