@@ -55,8 +55,9 @@ impl Measured {
     pub fn of_reference(oracle: &PromptRec, r: &PromptRec, k: usize) -> Measured {
         let at = r.at_oracle.as_ref().expect("a reference holds at_oracle (checked on load)");
         let mut m = Measured::default();
-        for t in 0..oracle.tokens.len() {
-            m.push(&oracle.top_logprobs[t], &at[t], r.top_ids[t].iter().take(k).copied().collect());
+        // One row per position in each (shapes and tokens checked on load).
+        for ((lp_o, at_t), ids) in oracle.top_logprobs.iter().zip(at).zip(&r.top_ids) {
+            m.push(lp_o, at_t, ids.iter().take(k).copied().collect());
         }
         m
     }
@@ -134,6 +135,8 @@ pub enum Breach {
 }
 
 /// Every breach of the engine on one prompt, first the worst KL and margin.
+/// (`!(x <= allowed)` on purpose: a NaN is a breach.)
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn breaches(oracle: &PromptRec, e: &Measured, a: &Allowance, k: usize) -> Vec<Breach> {
     let mut out = Vec::new();
     let (kl, t) = Measured::worst(&e.kl);
