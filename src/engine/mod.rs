@@ -24,6 +24,7 @@ pub mod output;
 pub mod registry;
 pub mod replay;
 pub mod requires;
+pub mod third_party;
 
 use crate::error::Result;
 use crate::model::ModelConfig;
