@@ -124,6 +124,7 @@ class HfEngine(Engine):
         # Stages another architecture has (q_norm, post norms): skipped.
         self.absent_stages = set(golden_io.all_stages("gemma3_text", n)) - self.known_stages
         self.sliding = any(w is not None for w in record_hf.layer_windows(cfg))
+        self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
         # record_hf's per-layer progress lines would flood the log.
         record_hf.log = lambda msg: None
         self.rec = TapRecorder(model)
@@ -138,11 +139,11 @@ class HfEngine(Engine):
         from transformers import DynamicCache
         model, rec = self.model, self.rec
         want = set(r.taps) - {"sample_probs"}
-        # q_norm/k_norm's hook finds its layout by comparing with the stored
-        # projection: keep q/k whenever they are needed.
-        for s in list(want):
-            if s.endswith(".q_norm") or s.endswith(".k_norm"):
-                want.add(s[:-len("_norm")])
+        if self.qk_norm:
+            # record_hf's q_norm/k_norm hooks find the norm's layout by
+            # comparing its input with the stored projection, tapped or not:
+            # q and k are always kept (then dropped if not tapped).
+            want |= {f"blk.{li}.{w}" for li in range(self.cfg.num_hidden_layers) for w in ("q", "k")}
         rec.want = want
         sampler = Sampler(model, r.sampling, r.seed, torch)
         tensors, tokens = {}, []

@@ -36,7 +36,8 @@ vec_dot types (ggml_get_type_traits_cpu) of the weights the model multiplies
 by (every 2-D weight but token_embd, which is only gathered unless the head
 is tied to it): q8_k when any is Q8_K (K-quants), else q8_0, else exact (F32
 weights, the tiny models' GGUFs: nothing is quantised). kv is the cache's
-type (f16 by default); act is f16 for Gemma 3 (ggml's CPU GEGLU evaluates
+type (f16 by default; f16 whatever --kv-type says under flash attention,
+which casts an f32 cache to f16 for its kernel); act is f16 for Gemma 3 (ggml's CPU GEGLU evaluates
 GELU on an f16 input from an f16 table), else f32. Storage other than f32 is
 refused: llama.cpp computes with the GGUF's own tensor types.
 
@@ -234,8 +235,10 @@ class LlamaCppEngine(Engine):
         kinds = {self.cpu.ggml_get_type_traits_cpu(t).contents.vec_dot_type for t in set(mm.values())}
         acts = "q8_k" if GGML_Q8_K in kinds else "q8_0" if GGML_Q8_0 in kinds else "exact"
         self.log(f"arithmetic: {len(mm)} multiplied weights, vec_dot types {sorted(kinds)} -> activations {acts}")
-        return {"storage": "f32", "activations": acts, "kv": self.args.kv_type,
-                "act": "f16" if arch == "gemma3" else "f32"}
+        # Flash attention casts an f32 cache to f16 before its kernel
+        # (llama-graph.cpp build_attn_mha): k and v are then f16 either way.
+        kv = "f16" if self.fa else self.args.kv_type
+        return {"storage": "f32", "activations": acts, "kv": kv, "act": "f16" if arch == "gemma3" else "f32"}
 
     # ---- contexts -----------------------------------------------------------
     def context(self, n_tokens, n_prompt, observer, rope_base=None):
