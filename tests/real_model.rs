@@ -334,6 +334,55 @@ fn middle_layer_bug(p: &Path) -> Result<(), Failed> {
     })
 }
 
+/// Issue 22: a loader bug confined to the last layer (layer 23 reading layer
+/// 22's v_proj) fails the logits-only `next_token` check over the prompt
+/// set, whether the engine's runs tap only the logits or every stage; the
+/// same engine without the bug passes both.
+fn last_layer_bug(p: &Path) -> Result<(), Failed> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("specs/qwen2.5-0.5b.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+    // The spec's next_token line, once more with every stage tapped.
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("- {next_token:"))
+        .ok_or("specs/qwen2.5-0.5b.yaml has no `- {next_token: …}` run check")?;
+    let tapped = line.replacen("}}", ", taps: all}}", 1);
+    let spec = Spec::parse(&path, &format!("{text}\n{tapped}\n")).map_err(|e| e.to_string())?;
+    let plan = Plan::build(spec, Some(p)).map_err(|e| e.to_string())?;
+    let filter = Filter(Some(vec!["*::run::next_token*".into()]));
+    let verdicts = |opts: &LoadOptions| -> Result<Vec<(String, Status, String)>, Failed> {
+        let cpu = CpuEngine::load_with(&plan.model, opts).map_err(|e| e.to_string())?;
+        let r = run_on(&plan, &cpu, &filter, &|id| id.to_string());
+        Ok(r.outcomes
+            .iter()
+            .map(|o| (o.id.clone(), o.status, o.message.clone()))
+            .collect())
+    };
+    let clean = verdicts(&plan.load_options)?;
+    check(clean.len() == 2, || {
+        format!("expected next_token and next_token:tapped, got {clean:?}")
+    })?;
+    for (id, status, msg) in &clean {
+        check(*status == Status::Pass, || {
+            format!("the correct engine fails {id}: {msg}")
+        })?;
+    }
+    let mut opts = plan.load_options.clone();
+    opts.plant = Some(model::LoaderBug::Swap(
+        "model.layers.23.self_attn.v_proj.weight".into(),
+        "model.layers.22.self_attn.v_proj.weight".into(),
+    ));
+    let buggy = verdicts(&opts)?;
+    for (id, status, msg) in &buggy {
+        eprintln!("layer 23 reading layer 22's v_proj, {id}: {status:?}\n{msg}");
+        check(*status == Status::Fail, || {
+            format!("{id} passes the last-layer bug: {msg}")
+        })?;
+    }
+    Ok(())
+}
+
 /// Issue 20: an engine that quantises every matmul input to 8 bits (the CPU
 /// engine's q8_k mode, llama.cpp's arithmetic on this K-quant model) passes
 /// every golden and references_agree check when it declares that
@@ -431,13 +480,14 @@ type Check = fn(&Path) -> Result<(), Failed>;
 fn main() {
     let args = Arguments::from_args();
     let (path, explicit) = model_path();
-    let trials: [(&str, Check); 7] = [
+    let trials: [(&str, Check); 8] = [
         ("config", config),
         ("inspect", inspect),
         ("load", load),
         ("tampered_goldens", tampered_goldens),
         ("q8_engine", q8_engine),
         ("middle_layer_bug", middle_layer_bug),
+        ("last_layer_bug", last_layer_bug),
         ("detection_power", detection_power),
     ];
     let trials = trials

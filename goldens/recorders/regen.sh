@@ -12,6 +12,11 @@
 #     prompt and `record:` of specs/qwen2.5-0.5b.yaml, when the real model's
 #     GGUF is in $TOUCHSTONE_CACHE/models/ (ci/fetch_real_model.py puts it
 #     there); skipped with a message otherwise.
+#   next-token goldens (record_next_token.py): for specs/qwen2-tiny.yaml and
+#     each real spec whose run_checks hold a `next_token` item, its
+#     oracle, hf, hf-bf16, hf-f16 and llamacpp .safetensors into the item's
+#     `goldens:` folder (goldens/<model>/next-token/), from its `prompts:` set;
+#     skipped with a message for a spec without the item.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #
@@ -37,7 +42,7 @@ die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -118,11 +123,15 @@ EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safete
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
 REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
+# A spec's next-token goldens (record_next_token.py), in its next_token folder.
+NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetensors llamacpp.safetensors"
 
 # Arguments from a spec, NUL-separated (a prompt may hold newlines):
 #   prompt SPEC  -> --prompt TEXT [--chat] [--decode-steps N]
 #   record SPEC  -> [--steps ..] [--stages ..] [--logits last] [--rows ..]   (its `record:`)
 #   kv SPEC      -> [--kv-type f16] (llama.cpp's KV cache as the spec declares it)
+#   next_token SPEC -> PROMPT_SET GOLDEN_FOLDER of its `next_token` run check (or nothing)
+#   arithmetic SPEC -> llama.cpp's declared arithmetic as a JSON map (or nothing)
 #   model SPEC   -> the model path (`cache:NAME` is $CACHE/models/NAME)
 spec_args() {
     "$PYBIN" - "$1" "$2" "$CACHE" <<'PY'
@@ -156,12 +165,69 @@ elif what == "kv":
     a = ((spec.get("scaled") or {}).get("arithmetic") or {}).get("llama.cpp")
     if isinstance(a, dict) and a.get("kv") == "f16":
         out += ["--kv-type", "f16"]
+elif what == "next_token":
+    # The spec's `next_token` run check: its prompt set and golden folder,
+    # relative to the spec's folder (nothing when the spec has none).
+    for item in spec.get("run_checks") or []:
+        if isinstance(item, dict) and "next_token" in item:
+            nt = item["next_token"] or {}
+            base = os.path.dirname(os.path.abspath(path))
+            out += [os.path.normpath(os.path.join(base, nt["prompts"])),
+                    os.path.normpath(os.path.join(base, nt["goldens"]))]
+            break
+elif what == "arithmetic":
+    # llama.cpp's arithmetic as the spec declares it, as a JSON map (a name
+    # expanded as touchstone reads it: f32/f16/bf16 a storage, q8_0/q8_k
+    # f32 storage with 8-bit activations); nothing when undeclared.
+    import json
+    a = ((spec.get("scaled") or {}).get("arithmetic") or {}).get("llama.cpp")
+    if isinstance(a, str):
+        a = {"storage": "f32", "activations": a} if a in ("q8_0", "q8_k") else {"storage": a}
+    if isinstance(a, dict):
+        out.append(json.dumps(a, sort_keys=True, separators=(",", ":")))
 elif what == "model":
     m = spec["model"]
     out.append(os.path.join(cache, "models", m[len("cache:"):]) if m.startswith("cache:")
                else os.path.normpath(os.path.join(os.path.dirname(path), m)))
 sys.stdout.write("".join(a + "\0" for a in out))
 PY
+}
+
+# Next-token goldens (record_next_token.py) of one spec's `next_token` run
+# check: SPEC, the HF model (folder or GGUF), the GGUF llama.cpp runs. The
+# files go to $OUT/<the item's golden folder relative to goldens/>.
+NT_DONE=""
+record_next_token() {
+    local spec="$1" model="$2" gguf="$3" rel out
+    local -a NT NK NA
+    mapfile -d '' NT < <(spec_args next_token "$spec")
+    if [ -z "${NT[0]:-}" ]; then
+        say "[${spec##*/}] no next_token run check: next-token goldens skipped"
+        return 0
+    fi
+    [ -f "${NT[0]}" ] || die "${spec##*/}: next_token prompt set ${NT[0]} does not exist"
+    rel="${NT[1]#"$GOLDENS"/}"
+    [ "$rel" != "${NT[1]}" ] || die "${spec##*/}: next_token goldens ${NT[1]} are not inside $GOLDENS"
+    out="$OUT/$rel"
+    mkdir -p "$out" || die "cannot create $out"
+    rm -f "$out"/*.safetensors
+    mapfile -d '' NK < <(spec_args kv "$spec")
+    mapfile -d '' NA < <(spec_args arithmetic "$spec")
+    local -a P=(--prompts "${NT[0]}")
+    say "[$rel] recording next-token goldens (prompt set ${NT[0]#"$ROOT"/}) into $out"
+    "$PYBIN" "$HERE/record_next_token.py" "$model" "$out/oracle.safetensors" "${P[@]}" --source oracle \
+        >/dev/null || die "record_next_token.py --source oracle ($rel) failed"
+    "$PYBIN" "$HERE/record_next_token.py" "$model" "$out/hf.safetensors" "${P[@]}" --source hf \
+        --oracle "$out/oracle.safetensors" >/dev/null || die "record_next_token.py --source hf ($rel) failed"
+    for half in bf16 f16; do
+        "$PYBIN" "$HERE/record_next_token.py" "$model" "$out/hf-$half.safetensors" "${P[@]}" --source "hf-$half" \
+            --tokens-from "$out/hf.safetensors" --oracle "$out/oracle.safetensors" >/dev/null \
+            || die "record_next_token.py --source hf-$half ($rel) failed"
+    done
+    "$PYBIN" "$HERE/record_next_token.py" "$gguf" "$out/llamacpp.safetensors" "${P[@]}" --source llama.cpp \
+        "${NK[@]}" ${NA[0]:+--arithmetic "${NA[0]}"} --tokens-from "$out/hf.safetensors" \
+        --oracle "$out/oracle.safetensors" >/dev/null || die "record_next_token.py --source llama.cpp ($rel) failed"
+    NT_DONE="$NT_DONE $rel"
 }
 
 for m in $MODELS; do
@@ -217,6 +283,9 @@ done
 say "[qwen2-tiny] recording the token-prompt llama.cpp golden into $dir/tokens-llamacpp.safetensors"
 "$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/tokens-llamacpp.safetensors" \
     --hf-golden "$dir/tokens-hf.safetensors" >/dev/null || die "record_llamacpp.py (tokens) failed"
+# qwen2-tiny's next-token goldens (specs/qwen2-tiny.yaml's next_token check),
+# from the model and GGUF built above.
+record_next_token "$ROOT/specs/qwen2-tiny.yaml" "$dir/model" "$dir/model.gguf"
 
 # The real models (specs/qwen2.5-0.5b.yaml, specs/gemma3-270m.yaml), each when
 # its GGUF is cached.
@@ -246,6 +315,7 @@ for r in $REALS; do
     say "[$REAL] recording llama.cpp goldens into $dir/llamacpp.safetensors"
     "$PYBIN" "$HERE/record_llamacpp.py" "${REAL_MODEL[0]}" "$dir/llamacpp.safetensors" \
         --hf-golden "$dir/hf.safetensors" "${RR[@]}" "${RK[@]}" >/dev/null || die "record_llamacpp.py ($REAL) failed"
+    record_next_token "$REAL_SPEC" "${REAL_MODEL[0]}" "${REAL_MODEL[0]}"
     REALS_DONE="$REALS_DONE $REAL"
 done
 
@@ -274,6 +344,10 @@ for REAL in $REALS_DONE; do
     # shellcheck disable=SC2086
     compare_list "$REAL" $REAL_FILES
 done
+for rel in $NT_DONE; do
+    # shellcheck disable=SC2086
+    compare_list "$rel" $NT_FILES
+done
 echo
 if [ "$differ" = 0 ]; then
     say "IDENTICAL: the regenerated files match goldens/ byte for byte"
@@ -282,10 +356,14 @@ else
     say "review the change (compare_sources.py OLD NEW shows per-stage differences), then accept per model with:"
     for m in $MODELS; do
         name="${m%%:*}"
-        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
+        # Keep the folder's next-token goldens (a subfolder, accepted below).
+        say "  mkdir -p '$GOLDENS/$name' && find '$GOLDENS/$name' -mindepth 1 -maxdepth 1 ! -name next-token -exec rm -rf {} + && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
     done
     for REAL in $REALS_DONE; do
         say "  cp '$OUT/$REAL/'*.safetensors '$GOLDENS/$REAL/'"
+    done
+    for rel in $NT_DONE; do
+        say "  mkdir -p '$GOLDENS/$rel' && cp '$OUT/$rel/'*.safetensors '$GOLDENS/$rel/'"
     done
     exit 1
 fi

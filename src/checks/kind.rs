@@ -51,6 +51,8 @@ pub struct RuleEnv {
     /// model: its residual adds then sum the normed branches, and its MLP's
     /// input norm is `pre_feedforward_layernorm`.
     pub post_norms: bool,
+    /// The spec's folder: paths a rule names are relative to it.
+    pub dir: std::path::PathBuf,
 }
 
 /// A problem found in a spec, and the text to locate it by.

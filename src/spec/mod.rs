@@ -155,6 +155,7 @@ impl Spec {
             has_oracle: self.oracle.is_some(),
             layers: None,
             post_norms: false,
+            dir: self.path.parent().unwrap_or(Path::new("")).to_path_buf(),
         }
     }
 }

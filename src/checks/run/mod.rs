@@ -8,6 +8,7 @@ super::registry::table!(RunRule;
     tap_invariance::TapInvariance,
     tokenizer::TokenizerCheck,
     greedy_tokens::GreedyTokens,
+    next_token::NextToken,
     weights::Weights,
 );
 

@@ -1,0 +1,728 @@
+#!/usr/bin/env python3
+"""Record next-token goldens: each source's next-token distribution over a prompt set.
+
+usage: record_next_token.py MODEL OUT_FILE --prompts SET.yaml --source NAME
+                            [--dtype float32|float64|bfloat16|float16]
+                            [--tokens-from FILE] [--oracle FILE] [--k K]
+                            [--kv-type f32|f16] [--arithmetic JSON]
+                            [--threads N] [--cache-dir DIR]
+
+The goldens of touchstone's `next_token` run check (logits-only verdicts: KL
+divergence, top-1 and top-k agreement of an engine's next-token distribution
+with a float64 oracle's). For every prompt of SET.yaml (a prompt set,
+goldens/prompt-sets/*.yaml: `prompts`, a list of {name, text}), ONE forward
+pass over the text's whole token sequence (teacher forcing on the text's own
+tokens) gives the distribution of the next token at every position t (after
+tokens[0..=t]); the file keeps each position's top K.
+
+--source names the golden source, and with it the engine and dtype:
+
+  oracle     HF transformers in float64, built exactly as record_hf.py
+             --dtype float64 builds it (the model converted to float64 after
+             loading, HF's float32 islands -- RoPE tables, RMSNorm, the
+             attention softmax -- replaced by float64 ones: record_hf.py's
+             to_float64; a dispatch guard asserts no op produced another
+             float dtype)
+  hf         HF transformers in float32 (record_hf.py's default)
+  hf-bf16    the same float32 weights cast to bfloat16 after loading, HF's
+  hf-f16     own code as it is (record_hf.py --dtype bfloat16 / float16)
+  llama.cpp  libllama (build_llamacpp.py's build, through the sdist's ctypes
+             bindings, as record_llamacpp.py loads it) running the GGUF as it
+             is (MODEL must be a .gguf): flash attention disabled, one batch
+             with logits for every token, one thread by default, a fresh
+             context per prompt, the K/V cache of --kv-type (f32 default;
+             regen passes f16 where the spec's scaled.arithmetic declares kv
+             f16 for llama.cpp, as for record_llamacpp.py)
+
+--dtype may be given but must agree with --source (oracle float64, hf
+float32, hf-bf16 bfloat16, hf-f16 float16). The HF sources load MODEL as
+record_hf.py does (an HF folder, or a .gguf dequantised to float32 by
+transformers' GGUF loader; CPU, eager attention, one thread, deterministic
+algorithms, no TF32, every parameter copied to a fresh aligned allocation).
+
+Tokens. The HF sources tokenise each text with the model's tokenizer (HF's,
+from the folder or the GGUF) exactly as record_hf.py tokenises a --prompt:
+no chat template, add_special_tokens=True (a BOS only where the tokenizer
+adds one; Qwen2's adds none). --tokens-from FILE (a next-token golden of the
+same prompt set, normally the `hf` one) feeds that file's ids unchanged; an
+HF source then asserts that its own tokenisation gives the same ids.
+llama.cpp is always fed the ids of --tokens-from (else of --oracle), and its
+own tokenisation of each text (llama_tokenize with add_special, without
+parse_special: what HF's add_special_tokens=True does) must agree:
+asserted, with both id lists in the error. The one difference tolerated is
+a BOS llama.cpp adds where HF's tokenizer adds none (llama-tiny's GGUF says
+add_bos_token, its HF tokenizer adds nothing): the ids fed stay the ones
+given, and provenance `tokenization.adds_bos_not_fed` names the prompts
+(Qwen2's tokenizers agree: `matches_tokens_fed` true).
+
+--oracle FILE (every source but the oracle itself, required): the oracle's
+next-token golden of the same prompt set; its tokens must equal this run's,
+and this source's log-probabilities at the oracle's top-K ids are stored
+(`at_oracle`). --k K (default 16) must be the oracle's.
+
+Output: one safetensors file, `__metadata__` = {"format":
+"touchstone-next-token/1", "provenance": compact sorted-key JSON}. For each
+prompt, in the set's order, with its name N and T tokens:
+
+  N/tokens        I64 [T]    the token ids fed
+  N/top_ids       I64 [T,K]  this source's top-K ids at each position, by
+                             descending log-probability, ties broken to the
+                             lower id
+  N/top_logprobs  F64 [T,K]  this source's log-probabilities at those ids
+  N/at_oracle     F64 [T,K]  (every source but the oracle) this source's
+                             log-probabilities at the oracle's N/top_ids,
+                             in that order
+  N/logit_max     F64 [T]    max |logit| over the whole vocabulary at each
+                             position (this source's own logits)
+
+Log-probabilities are log_softmax over the whole vocabulary (every row of
+the LM head, padding rows included) computed in float64 (x - max, then
+log(sum(exp)), numpy) from the source's logits upcast exactly to float64
+(float32, bfloat16 and float16 logits are exact in float64).
+
+Provenance: source, dtype (HF sources), arithmetic (llama.cpp: the map the
+spec declares, --arithmetic, else {storage f32, activations exact, kv
+--kv-type} for an F32/F16 GGUF), k, n_vocab, prompt_set {path, sha256} (the
+path relative to this checkout's root when the file is inside it, else as
+given), prompts (names in order), token_counts, the model (record_hf.py's
+describe_source keys: gguf_sha256 and `model` for a GGUF, model_sha256 /
+hf_model_sha256 and tokenizer_sha256 for an HF folder), model_config (as
+record_hf.py stores it; llama.cpp copies the oracle's), tool versions,
+settings, tokenisation details, and the sha256 of --tokens-from and
+--oracle. Nothing that varies between runs (no time, host, pid or absolute
+path): a rerun is byte-identical.
+
+User errors (a missing file, bad YAML, an unknown key, a duplicate or badly
+formed name, an empty text, K < 1, tokens that differ from --tokens-from or
+--oracle, ...) exit 2 with one line, no traceback.
+"""
+import argparse
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import safetensors  # noqa: E402
+import yaml  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+import golden_io  # noqa: E402
+from golden_io import progress, save_deterministic, sha256_file  # noqa: E402
+
+FORMAT = "touchstone-next-token/1"
+RECORDER = "goldens/recorders/record_next_token.py"
+TOOL = "record_next_token.py"
+# source -> HF dtype (None: llama.cpp)
+SOURCES = {"oracle": "float64", "hf": "float32", "hf-bf16": "bfloat16", "hf-f16": "float16", "llama.cpp": None}
+NAME_RE = re.compile(r"[a-z0-9-]+")
+N_CTX = 256  # record_llamacpp.py's context (and batch) size
+_KEEP = []  # ctypes callbacks handed to libllama: never garbage-collected
+
+
+class UserError(Exception):
+    """A problem with the inputs: reported as one line, exit 2."""
+
+
+def log(msg):
+    progress(TOOL, msg)
+
+
+# ---- the prompt set -----------------------------------------------------------
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error (PyYAML
+    would keep the last silently)."""
+
+
+def _unique_mapping(loader, node, deep=False):
+    seen = set()
+    for k, _ in node.value:
+        key = loader.construct_object(k, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", k.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_prompt_set(path):
+    """[(name, text)] of a prompt set, and the file's sha256; UserError for
+    anything malformed."""
+    if not os.path.isfile(path):
+        raise UserError(f"--prompts {path}: no such file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        stream = io.StringIO(raw.decode("utf-8"))
+        stream.name = path  # PyYAML names it in its messages
+        doc = yaml.load(stream, Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise UserError(f"--prompts {path}: not UTF-8 ({e})") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"--prompts {path}: bad YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"--prompts {path}: expected a mapping with the key `prompts`, got {type(doc).__name__}")
+    unknown = sorted(str(k) for k in doc if k != "prompts")
+    if unknown:
+        raise UserError(f"--prompts {path}: unknown key(s) {', '.join(unknown)} (the only key is `prompts`)")
+    items = doc.get("prompts")
+    if not isinstance(items, list) or not items:
+        raise UserError(f"--prompts {path}: `prompts` must be a non-empty list of {{name, text}}")
+    out, seen = [], set()
+    for i, it in enumerate(items):
+        where = f"--prompts {path}: prompt {i + 1}"
+        if not isinstance(it, dict):
+            raise UserError(f"{where}: expected a mapping {{name, text}}, got {type(it).__name__}")
+        unknown = sorted(str(k) for k in it if k not in ("name", "text"))
+        if unknown:
+            raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: name, text)")
+        name, text = it.get("name"), it.get("text")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise UserError(f"{where}: name {name!r} must match [a-z0-9-]+")
+        where = f"--prompts {path}: prompt `{name}`"
+        if name in seen:
+            raise UserError(f"{where}: the name is used twice")
+        seen.add(name)
+        if not isinstance(text, str):
+            raise UserError(f"{where}: `text` must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise UserError(f"{where}: the text is empty")
+        out.append((name, text))
+    return out, hashlib.sha256(raw).hexdigest()
+
+
+def set_path_for_provenance(path):
+    """The prompt set's path as provenance records it: relative to this
+    checkout's root when the file is inside it (so regen.sh and `touchstone
+    goldens regen`, run from anywhere, record the same bytes), else as given."""
+    real = os.path.realpath(path)
+    root = os.path.realpath(ROOT)
+    if real.startswith(root + os.sep):
+        return os.path.relpath(real, root).replace(os.sep, "/")
+    return path
+
+
+# ---- next-token golden files ----------------------------------------------------
+def read_golden(path, what, names, set_sha):
+    """(provenance, {name: {key: array}}) of a next-token golden of the same
+    prompt set; UserError otherwise."""
+    if not os.path.isfile(path):
+        raise UserError(f"{what} {path}: no such file")
+    try:
+        with safe_open(path, "np") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
+        raise UserError(f"{what} {path}: not a safetensors file ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{what} {path}: not a {FORMAT} file (format {meta.get('format')!r})")
+    prov = json.loads(meta["provenance"])
+    if prov.get("prompts") != names:
+        raise UserError(f"{what} {path}: recorded for prompts {prov.get('prompts')}, the set has {names}")
+    if prov.get("prompt_set", {}).get("sha256") != set_sha:
+        raise UserError(f"{what} {path}: recorded from another version of the prompt set (sha256 "
+                        f"{prov.get('prompt_set', {}).get('sha256')}, the set's is {set_sha}): record it again")
+    per = {n: {} for n in names}
+    for k, v in tensors.items():
+        n, _, key = k.partition("/")
+        per[n][key] = v
+    return prov, per
+
+
+def distribution_summary(logits, K, oracle_ids=None):
+    """From one prompt's logits [T,V] (float64, exact upcast): top-K ids and
+    log-probabilities, the log-probabilities at `oracle_ids` [T,K], and the
+    max |logit| per position."""
+    assert logits.dtype == np.float64 and logits.ndim == 2
+    assert np.isfinite(logits).all(), "non-finite logits"
+    m = logits.max(axis=1, keepdims=True)
+    lse = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    lp = logits - lse
+    # A stable sort of -lp keeps equal values in index order: ties go to the
+    # lower id.
+    top = np.ascontiguousarray(np.argsort(-lp, axis=1, kind="stable")[:, :K]).astype(np.int64)
+    out = {
+        "top_ids": top,
+        "top_logprobs": np.ascontiguousarray(np.take_along_axis(lp, top, axis=1)),
+        "logit_max": np.ascontiguousarray(np.abs(logits).max(axis=1)),
+    }
+    assert (np.diff(out["top_logprobs"], axis=1) <= 0).all()
+    if oracle_ids is not None:
+        out["at_oracle"] = np.ascontiguousarray(np.take_along_axis(lp, oracle_ids, axis=1))
+    return out
+
+
+# ---- HF ------------------------------------------------------------------------------
+def hf_run(args, prompts, forced):
+    """Loads MODEL as record_hf.py does and yields (name, tokens, logits
+    float64 [T,V]) per prompt; also returns provenance pieces."""
+    import record_hf  # torch and transformers: only the HF sources need them
+    import tokenizers
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    record_hf.make_deterministic()
+    transformers.utils.logging.disable_progress_bar()
+    source = record_hf.describe_source(args.model)
+    if source["kind"] == "hf":
+        load_dir, load_kw = args.model, {}
+        with open(os.path.join(args.model, "config.json")) as f:
+            cfg_file = json.load(f)
+    else:
+        load_dir, load_kw = source["dir"], {"gguf_file": source["file"]}
+        log(f"{source['file']}: {source['architecture']} `{source['general_name']}`, "
+            "dequantised to float32 by transformers' GGUF loader")
+    log(f"loading {args.model}")
+    tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
+    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
+                                                 **load_kw).eval()
+    # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
+    # (torch's CPU kernels round differently for differently aligned operands).
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.data = prm.data.clone()
+        for buf in model.buffers():
+            if buf.data_ptr() % 64:
+                buf.data = buf.data.clone()
+    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
+    assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    cfg = model.config
+    guard, patched = None, None
+    if args.dtype == "float64":
+        patched = record_hf.to_float64(model)
+        guard = record_hf.F32Guard()
+        log(f"converted to float64 ({patched})")
+    elif args.dtype in ("bfloat16", "float16"):
+        model.to(getattr(torch, args.dtype))
+        assert all(p.dtype == getattr(torch, args.dtype) for p in model.parameters())
+        log(f"cast to {args.dtype} (HF's float32 islands kept)")
+    raw = None
+    if source["kind"] == "hf":
+        raw = tokenizers.Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+
+    # Tokenise every text first: a mismatch with --tokens-from fails before
+    # minutes of forward passes.
+    ids_of, special_added = {}, False
+    for name, text in prompts:
+        ids = tok(text, add_special_tokens=True)["input_ids"]
+        if raw is not None:
+            raw_ids = raw.encode(text, add_special_tokens=True).ids
+            assert raw_ids == ids, f"{name}: AutoTokenizer ({ids}) and tokenizer.json ({raw_ids}) disagree"
+        special_added |= ids != tok(text, add_special_tokens=False)["input_ids"]
+        if forced is not None:
+            want = [int(x) for x in forced[name]["tokens"]]
+            if ids != want:
+                raise UserError(f"prompt `{name}`: this tokenizer gives {ids}, --tokens-from has {want}")
+        if any(t >= cfg.vocab_size for t in ids):
+            raise UserError(f"prompt `{name}`: token ids {ids} exceed the vocabulary of {cfg.vocab_size}")
+        ids_of[name] = ids
+
+    def forward(name):
+        ids = ids_of[name]
+        x = torch.tensor([ids], dtype=torch.int64)
+        pos = torch.arange(len(ids), dtype=torch.int64)[None]
+        with torch.no_grad():
+            if guard is not None:
+                with guard:
+                    res = model(input_ids=x, position_ids=pos, use_cache=False, return_dict=True)
+            else:
+                res = model(input_ids=x, position_ids=pos, use_cache=False, return_dict=True)
+            lg = res.logits[0]
+            forward.logits_dtype = str(lg.dtype).replace("torch.", "")
+            assert lg.shape == (len(ids), cfg.vocab_size), lg.shape
+            # float32 / bfloat16 / float16 -> float64 is exact.
+            with record_hf.allowed(guard):
+                out = lg.detach().to(torch.float64).numpy().copy()
+        return ids, out
+    forward.logits_dtype = None
+
+    def finish():
+        if guard is not None:
+            assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
+
+    if source["kind"] == "hf":
+        cfg_dict = cfg_file
+    else:
+        cfg_dict = json.loads(cfg.to_json_string(use_diff=False))
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+        "pyyaml": yaml.__version__,
+    }
+    prov = {"model_config": cfg_dict, "versions": versions}
+    if source["kind"] == "gguf":
+        versions["gguf"] = record_hf._dist_version("gguf")
+        versions["accelerate"] = record_hf._dist_version("accelerate")
+        prov["gguf_sha256"] = source["sha256"]
+        prov["model"] = {k: source[k] for k in ("format", "file", "sha256", "general_name", "architecture",
+                                                 "file_type")}
+    elif source["sharded"]:
+        prov["model"] = {"format": "safetensors-sharded", "files": source["files"]}
+        prov["tokenizer_sha256"] = source["tokenizer_sha256"]
+    else:
+        prov["model_sha256"] = source["files"]["model.safetensors"]
+        prov["hf_model_sha256"] = source["files"]["model.safetensors"]
+        prov["tokenizer_sha256"] = source["tokenizer_sha256"]
+    settings = {
+        "engine": "hf transformers",
+        "device": "cpu",
+        "attn_implementation": "eager",
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": True,
+        "tf32": False,
+        "forward": "one pass over each prompt's tokens, positions 0..T-1, no KV cache",
+    }
+    if patched is not None:
+        settings["float64"] = patched
+    if args.dtype in ("bfloat16", "float16"):
+        settings["cast"] = f"float32 weights cast to {args.dtype} after loading; HF's float32 islands kept"
+    tokenization = {
+        "tokenizer": "transformers AutoTokenizer of the " + ("GGUF" if source["kind"] == "gguf" else "folder"),
+        "add_special_tokens": True,
+        "chat_template": False,
+        "special_tokens_added": special_added,
+        "bos_token_id": tok.bos_token_id,
+    }
+    return ids_of, forward, finish, prov, settings, tokenization, cfg.vocab_size
+
+
+# ---- llama.cpp ---------------------------------------------------------------------
+def llamacpp_run(args, prompts, ids_of, model_config):
+    import ctypes
+
+    import build_llamacpp
+    import record_llamacpp
+
+    with open(args.model, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise UserError(f"{args.model} is not a GGUF file (no GGUF magic); --source llama.cpp runs a .gguf")
+    lib_dir, binfo = build_llamacpp.ensure_built(os.path.abspath(args.cache_dir))
+    src = build_llamacpp.source_dir(os.path.abspath(args.cache_dir))
+    lc, _ = record_llamacpp.load_bindings(src, lib_dir)
+    log(f"loading {args.model}")
+    quiet = lc.llama_log_callback(lambda level, text, ud: None)
+    _KEEP.append(quiet)  # libllama calls it for as long as the process lives
+    lc.llama_log_set(quiet, None)
+    lc.llama_backend_init()
+    mparams = lc.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    mparams.use_mmap = False
+    model = lc.llama_model_load_from_file(args.model.encode(), mparams)
+    if not model:
+        raise UserError(f"libllama could not load {args.model}")
+    vocab = lc.llama_model_get_vocab(model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+
+    def meta(key):
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+    arch, general_name, file_type = meta("general.architecture"), meta("general.name"), meta("general.file_type")
+    file_type = None if file_type is None else int(file_type)
+    log(f"{arch} `{general_name}`, vocab {n_vocab}")
+
+    # llama.cpp's own tokenisation of each text must be the ids fed. The one
+    # difference tolerated (and recorded) is a BOS that llama.cpp adds where
+    # the HF tokenizer adds none (a GGUF whose add_bos_token is true; not
+    # Qwen2's): the text's own ids must still agree.
+    def tokenize(text, add_special):
+        b = text.encode("utf-8")
+        n_max = len(b) + 16
+        tbuf = (lc.llama_token * n_max)()
+        nt = lc.llama_tokenize(vocab, b, len(b), tbuf, n_max, add_special, False)
+        assert nt >= 0, f"llama_tokenize failed ({nt})"
+        return [int(x) for x in tbuf[:nt]]
+    mismatch, bos_added = {}, []
+    for name, text in prompts:
+        mine = tokenize(text, True)
+        if mine == ids_of[name]:
+            continue
+        if mine[1:] == ids_of[name] and tokenize(text, False) == ids_of[name]:
+            bos_added.append(name)
+            continue
+        mismatch[name] = mine
+    if mismatch:
+        name = next(iter(mismatch))
+        raise UserError(f"prompt `{name}`: llama.cpp tokenises the text as {mismatch[name]}, the tokens fed are "
+                        f"{ids_of[name]} ({len(mismatch)} prompt(s) differ)")
+    if bos_added:
+        log(f"warning: llama.cpp adds a BOS the tokens fed do not have ({len(bos_added)} prompt(s)); fed as given")
+    for name, ids in ids_of.items():
+        if len(ids) > N_CTX:
+            raise UserError(f"prompt `{name}`: {len(ids)} tokens do not fit llama.cpp's context of {N_CTX}")
+        if any(t >= n_vocab for t in ids):
+            raise UserError(f"prompt `{name}`: token ids exceed llama.cpp's vocabulary of {n_vocab}")
+
+    kv_type = {"f32": record_llamacpp.GGML_TYPE_F32, "f16": record_llamacpp.GGML_TYPE_F16}[args.kv_type]
+
+    def forward(name):
+        ids = ids_of[name]
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = N_CTX
+        cparams.n_batch = N_CTX
+        cparams.n_ubatch = N_CTX
+        cparams.n_seq_max = 1
+        cparams.n_threads = args.threads
+        cparams.n_threads_batch = args.threads
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.swa_full = True
+        cparams.type_k = kv_type
+        cparams.type_v = kv_type
+        ctx = lc.llama_init_from_model(model, cparams)
+        assert ctx, "context init failed"
+        batch = lc.llama_batch_init(N_CTX, 0, 1)
+        try:
+            batch.n_tokens = len(ids)
+            for i, t in enumerate(ids):
+                batch.token[i] = t
+                batch.pos[i] = i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1  # every row: one distribution per position
+            rc = lc.llama_decode(ctx, batch)
+            assert rc == 0, f"{name}: llama_decode returned {rc}"
+            lg = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                           for i in range(len(ids))])
+        finally:
+            lc.llama_batch_free(batch)
+            lc.llama_free(ctx)
+        assert lg.dtype == np.float32
+        return ids, lg.astype(np.float64)
+    forward.logits_dtype = "float32"
+
+    def finish():
+        lc.llama_model_free(model)
+
+    gguf_sha = sha256_file(args.model)
+    prov = {
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "safetensors": safetensors.__version__,
+            "pyyaml": yaml.__version__,
+            "llama_cpp_python": binfo["llama_cpp_python"],
+            "llama_cpp_commit": binfo["llama_cpp_commit"],
+            "ggml": binfo["ggml_version"],
+            "cmake": binfo["cmake"],
+            "compiler": binfo["compiler"],
+        },
+        "build": {"cmake_flags": binfo["flags"], "target": binfo["target"]},
+        "gguf_sha256": gguf_sha,
+        "model": {"format": "gguf", "file": os.path.basename(args.model), "sha256": gguf_sha,
+                  "general_name": general_name, "architecture": arch, "file_type": file_type},
+    }
+    if model_config is not None:
+        prov["model_config"] = model_config
+    settings = {
+        "engine": "llama.cpp",
+        "kv_cache_type": args.kv_type,
+        "flash_attn": "disabled",
+        "n_threads": args.threads,
+        "n_ctx": N_CTX,
+        "n_batch": N_CTX,
+        "n_ubatch": N_CTX,
+        "n_gpu_layers": 0,
+        "swa_full": True,
+        "logits": "all tokens",
+        "forward": "one llama_decode batch per prompt, positions 0..T-1, a fresh context per prompt",
+    }
+    tokenization = {"tokenizer": "llama_tokenize (add_special, no parse_special)",
+                    "matches_tokens_fed": not bos_added}
+    if bos_added:
+        tokenization["adds_bos_not_fed"] = bos_added
+    # The arithmetic llama.cpp computes in: as the spec declares it (regen
+    # passes it), else plain f32 for an unquantised GGUF.
+    if args.arithmetic is not None:
+        arith = args.arithmetic
+    elif file_type in (0, 1):  # LLAMA_FTYPE_ALL_F32, MOSTLY_F16
+        arith = {"storage": "f32", "activations": "exact", "kv": args.kv_type}
+    else:
+        raise UserError(f"{args.model} is quantised (file type {file_type}): give --arithmetic, the map the spec "
+                        "declares under scaled.arithmetic for llama.cpp, e.g. "
+                        "'{\"storage\":\"f32\",\"activations\":\"q8_k\",\"kv\":\"f16\"}'")
+    if arith.get("kv", arith.get("storage")) != args.kv_type:
+        raise UserError(f"--arithmetic says kv {arith.get('kv', arith.get('storage'))}, but --kv-type is "
+                        f"{args.kv_type}")
+    prov["arithmetic"] = arith
+    return forward, finish, prov, settings, tokenization, n_vocab
+
+
+# ---- main -----------------------------------------------------------------------------
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="The module docstring (python -c 'import record_next_token; "
+                                        "help(record_next_token)') and docs/recorders.md have the details.")
+    ap.add_argument("model", help="HF model folder or .gguf (HF sources); the .gguf (llama.cpp)")
+    ap.add_argument("out_file")
+    ap.add_argument("--prompts", required=True, metavar="SET.yaml", help="the prompt set (goldens/prompt-sets/)")
+    ap.add_argument("--source", required=True, choices=list(SOURCES),
+                    help="the golden source: oracle (HF float64), hf, hf-bf16, hf-f16, llama.cpp")
+    ap.add_argument("--dtype", choices=["float32", "float64", "bfloat16", "float16"], default=None,
+                    help="HF dtype; must agree with --source (default: the source's)")
+    ap.add_argument("--tokens-from", default=None, metavar="FILE",
+                    help="feed this next-token golden's token ids (normally the `hf` one); required for llama.cpp "
+                         "unless --oracle gives them")
+    ap.add_argument("--oracle", default=None, metavar="FILE",
+                    help="the oracle's next-token golden (every source but the oracle): stores `at_oracle`")
+    ap.add_argument("--k", type=int, default=16, help="how many top ids to keep per position (default 16)")
+    ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
+                    help="llama.cpp's K/V cache type (default f32; f16 is llama.cpp's own default)")
+    ap.add_argument("--arithmetic", default=None, metavar="JSON",
+                    help="llama.cpp: the arithmetic map the spec declares, e.g. "
+                         "'{\"storage\":\"f32\",\"activations\":\"q8_k\",\"kv\":\"f16\"}' (recorded in provenance)")
+    ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default 1)")
+    ap.add_argument("--cache-dir", default=None, help="build_llamacpp.py's cache (llama.cpp only)")
+    args = ap.parse_args()
+    want = SOURCES[args.source]
+    if want is None:
+        if args.dtype is not None:
+            ap.error("--dtype is for the HF sources; llama.cpp runs the GGUF as it is")
+    else:
+        if args.dtype is not None and args.dtype != want:
+            ap.error(f"--source {args.source} is HF in {want}, not --dtype {args.dtype}")
+        args.dtype = want
+        for opt, given in (("--kv-type", args.kv_type != "f32"), ("--arithmetic", args.arithmetic is not None),
+                           ("--threads", args.threads != 1), ("--cache-dir", args.cache_dir is not None)):
+            if given:
+                ap.error(f"{opt} is for --source llama.cpp")
+    if args.k < 1:
+        ap.error(f"--k {args.k}: must be at least 1")
+    if args.threads < 1:
+        ap.error(f"--threads {args.threads}: must be at least 1")
+    if args.source == "oracle":
+        if args.oracle is not None:
+            ap.error("--oracle is the oracle's own file: leave it out for --source oracle")
+    elif args.oracle is None:
+        ap.error(f"--source {args.source} needs --oracle FILE (the oracle's next-token golden of the same set)")
+    if args.arithmetic is not None:
+        try:
+            a = json.loads(args.arithmetic)
+        except json.JSONDecodeError as e:
+            ap.error(f"--arithmetic {args.arithmetic!r}: not JSON ({e})")
+        if not isinstance(a, dict) or "storage" not in a or set(a) - {"storage", "activations", "kv", "act"}:
+            ap.error(f"--arithmetic {args.arithmetic!r}: expected a map with `storage` and optionally "
+                     "`activations`, `kv`, `act`")
+        args.arithmetic = a
+    if args.cache_dir is None and want is None:
+        import build_llamacpp
+        args.cache_dir = build_llamacpp.DEFAULT_CACHE
+    if not os.path.exists(args.model):
+        ap.error(f"model {args.model} does not exist")
+    if want is None and not (os.path.isfile(args.model) and args.model.endswith(".gguf")):
+        ap.error(f"--source llama.cpp runs a .gguf file; {args.model} is not one")
+    if os.path.isdir(args.out_file):
+        ap.error(f"{args.out_file} is a folder")
+    return ap, args
+
+
+def main():
+    ap, args = parse_args()
+    try:
+        return record(args)
+    except UserError as e:
+        ap.exit(2, f"{TOOL}: error: {e}\n")
+
+
+def record(args):
+    prompts, set_sha = read_prompt_set(args.prompts)
+    names = [n for n, _ in prompts]
+    forced = tf_prov = oracle = o_prov = None
+    if args.tokens_from is not None:
+        tf_prov, forced = read_golden(args.tokens_from, "--tokens-from", names, set_sha)
+    if args.oracle is not None:
+        o_prov, oracle = read_golden(args.oracle, "--oracle", names, set_sha)
+        if o_prov.get("source") != "oracle":
+            raise UserError(f"--oracle {args.oracle}: its source is {o_prov.get('source')!r}, not `oracle`")
+        if o_prov.get("k") != args.k:
+            raise UserError(f"--oracle {args.oracle} keeps K = {o_prov.get('k')}, this run --k {args.k}: "
+                            "use the same K")
+    log(f"{len(prompts)} prompts from {args.prompts}; source {args.source}, K {args.k}")
+
+    if SOURCES[args.source] is None:
+        src = forced if forced is not None else oracle
+        if src is None:
+            raise UserError("--source llama.cpp is fed the ids of --tokens-from (or --oracle): give one")
+        ids_of = {n: [int(x) for x in src[n]["tokens"]] for n in names}
+        cfg = (tf_prov or o_prov).get("model_config")
+        forward, finish, prov, settings, tokenization, n_vocab = llamacpp_run(args, prompts, ids_of, cfg)
+    else:
+        ids_of, forward, finish, prov, settings, tokenization, n_vocab = hf_run(args, prompts, forced)
+    if args.k > n_vocab:
+        raise UserError(f"--k {args.k} exceeds the vocabulary of {n_vocab}")
+    if oracle is not None:
+        for n in names:
+            want = [int(x) for x in oracle[n]["tokens"]]
+            if ids_of[n] != want:
+                raise UserError(f"prompt `{n}`: the tokens fed {ids_of[n]} are not the oracle's {want}")
+        if o_prov.get("n_vocab") != n_vocab:
+            raise UserError(f"--oracle {args.oracle} has a vocabulary of {o_prov.get('n_vocab')}, this model "
+                            f"{n_vocab}")
+
+    out = {}
+    for i, (name, _) in enumerate(prompts):
+        log(f"{name}: {len(ids_of[name])} tokens ({i + 1}/{len(prompts)})")
+        ids, logits = forward(name)
+        s = distribution_summary(logits, args.k, None if oracle is None else oracle[name]["top_ids"])
+        out[f"{name}/tokens"] = np.array(ids, dtype=np.int64)
+        for k, v in s.items():
+            out[f"{name}/{k}"] = v
+    finish()
+
+    prov.update({
+        "source": args.source,
+        "recorder": RECORDER,
+        "k": args.k,
+        "n_vocab": n_vocab,
+        "prompt_set": {"path": set_path_for_provenance(args.prompts), "sha256": set_sha},
+        "prompts": names,
+        "token_counts": {n: len(ids_of[n]) for n in names},
+        "settings": settings,
+        "tokenization": tokenization,
+        "logits_dtype": forward.logits_dtype,
+        "logprobs": "log_softmax over the whole vocabulary in float64 (numpy: x - max, log of the sum of exp) "
+                    "of the logits upcast exactly to float64; top ids by descending log-probability, ties to "
+                    "the lower id",
+        "teacher_forcing": "every position of one forward pass over the text's own tokens",
+    })
+    if SOURCES[args.source] is not None:
+        prov["dtype"] = args.dtype
+    if args.tokens_from is not None:
+        prov["tokens_from"] = {"source": tf_prov.get("source"), "sha256": sha256_file(args.tokens_from)}
+    if args.oracle is not None:
+        prov["oracle"] = {"sha256": sha256_file(args.oracle)}
+    metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
+    tmp = args.out_file + ".tmp"
+    save_deterministic(out, metadata, tmp)
+    if os.path.exists(args.out_file):
+        log(f"replacing the existing {args.out_file}")
+    os.replace(tmp, args.out_file)
+    size = os.path.getsize(args.out_file)
+    log(f"wrote {args.out_file}: {len(out)} tensors, {size} bytes")
+    summary = {"out": args.out_file, "source": args.source, "bytes": size, "sha256": sha256_file(args.out_file),
+               "tokens": sum(len(v) for v in ids_of.values())}
+    if oracle is not None:
+        top1 = sum(int((out[f"{n}/top_ids"][:, 0] == oracle[n]["top_ids"][:, 0]).sum()) for n in names)
+        summary["top1_agreement_with_oracle"] = f"{top1}/{summary['tokens']}"
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
