@@ -42,6 +42,15 @@ pub enum Error {
     #[error("engine {engine}: {msg}")]
     Engine { engine: String, msg: String },
 
+    /// A prerequisite outside touchstone is not installed (the recorders'
+    /// Python environment, libllama): what is missing and how to create it.
+    #[error("engine {engine} needs {missing}, which is not there: {fix}")]
+    Environment {
+        engine: String,
+        missing: String,
+        fix: String,
+    },
+
     #[error("{0}")]
     Usage(String),
 }

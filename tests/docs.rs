@@ -507,6 +507,13 @@ fn no_run_reason(env: &[(String, String)], args: &[String]) -> Option<String> {
         Some("cuda") | Some("all") => {
             return Some("runs the CUDA engine: its result depends on the machine's GPU".into())
         }
+        Some(e)
+            if ["hf", "llama.cpp"]
+                .iter()
+                .any(|n| e == *n || e.starts_with(&format!("{n}:"))) =>
+        {
+            return Some("HF transformers or llama.cpp under test: needs the recorders' venv (and libllama)".into())
+        }
         Some(_) => return Some("a protocol engine: needs Python with numpy".into()),
     }
     if args.iter().any(|a| a == "--require-gpu") {

@@ -47,8 +47,9 @@ fn run(mode: &str, engine: &str) -> (Output, serde_json::Value, Duration) {
     (o, report, took)
 }
 
-/// Every check of engine `bad` failed (but `weights`, skipped: a protocol
-/// engine does not show its weights), each naming the engine; returns one message.
+/// Every check of engine `bad` failed (but `weights`, not applicable: a
+/// protocol engine does not show its weights), each naming the engine;
+/// returns one message.
 fn all_failed(report: &serde_json::Value, engine: &str) -> String {
     let checks: Vec<&serde_json::Value> = report["checks"]
         .as_array()

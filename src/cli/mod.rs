@@ -107,7 +107,10 @@ pub struct RunArgs {
     pub specs: Vec<PathBuf>,
     /// Engine to run: `cpu`, `cuda`, `cuda-emu` (the CUDA engine on the
     /// emulated device, no GPU needed), `all` (every built-in, and every
-    /// engine the spec declares), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
+    /// engine the spec declares), `hf` / `llama.cpp` (HF transformers and
+    /// llama.cpp under test, run by the recorders' Python that `goldens regen`
+    /// creates; `hf:ARGS…` passes arguments, docs/third-party-engines.md; not
+    /// part of `all`), a name under the spec's `engines:`, `exec:COMMAND ARGS…`
     /// (any program speaking the subprocess protocol, docs/testing-your-engine.md),
     /// or `dumps:PATH` (tensors another program wrote).
     #[arg(long, default_value = "cpu", value_name = "ENGINE")]

@@ -24,6 +24,7 @@ pub mod output;
 pub mod registry;
 pub mod replay;
 pub mod requires;
+pub mod third_party;
 
 use crate::error::Result;
 use crate::model::ModelConfig;
@@ -227,8 +228,8 @@ pub trait Engine: Send + Sync {
     /// its row-major shape and its values as held (rounded to the storage
     /// dtype, widened to f32; a device engine copies each tensor back). The
     /// `weights` run check compares them with the model file. An engine that
-    /// cannot show its weights keeps this default, and the check is skipped
-    /// with the reason.
+    /// cannot show its weights keeps this default, and the check is not
+    /// applicable to it, with the reason.
     fn visit_weights(&self, f: &mut WeightVisitor) -> Result<()> {
         let _ = f;
         Err(crate::Error::Usage(format!(

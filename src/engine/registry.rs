@@ -1,7 +1,8 @@
 //! The one registry of engines: every engine `--engine` (and a spec's
-//! `engines:`) can name — the built-in ones (`cpu`, `cuda`, `cuda-emu`), any
-//! program speaking the subprocess protocol (`exec:COMMAND ARGS…`, or a name
-//! declared under a spec's `engines:`), or tensors already written
+//! `engines:`) can name — the built-in ones (`cpu`, `cuda`, `cuda-emu`), the
+//! third-party engines under test (`hf`, `llama.cpp`: `engine::third_party`),
+//! any program speaking the subprocess protocol (`exec:COMMAND ARGS…`, or a
+//! name declared under a spec's `engines:`), or tensors already written
 //! (`dumps:PATH`) — with its name, availability and loader in one place.
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use serde::Deserialize;
 
 use super::exec::{ExecEngine, ExecSpec};
 use super::names::NameMap;
+use super::third_party::ThirdParty;
 use super::{cpu, cuda, dumps, Availability, Engine};
 use crate::error::{Error, Result};
 use crate::model::LoadOptions;
@@ -28,6 +30,9 @@ pub enum EngineSel {
     CudaEmu,
     /// A program speaking the subprocess protocol.
     Exec(ExecSpec),
+    /// HF transformers or llama.cpp under test (protocol engines run by the
+    /// recorders' Python); not part of `all`.
+    ThirdParty(ThirdParty),
     /// Tensors another program wrote (safetensors or `<step>/<name>.npy`).
     Dumps(PathBuf),
 }
@@ -35,9 +40,9 @@ pub enum EngineSel {
 /// The built-in engines, in the order `all` runs them.
 pub const BUILTINS: [EngineSel; 3] = [EngineSel::Cpu, EngineSel::Cuda, EngineSel::CudaEmu];
 
-/// Names reserved for the built-ins and the `exec:`/`dumps:` forms (a spec's
-/// `engines:` may not shadow them).
-pub const RESERVED: [&str; 6] = ["cpu", "cuda", "cuda-emu", "all", "exec", "dumps"];
+/// Names reserved for the built-ins, the third-party engines and the
+/// `exec:`/`dumps:` forms (a spec's `engines:` may not shadow them).
+pub const RESERVED: [&str; 8] = ["cpu", "cuda", "cuda-emu", "all", "exec", "dumps", "hf", "llama.cpp"];
 
 /// A spec's `engines: {NAME: {exec: [COMMAND, ARGS…], timeout_s: 60}}` entry.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -90,9 +95,14 @@ pub struct Declared<'a> {
 impl EngineSel {
     /// Resolves one `--engine` value: `cpu`, `cuda`, `cuda-emu`, `all` (every
     /// built-in — `cuda-emu` unless the spec says `emulate: false` — and every
-    /// engine the spec declares), `exec:…`, `dumps:…`, or a declared name.
+    /// engine the spec declares; never `hf` or `llama.cpp`), `hf[:ARGS]`,
+    /// `llama.cpp[:ARGS]` (an `Error::Environment` where their Python or
+    /// libllama is missing), `exec:…`, `dumps:…`, or a declared name.
     pub fn resolve(arg: &str, declared: &Declared) -> Result<Vec<EngineSel>> {
         let usage = |m: String| Error::Usage(m);
+        if let Some(t) = ThirdParty::parse(arg, declared.spec_path) {
+            return Ok(vec![EngineSel::ThirdParty(t?)]);
+        }
         if let Some(cmd) = arg.strip_prefix("exec:") {
             return Ok(vec![EngineSel::Exec(ExecSpec::parse_cli(cmd).map_err(usage)?)]);
         }
@@ -121,6 +131,7 @@ impl EngineSel {
         }
         let mut known: Vec<String> = BUILTINS.iter().map(EngineSel::name).collect();
         known.push("all".into());
+        known.extend(super::third_party::KINDS.iter().map(|k| k.name().to_string()));
         known.extend(declared.engines.keys().cloned());
         let hint = crate::suggest::hint(arg, known.iter().map(String::as_str));
         Err(usage(format!(
@@ -137,6 +148,7 @@ impl EngineSel {
             EngineSel::Cuda => "cuda".into(),
             EngineSel::CudaEmu => "cuda-emu".into(),
             EngineSel::Exec(e) => e.name.clone(),
+            EngineSel::ThirdParty(t) => t.kind.name().into(),
             EngineSel::Dumps(_) => "dumps".into(),
         }
     }
@@ -146,6 +158,7 @@ impl EngineSel {
         match self {
             EngineSel::Exec(e) if e.name != "exec" => e.name.clone(),
             EngineSel::Exec(e) => quote(&format!("exec:{}", e.command_line())),
+            EngineSel::ThirdParty(t) => t.cli_arg(),
             EngineSel::Dumps(p) => quote(&format!("dumps:{}", p.display())),
             builtin => builtin.name(),
         }
@@ -194,6 +207,8 @@ impl EngineSel {
                 })?;
                 Ok(Box::new(ExecEngine::start(e, model, opts, names)?))
             }
+            // Its environment was checked when the name was resolved.
+            EngineSel::ThirdParty(t) => Ok(Box::new(ExecEngine::start(&t.exec, model, opts, names)?)),
             EngineSel::Dumps(p) => Ok(Box::new(dumps::DumpsEngine::open(p, model, opts.storage, names)?)),
         }
     }

@@ -2,6 +2,21 @@
 //! the KV cache) gives the logits of one full recompute over the same tokens.
 //! A stale, misplaced or short cache shows here even when every prefill
 //! stage is right.
+//!
+//! `atol`/`rtol` are written for the spec's storage arithmetic (e.g. f32's
+//! 16·u·√E·M). An engine that declares another arithmetic (8-bit
+//! activations, an f16 KV cache: llama.cpp's defaults) rounds the two paths
+//! differently by design: llama.cpp's decode-time flash-attention kernel
+//! rounds q and the attention sum to f16 and its prefill kernel does not, and
+//! once an input differs in one bit, 8-bit quantisation of the next matmul's
+//! input rounds some values the other way. Its allowance is then derived from
+//! its arithmetic (`allowance`), never the f32 number: each path may be as
+//! far from the exact logits as the scaled policy lets that arithmetic be,
+//! `factor · r` with r the error of the spec's references of that same
+//! arithmetic against the oracle at the logits, so the paths may differ by
+//! twice that; with no such reference, the spec's allowance at the unit
+//! roundoff of the coarsest rounding the paths can apply differently (the
+//! KV cache's) instead of f32's.
 
 use std::sync::Arc;
 
@@ -10,7 +25,9 @@ use serde::de::{Deserialize, Deserializer};
 use super::run_engine;
 use crate::checks::facts::Facts;
 use crate::checks::family::Metric;
+use crate::arithmetic::Arithmetic;
 use crate::checks::kind::{Count, Kind, Limit, RuleEnv, RunCheck, RunRule};
+use crate::checks::{measure, scaled};
 use crate::checks::params::tol_value;
 use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
@@ -112,10 +129,7 @@ fn evaluate(k: &KvCache, facts: &Facts, engine: &dyn Engine) -> Result<Verdict, 
         .ok_or("no logits from the full recompute")?;
     let v = facts.config.vocab;
     let p = facts.prompt.len();
-    let tol = Tolerance {
-        atol: k.atol,
-        rtol: k.rtol,
-    };
+    let (tol, basis) = allowance(k, facts);
     let mut worst: Option<(f64, Step)> = None;
     for step in Step::sequence(steps) {
         let inc = incremental
@@ -135,11 +149,12 @@ fn evaluate(k: &KvCache, facts: &Facts, engine: &dyn Engine) -> Result<Verdict, 
         if !c.passed() {
             return Ok(Verdict::fail(format!(
                 "incremental decode differs from a full recompute over prompt + {steps} generated tokens at {step} \
-                 (rows {start}..{}):\n{}",
+                 (rows {start}..{}){basis}:\n{}",
                 start + rows,
                 c.explain()
             ))
-            .metric("max_abs", max_abs));
+            .metric("max_abs", max_abs)
+            .metric("atol", tol.atol));
         }
         if worst.is_none_or(|(w, _)| max_abs > w) {
             worst = Some((max_abs, step));
@@ -147,9 +162,142 @@ fn evaluate(k: &KvCache, facts: &Facts, engine: &dyn Engine) -> Result<Verdict, 
     }
     let (w, at) = worst.expect("at least the prefill step");
     Ok(Verdict::pass(format!(
-        "incremental logits over {steps} decode steps equal a full recompute within atol {} rtol {}; worst max|Δ| \
-         {w:.2e} at {at}",
-        k.atol, k.rtol
+        "incremental logits over {steps} decode steps equal a full recompute within atol {} rtol {}{basis}; worst \
+         max|Δ| {w:.2e} at {at}",
+        fmt_tol(tol.atol, k.atol),
+        fmt_tol(tol.rtol, k.rtol)
     ))
-    .metric("max_abs", w))
+    .metric("max_abs", w)
+    .metric("atol", tol.atol))
+}
+
+/// The spec's number as written; a derived one to 3 digits.
+fn fmt_tol(x: f64, spec: f64) -> String {
+    if x == spec {
+        format!("{x}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// The tolerance for the engine, and for the message how it was derived
+/// (empty for the spec's own numbers). See the module comment.
+fn allowance(k: &KvCache, facts: &Facts) -> (Tolerance, String) {
+    let spec = Tolerance {
+        atol: k.atol,
+        rtol: k.rtol,
+    };
+    let arith = facts.arithmetic;
+    let plain = Arithmetic::of_storage(facts.storage);
+    if arith == plain {
+        return (spec, String::new());
+    }
+    let factor = facts.scaled.factor;
+    if let Some((r, source)) = peer_error(facts) {
+        let atol = k.atol.max(2.0 * factor * r);
+        return (
+            Tolerance { atol, rtol: k.rtol },
+            format!(
+                " (the engine's arithmetic {arith}: 2 × factor {factor} × {r:.3e}, the error of golden `{source}` of \
+                 that arithmetic against the oracle at the logits; the spec's atol is for {plain})"
+            ),
+        );
+    }
+    if arith.kv != facts.storage && !arith.quantises() {
+        let ratio = arith.kv.unit_roundoff() / facts.storage.unit_roundoff();
+        return (
+            Tolerance {
+                atol: k.atol * ratio,
+                rtol: k.rtol * ratio,
+            },
+            format!(
+                " (the engine's arithmetic {arith}: the spec's allowance for {plain} at the {} KV cache's unit \
+                 roundoff, × {ratio})",
+                arith.kv
+            ),
+        );
+    }
+    (
+        spec,
+        format!(
+            " (the spec's allowance for {plain}: the engine computes in {arith}, and no golden of that arithmetic \
+             with an oracle says how far it may be from the exact logits)"
+        ),
+    )
+}
+
+/// The largest error against the oracle at the logits (any recorded step)
+/// of a golden whose arithmetic is the engine's, and its name.
+fn peer_error(facts: &Facts) -> Option<(f64, String)> {
+    let oracle = facts.oracle?;
+    let mut worst: Option<(f64, String)> = None;
+    for (name, g) in facts.goldens {
+        if measure::source_arithmetic(facts, name).ok() != Some(facts.arithmetic) {
+            continue;
+        }
+        for (step, stage) in g.keys().filter(|(_, s)| *s == Stage::Logits) {
+            let (Some(r), Some(o)) = (g.get(*step, *stage), oracle.get(*step, *stage)) else {
+                continue;
+            };
+            if let Ok((e, _)) = scaled::max_error(r, o) {
+                if e.is_finite() && worst.as_ref().is_none_or(|(w, _)| e > *w) {
+                    worst = Some((e, name.clone()));
+                }
+            }
+        }
+    }
+    worst.filter(|(e, _)| *e > 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Plan;
+    use crate::spec::Spec;
+    use crate::tensor::DType;
+    use std::path::Path;
+
+    fn plan() -> Plan {
+        let spec = Spec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/qwen2-tiny.yaml")).unwrap();
+        Plan::build(spec, None).unwrap()
+    }
+
+    #[test]
+    fn the_allowance_follows_the_engines_arithmetic() {
+        let plan = plan();
+        let k = KvCache::bare();
+        let mut facts = plan.facts();
+        // Plain f32: the spec's numbers as written.
+        let (tol, basis) = allowance(&k, &facts);
+        assert_eq!((tol.atol, tol.rtol, basis.as_str()), (k.atol, k.rtol, ""));
+        // An f16 KV cache and no golden of that arithmetic: the spec's
+        // allowance at f16's unit roundoff.
+        let kv16 = Arithmetic {
+            kv: DType::F16,
+            ..Arithmetic::F32
+        };
+        facts.arithmetic = kv16;
+        let (tol, basis) = allowance(&k, &facts);
+        assert_eq!(tol.atol, k.atol * 8192.0);
+        assert!(basis.contains("unit roundoff"), "{basis}");
+        // A golden of that arithmetic with an oracle: twice its allowance at
+        // the logits (factor × its error against the oracle).
+        let mut scaled = facts.scaled.clone();
+        scaled.arithmetic.insert("llama.cpp".into(), kv16);
+        facts.scaled = &scaled;
+        let (r, source) = peer_error(&facts).expect("the llama.cpp golden and the oracle have logits");
+        assert_eq!(source, "llama.cpp");
+        let (tol, basis) = allowance(&k, &facts);
+        assert_eq!(tol.atol, k.atol.max(2.0 * scaled.factor * r));
+        assert!(basis.contains("golden `llama.cpp`"), "{basis}");
+        // Quantised activations with no such golden: nothing to derive from,
+        // the spec's numbers, and the message says why.
+        facts.arithmetic = Arithmetic {
+            activations: crate::arithmetic::Activations::Q8 { block: 256 },
+            ..Arithmetic::F32
+        };
+        let (tol, basis) = allowance(&k, &facts);
+        assert_eq!(tol.atol, k.atol);
+        assert!(basis.contains("no golden of that arithmetic"), "{basis}");
+    }
 }

@@ -13,7 +13,9 @@
 //! (Llama's Q/K rows un-permuted as llama.cpp's converter permuted them),
 //! fused Phi-3 projections mapped onto their pieces. A bug in the engine's
 //! loading — a tensor left zeroed, two layers swapped, a tensor never mapped —
-//! therefore shows as a difference named by tensor.
+//! therefore shows as a difference named by tensor. An engine that does not
+//! show its weights (`Engine::visit_weights`' default) lacks that capability:
+//! the check is not applicable to it, with the reason.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -134,8 +136,13 @@ pub fn check(model: &Path, storage: DType, engine: &dyn Engine) -> Verdict {
         }
         held.insert(name.to_string(), digest(shape, values, storage));
     });
-    if let Err(e) = visited {
-        return Verdict::skip(e.to_string());
+    match visited {
+        Ok(()) => {}
+        // The trait's default: the engine does not show its weights (a
+        // protocol engine, dumps, HF transformers or llama.cpp under test).
+        // A capability it lacks, as a stage it cannot tap: not applicable.
+        Err(crate::Error::Usage(why)) => return Verdict::not_applicable(format!("not applicable: {why}")),
+        Err(e) => return Verdict::skip(e.to_string()),
     }
     let file = match file_digests(model, &cfg, storage) {
         Ok(f) => f,
@@ -356,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_that_hides_its_weights_is_skipped_with_the_reason() {
+    fn an_engine_that_hides_its_weights_is_not_applicable_with_the_reason() {
         struct Opaque(CpuEngine);
         impl Engine for Opaque {
             fn name(&self) -> &str {
@@ -375,7 +382,7 @@ mod tests {
         }
         let m = model("goldens/qwen2-tiny/model");
         let v = check(&m, DType::F32, &Opaque(CpuEngine::load(&m).unwrap()));
-        assert_eq!(v.status, crate::checks::verdict::Status::Skip);
+        assert_eq!(v.status, crate::checks::verdict::Status::NotApplicable);
         assert!(v.message.contains("does not expose"), "{}", v.message);
     }
 }

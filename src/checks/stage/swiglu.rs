@@ -28,6 +28,11 @@
 //! bound, but ½·|g·p| times those ≤ 4.3·u32 is one; plus the final products'
 //! 3·u32·|y|.
 //!
+//! u is the activation's unit where the engine's arithmetic evaluates it
+//! coarser than its storage (`act: f16`, llama.cpp's GELU table), and then
+//! the gate's and the activation's roundings below that dtype's normal range
+//! add its subnormal error each, times |up| (and |act'(g)| for the gate's).
+//!
 //! A bound, not an estimate: no safety factor. For moderate |g| it is about
 //! 4u·|y|: 2.4e-7 relative at f32, 2e-3 at f16, 1.6e-2 at bf16.
 
@@ -109,7 +114,17 @@ impl StageCheck for SwigluCheck {
             (Err(v), _, _) | (_, Err(v), _) | (_, _, Err(v)) => return v,
         };
         let d = y.dtype().coarser(g.dtype()).coarser(p.dtype()).coarser(facts.storage);
-        judge(y, g, p, facts.config.act, storage_unit(d), d.subnormal_error(), at.stage)
+        // An engine that evaluates the gate activation coarser than its
+        // storage (`Arithmetic::act`: llama.cpp's CPU GEGLU rounds the gate to
+        // f16 and reads GELU from an f16 table) makes the roundings of g and
+        // act(g) at that unit: the allowance takes the coarser of the two.
+        let act = facts.arithmetic.act;
+        let u = storage_unit(d).max(act.unit_roundoff());
+        // Small gates and activations fall below f16's normal range (6.1e-5)
+        // there: the two roundings at that unit are absolute, each at most
+        // act's subnormal error, times |up| (and |act'(g)| for the gate's).
+        let eta_act = if act.unit_roundoff() > storage_unit(d) { act.subnormal_error() } else { 0.0 };
+        judge(y, g, p, facts.config.act, u, (d.subnormal_error(), eta_act), at.stage)
     }
 }
 
@@ -137,7 +152,8 @@ fn act_terms(act: Activation, g: f64) -> (f64, f64, f64, f64) {
 }
 
 /// `y = act(g)·p` element by element within the allowance (module comment).
-fn judge(y: &Tensor, g: &Tensor, p: &Tensor, act: Activation, u: f64, eta: f64, stage: Stage) -> Verdict {
+fn judge(y: &Tensor, g: &Tensor, p: &Tensor, act: Activation, u: f64, eta: (f64, f64), stage: Stage) -> Verdict {
+    let (eta, eta_act) = eta;
     if y.shape() != g.shape() || y.shape() != p.shape() {
         return Verdict::fail(format!(
             "swiglu: {stage} has shape {:?}, ffn_gate {:?}, ffn_up {:?}: an elementwise product needs one shape",
@@ -156,7 +172,8 @@ fn judge(y: &Tensor, g: &Tensor, p: &Tensor, act: Activation, u: f64, eta: f64, 
         let allowed = own / (1.0 - own) * want.abs()
             + own_abs * (gf * pf).abs()
             + inherited
-            + eta * (1.0 + pf.abs());
+            + eta * (1.0 + pf.abs())
+            + eta_act * pf.abs() * (1.0 + da.abs());
         tally.add(i, yv, want, allowed);
     }
     let name = act.name();
@@ -193,6 +210,26 @@ mod tests {
     }
 
     #[test]
+    fn an_activation_evaluated_at_f16_is_judged_at_f16() {
+        // llama.cpp's CPU GEGLU: the gate rounded to f16, GELU read at f16
+        // (normal and subnormal gates: llama.cpp's cases from gemma3-270m),
+        // times up in f32; f32 storage.
+        let g: Vec<f32> = vec![0.674_076_9, 2.093_613_1e-5, -3.0, 1.5, -4.246_365_3e-6, 7.528_811_7e-6];
+        let p: Vec<f32> = vec![-1.452_296_7, -0.376_518_46, 0.5, 2.0, -8.729_734e-3, 0.226_069_75];
+        let f16 = DType::F16;
+        let y: Vec<f32> = g
+            .iter()
+            .zip(&p)
+            .map(|(&gv, &pv)| f16.round(act_terms(Activation::GeluTanh, f16.round(gv) as f64).0 as f32) * pv)
+            .collect();
+        let (tg, tp, ty) = (t(&g, DType::F32), t(&p, DType::F32), t(&y, DType::F32));
+        let at_f16 = (DType::F32.subnormal_error(), f16.subnormal_error());
+        assert!(judge(&ty, &tg, &tp, Activation::GeluTanh, f16.unit_roundoff(), at_f16, Y).passed());
+        let v = judge(&ty, &tg, &tp, Activation::GeluTanh, U_F32, (DType::F32.subnormal_error(), 0.0), Y);
+        assert!(v.failed(), "an f32 allowance cannot hold f16 roundings: {}", v.message);
+    }
+
+    #[test]
     fn silu_gate_times_up_passes_at_every_storage_and_silu_on_up_or_a_small_scale_fails() {
         let g: Vec<f32> = (0..200).map(|i| (i as f32 - 100.0) * 0.11).collect();
         let p: Vec<f32> = (0..200).map(|i| ((i * 31 % 23) as f32 - 11.0) * 0.07).collect();
@@ -200,14 +237,14 @@ mod tests {
             let (tg, tp) = (t(&g, d), t(&p, d));
             let y: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| silu(*g) * p).collect();
             let u = storage_unit(d);
-            assert!(judge(&t(&y, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y).passed(), "{d}");
+            assert!(judge(&t(&y, d), &tg, &tp, Activation::Silu, u, (d.subnormal_error(), 0.0), Y).passed(), "{d}");
             // SiLU on up instead of gate.
             let bug: Vec<f32> = tg.data().iter().zip(tp.data()).map(|(g, p)| g * silu(*p)).collect();
-            let v = judge(&t(&bug, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y);
+            let v = judge(&t(&bug, d), &tg, &tp, Activation::Silu, u, (d.subnormal_error(), 0.0), Y);
             assert!(v.failed() && v.message.contains("silu on the wrong operand"), "{d}: {}", v.message);
             // Every element 8 storage roundings too large: over the ~4u allowance.
             let scaled: Vec<f32> = y.iter().map(|v| v * (1.0 + 8.0 * u as f32)).collect();
-            assert!(judge(&t(&scaled, d), &tg, &tp, Activation::Silu, u, d.subnormal_error(), Y).failed(), "{d}");
+            assert!(judge(&t(&scaled, d), &tg, &tp, Activation::Silu, u, (d.subnormal_error(), 0.0), Y).failed(), "{d}");
         }
     }
 
@@ -237,7 +274,7 @@ mod tests {
                     let got = |s| out.captures.get(step, s).unwrap();
                     let stage = Stage::Block(l, BlockStage::FfnAct);
                     let u = storage_unit(d);
-                    v.push((format!("{step}/{stage}"), judge(got(stage), got(c.gate()), got(c.up()), Activation::Silu, u, d.subnormal_error(), stage)));
+                    v.push((format!("{step}/{stage}"), judge(got(stage), got(c.gate()), got(c.up()), Activation::Silu, u, (d.subnormal_error(), 0.0), stage)));
                 }
             }
             v

@@ -45,14 +45,12 @@ impl SourceFilter {
     }
 }
 
-/// The repository a spec belongs to: the nearest ancestor holding
-/// `goldens/recorders/requirements.txt`, else the source tree of this binary.
+/// The repository a spec belongs to (`engine::third_party::repo_root`: the
+/// nearest ancestor holding `goldens/recorders/requirements.txt`, else the
+/// source tree of this binary), where the recorders and their venv's
+/// requirements are.
 pub fn repo_root(spec: &Path) -> PathBuf {
-    let abs = std::fs::canonicalize(spec).unwrap_or_else(|_| spec.to_path_buf());
-    abs.ancestors()
-        .find(|d| d.join("goldens/recorders/requirements.txt").is_file())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    crate::engine::third_party::repo_root(spec)
 }
 
 /// Every golden the specs declare (a `next_token` check's five files
