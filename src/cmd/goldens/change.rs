@@ -173,28 +173,7 @@ pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {
         flat
     };
     let (po, pn) = (prov(&old.metadata), prov(&new.metadata));
-    let mut pkeys: Vec<&String> = po.keys().chain(pn.keys()).collect();
-    pkeys.sort();
-    pkeys.dedup();
-    let pchanges: Vec<String> = pkeys
-        .into_iter()
-        .filter(|k| po.get(*k) != pn.get(*k))
-        .map(|k| {
-            format!(
-                "    {k}: {} -> {}",
-                po.get(k).map_or("(absent)", String::as_str),
-                pn.get(k).map_or("(absent)", String::as_str)
-            )
-        })
-        .collect();
-    if pchanges.is_empty() {
-        let _ = writeln!(out, "  provenance: unchanged ({} keys)", po.len());
-    } else {
-        let _ = writeln!(out, "  provenance: {} key(s) changed:", pchanges.len());
-        for l in pchanges {
-            let _ = writeln!(out, "{l}");
-        }
-    }
+    provenance_changes(&mut out, &po, &pn);
     let _ = writeln!(
         out,
         "  file: {}",
@@ -222,6 +201,33 @@ pub(super) fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String
         }
         other => {
             out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}
+
+/// Writes the keys of two flattened provenances that differ, old -> new, or
+/// that none did (every review of a recording ends with this).
+pub fn provenance_changes(out: &mut String, po: &BTreeMap<String, String>, pn: &BTreeMap<String, String>) {
+    let mut keys: Vec<&String> = po.keys().chain(pn.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let changes: Vec<String> = keys
+        .into_iter()
+        .filter(|k| po.get(*k) != pn.get(*k))
+        .map(|k| {
+            format!(
+                "    {k}: {} -> {}",
+                po.get(k).map_or("(absent)", String::as_str),
+                pn.get(k).map_or("(absent)", String::as_str)
+            )
+        })
+        .collect();
+    if changes.is_empty() {
+        let _ = writeln!(out, "  provenance: unchanged ({} keys)", po.len());
+    } else {
+        let _ = writeln!(out, "  provenance: {} key(s) changed:", changes.len());
+        for l in changes {
+            let _ = writeln!(out, "{l}");
         }
     }
 }

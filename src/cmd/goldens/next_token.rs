@@ -301,26 +301,5 @@ fn provenance(out: &mut String, old: &Value, new: &Value) {
     let (mut po, mut pn) = (BTreeMap::new(), BTreeMap::new());
     super::change::flatten("", old, &mut po);
     super::change::flatten("", new, &mut pn);
-    let mut keys: Vec<&String> = po.keys().chain(pn.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let changes: Vec<String> = keys
-        .into_iter()
-        .filter(|k| po.get(*k) != pn.get(*k))
-        .map(|k| {
-            format!(
-                "    {k}: {} -> {}",
-                po.get(k).map_or("(absent)", String::as_str),
-                pn.get(k).map_or("(absent)", String::as_str)
-            )
-        })
-        .collect();
-    if changes.is_empty() {
-        let _ = writeln!(out, "  provenance: unchanged ({} keys)", po.len());
-    } else {
-        let _ = writeln!(out, "  provenance: {} key(s) changed:", changes.len());
-        for l in changes {
-            let _ = writeln!(out, "{l}");
-        }
-    }
+    super::change::provenance_changes(out, &po, &pn);
 }
