@@ -27,17 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 ci/house_rules.py
 python3 ci/import_cycles.py
-NUMPY_PIN="$(grep -E '^numpy==' goldens/recorders/requirements.txt)"
-PYDEPS="$PWD/.cache/protocol-py"
-if ! PYTHONPATH="$PYDEPS" python3 -c "import numpy, sys; sys.exit(numpy.__version__ != '${NUMPY_PIN#numpy==}')" 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action ignore --target "$PYDEPS" "$NUMPY_PIN"
-fi
-export PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}"
-if ! python3 ci/fetch_real_model.py >/dev/null; then
-    echo "test.sh: the real model could not be fetched; its trials will be reported ignored" >&2
-fi
-# The fuzz targets (tests/fuzz.rs) run a fixed number of executions each.
-export BOLERO_RANDOM_ITERATIONS="${BOLERO_RANDOM_ITERATIONS:-20000}" BOLERO_RANDOM_TEST_TIME_MS=600000
+# The numpy path, the real model and the fuzz settings (shared with ci/nextest.sh).
+source ci/test-env.sh
 cargo test --release --locked "$@"
 # The fuzz smoke run once more, uncaptured, so the log shows each target's
 # executions (a few seconds).

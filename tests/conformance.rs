@@ -29,8 +29,24 @@ fn spec_files() -> Vec<PathBuf> {
 
 fn main() {
     let args = Arguments::from_args();
+    // `--exact <engine>::<spec>::<id>` (how nextest runs each trial, in a
+    // process of its own): only that spec is planned, and not even that
+    // where another trial process already ran the (spec, engine).
+    let exact = harness::exact_target(&args);
     let mut trials = Vec::new();
     for path in spec_files() {
+        if let Some((engine, name, id)) = &exact {
+            match Spec::load(&path) {
+                Ok(spec) if spec.name != *name => continue,
+                Ok(spec) => {
+                    if let Some(t) = harness::published_trial(engine, &spec, id) {
+                        trials.extend(t);
+                        continue;
+                    }
+                }
+                Err(_) => {}
+            }
+        }
         // A spec on a model from touchstone's cache (the real model, fetched by
         // the test command) whose file is absent cannot plan its checks (the
         // config is in the file): one trial per engine, ignored with the reason.

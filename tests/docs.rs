@@ -53,7 +53,7 @@ const OUTPUT_FLAGS: [&str; 5] = ["--json", "--junit", "--markdown", "--html", "-
 /// Each is trusted for the reason given, and checked as far as a test can:
 /// every repository path in it exists, every `--flag` of a script is in the
 /// script's text, and the named checks (`check_other`) hold.
-const OTHERS: [(&str, &str); 13] = [
+const OTHERS: [(&str, &str); 14] = [
     (
         "python3 ci/import_cycles.py",
         "the import-circle scan of src/; ci/test.sh runs it (checked)",
@@ -65,6 +65,10 @@ const OTHERS: [(&str, &str); 13] = [
     (
         "bash ci/test.sh",
         "the project's test command, exactly what .ci/run runs (checked)",
+    ),
+    (
+        "bash ci/nextest.sh",
+        "the suite under cargo-nextest (pinned from PyPI), arguments passed to `cargo nextest run` (checked)",
     ),
     (
         "bash ci/kernels.sh",
@@ -702,7 +706,17 @@ fn check_other(w: &[String]) -> Result<&'static str, String> {
         "bash ci/kernels.sh" => contains("ci/test.sh", "bash ci/kernels.sh")?,
         "python3 ci/import_cycles.py" => contains("ci/test.sh", "python3 ci/import_cycles.py")?,
         "python3 ci/house_rules.py" => contains("ci/test.sh", "python3 ci/house_rules.py")?,
-        "python3 ci/fetch_real_model.py" => contains("ci/test.sh", "python3 ci/fetch_real_model.py")?,
+        "python3 ci/fetch_real_model.py" => {
+            contains("ci/test.sh", "source ci/test-env.sh")?;
+            contains("ci/test-env.sh", "python3 ci/fetch_real_model.py")?
+        }
+        "bash ci/nextest.sh" => {
+            contains("ci/nextest.sh", "source ci/test-env.sh")?;
+            contains(
+                "ci/nextest.sh",
+                "cargo nextest run --release --locked --no-fail-fast \"$@\"",
+            )?
+        }
         "cargo test" | "cargo run --release --example" | "cargo run --release -p" => {
             let packages = workspace_packages();
             let mut pkg_dir = root();

@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use touchstone::golden::provenance::HashCache;
 use touchstone::tokenizer::Tokenizer;
 
 const FIXTURE: &str = "tests/fixtures/tokenizer.json";
@@ -71,21 +71,6 @@ const NFC_REASON: &str = "HF's tokenizer.json normalises to NFC (e + U+0301 -> Ã
 
 fn ids(v: &Value) -> Option<Vec<u32>> {
     v.as_array()?.iter().map(|x| x.as_u64().map(|n| n as u32)).collect()
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn real_model_path() -> PathBuf {
@@ -117,7 +102,12 @@ impl Loaded {
         self.cell
             .get_or_init(|| {
                 for (file, want) in &self.files {
-                    let have = sha256_file(file).map_err(|e| format!("{}: {e}", file.display()))?;
+                    // Remembered across processes (the hash cache): under
+                    // nextest every trial is a process, and hashing the real
+                    // model each time would cost seconds per trial.
+                    let have = HashCache::in_cache_dir()
+                        .sha256(file)
+                        .map_err(|e| format!("{}: {e}", file.display()))?;
                     if &have != want {
                         return Err(format!(
                             "{} has sha256 {have}, the fixture was recorded from {want}: regenerate {FIXTURE} \
@@ -427,7 +417,9 @@ fn pre_trials_of(vocab: &str, src: PathBuf, section: &Value, texts: &Arc<BTreeMa
             }
             let (src, keys, texts, want_sha) = (src.clone(), keys.clone(), texts.clone(), want_sha.clone());
             Trial::test(name, move || {
-                let have = sha256_file(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+                let have = HashCache::in_cache_dir()
+                    .sha256(&src)
+                    .map_err(|e| format!("{}: {e}", src.display()))?;
                 check(have == want_sha, || {
                     format!(
                         "{} changed since the fixture was recorded: regenerate {FIXTURE}",

@@ -57,6 +57,10 @@ pub enum Command {
     },
     /// Regression report between two `run --json` reports (exit 1 on a regression).
     Diff(DiffArgs),
+    /// Merge the `--json` reports of `run --shard 1/N` … `N/N` into the report one run of the
+    /// whole selection gives (exit 0 pass, 1 a check failed, 2 a shard missing, given twice, or
+    /// of another run).
+    Merge(MergeArgs),
     /// Benchmarks for comparing touchstone with its peers (not checks; not run in CI): one JSON
     /// line per measurement on stdout, a readable line on stderr. `ci/bench.sh` runs them
     /// interleaved with llama.cpp, HF transformers, numpy and torch (docs/benchmarks.md).
@@ -166,6 +170,29 @@ pub struct RunArgs {
     /// run exits 1: a run that checked nothing is not a pass.
     #[arg(long)]
     pub allow_skip: bool,
+    /// Run only shard K of N of the (spec, engine) runs the other arguments
+    /// select (dealt round-robin in the order a whole run takes them), e.g.
+    /// one CI job each for 1/3, 2/3 and 3/3; their `--json` reports say
+    /// which shard they are, and `touchstone merge` puts them back into the
+    /// report of the whole run (docs/sharding.md).
+    #[arg(long, value_name = "K/N", value_parser = crate::report::merge::parse_shard)]
+    pub shard: Option<(usize, usize)>,
+    #[command(flatten)]
+    pub sinks: SinkArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct MergeArgs {
+    /// The shards' reports (`touchstone run --shard K/N --json FILE`), every one of 1/N … N/N, in
+    /// any order.
+    #[arg(required = true)]
+    pub shards: Vec<PathBuf>,
+    /// Write the merged report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Summary and failures only (no stage table, no passing run checks).
+    #[arg(short, long)]
+    pub quiet: bool,
     #[command(flatten)]
     pub sinks: SinkArgs,
 }

@@ -10,6 +10,7 @@ pub mod goldens;
 pub mod inspect;
 pub mod kernels;
 pub mod list;
+pub mod merge;
 pub mod power;
 pub mod run;
 pub mod specs;
@@ -38,6 +39,7 @@ pub fn execute(cli: Cli) -> Result<Outcome> {
         }
         Command::Goldens { action } => goldens::execute(action),
         Command::Diff(args) => diff::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Power {
             spec,
             at,

@@ -12,6 +12,7 @@ use crate::engine::registry::EngineSel;
 use crate::engine::Availability;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
+use crate::report::merge::Shard;
 use crate::report::{self, Report};
 use crate::runner::{self, rerun_command, Filter, RunOptions};
 use crate::spec::Spec;
@@ -29,6 +30,7 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
         only,
         require_gpu,
         allow_skip,
+        shard,
         quiet,
         verbose,
         color,
@@ -84,13 +86,32 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
         }
         chosen.push(sels);
     }
+    // `--shard K/N`: every run of the selection is listed, this shard's run.
+    let all_runs: Vec<String> = plans
+        .iter()
+        .zip(&chosen)
+        .flat_map(|(plan, sels)| {
+            sels.iter()
+                .map(move |sel| format!("{} on {}", plan.spec.path.display(), sel.name()))
+        })
+        .collect();
+    let shard = shard.map(|(index, count)| Shard {
+        index,
+        count,
+        runs: all_runs.clone(),
+    });
     if save_captures.is_some() && (plans.len() != 1 || chosen[0].len() != 1) {
         return Err(Error::Usage(
             "--save-captures writes one run: give one spec and one engine".into(),
         ));
     }
+    let mut place = 0..;
     for (plan, sels) in plans.iter().zip(&chosen) {
         for sel in sels {
+            let i = place.next().unwrap_or_default();
+            if shard.as_ref().is_some_and(|s| !Shard::owns(s.index, s.count, i)) {
+                continue;
+            }
             let spinner = progress(&format!(
                 "{} on {}: loading the model and running",
                 plan.spec.name,
@@ -115,6 +136,21 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
         let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
         return Err(Error::Usage(format!("no spec could run:\n  {}", msgs.join("\n  "))));
     }
+    if let Some(s) = &shard {
+        eprintln!(
+            "touchstone: shard {}/{}: {} of the selection's {} run(s); `touchstone merge` joins the shards' --json reports",
+            s.index,
+            s.count,
+            report.runs.len(),
+            s.runs.len()
+        );
+        if report.runs.is_empty() {
+            // More shards than runs: this shard has nothing to do, which is
+            // not a failure of the suite (the merge still needs its report).
+            outputs.commit(&|flag| sink_text(&report, flag, shard.as_ref()))?;
+            return Ok(Outcome::Passed);
+        }
+    }
     if selected == 0 {
         return Err(Error::Usage(
             "no check matched --only; `touchstone list` shows the ids".into(),
@@ -131,12 +167,7 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
     } else {
         print!("{text}");
     }
-    outputs.commit(&|flag| match flag {
-        "--json" => report::json::to_string(&report),
-        "--junit" => report::junit::render(&report),
-        "--markdown" => report::markdown::render(&report),
-        _ => report::html::render(&report),
-    })?;
+    outputs.commit(&|flag| sink_text(&report, flag, shard.as_ref()))?;
     if !bad.is_empty() {
         let msgs: Vec<String> = bad.iter().map(|e| e.to_string()).collect();
         return Err(Error::Usage(format!(
@@ -160,6 +191,17 @@ pub fn run(args: RunArgs) -> Result<Outcome> {
     } else {
         Outcome::Failed
     })
+}
+
+/// A report file's text (`flag`: the option naming it); a shard's JSON
+/// report says which shard of which runs it is.
+pub fn sink_text(report: &Report, flag: &str, shard: Option<&Shard>) -> String {
+    match flag {
+        "--json" => report::json::to_string_with(report, shard),
+        "--junit" => report::junit::render(report),
+        "--markdown" => report::markdown::render(report),
+        _ => report::html::render(report),
+    }
 }
 
 /// The report outputs with `json` first, resolved (checked) before the run.

@@ -4,11 +4,15 @@
 
 use serde::Serialize;
 
+use super::merge::Shard;
 use super::{Counts, Divergence, Outcome, Report};
 use crate::tensor::DType;
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
+    /// Present in a shard's report only (`run --shard`), for `merge`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<&'a Shard>,
     passed: bool,
     summary: Counts,
     first_divergence: Option<JsonDivergence<'a>>,
@@ -39,6 +43,12 @@ struct JsonRun<'a> {
 }
 
 pub fn to_string(report: &Report) -> String {
+    to_string_with(report, None)
+}
+
+/// The report of one shard of a run: the report of its runs, and which shard
+/// of which runs it is.
+pub fn to_string_with(report: &Report, shard: Option<&Shard>) -> String {
     let first_divergence = report.runs.iter().find_map(|r| {
         r.first_divergence.as_ref().map(|at| JsonDivergence {
             spec: &r.spec,
@@ -47,6 +57,7 @@ pub fn to_string(report: &Report) -> String {
         })
     });
     let doc = JsonReport {
+        shard,
         passed: report.passed(),
         summary: report.counts(),
         first_divergence,

@@ -7,19 +7,20 @@ pub mod html;
 pub mod json;
 pub mod junit;
 pub mod markdown;
+pub mod merge;
 pub mod outputs;
 pub mod terminal;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::checks::divergence::{self, Mark};
 use crate::checks::{Family, Metric, Status, Verdict};
 use crate::stage::{Stage, Step};
 use crate::tensor::DType;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Outcome {
     pub spec: String,
     pub engine: String,
@@ -34,6 +35,8 @@ pub struct Outcome {
     /// The metric that is the check's error, if it has one.
     pub error_metric: Option<Metric>,
     pub status: Status,
+    // JSON has no NaN: serde_json writes it as null, read back as NaN.
+    #[serde(deserialize_with = "merge::nan_metrics")]
     pub metrics: BTreeMap<String, f64>,
     pub message: String,
     /// True for the check that is the run's first divergence.
@@ -100,7 +103,7 @@ impl Outcome {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Divergence {
     pub step: String,
     pub stage: String,

@@ -46,6 +46,11 @@ use crate::report::SuiteRun;
 use crate::runner::{self, EngineSource, Filter, RunOptions};
 use crate::spec::Spec;
 
+pub mod shared_run;
+pub mod unit;
+use shared_run::{SharedRun, Verdicts};
+use unit::{Granularity, Verdict};
+
 /// Loads a model into an engine.
 pub type Loader = dyn Fn(&Path, &LoadOptions) -> Result<Box<dyn Engine>> + Send + Sync;
 
@@ -92,9 +97,32 @@ impl Harness {
 
     /// One trial per check of every spec.
     pub fn trials(&self) -> Vec<Trial> {
+        self.trials_for(None)
+    }
+
+    /// The trials, or for `--exact <engine>::<spec>::<id>` only those of
+    /// that spec (`exact_target`), read from the published run where another
+    /// trial process ran it.
+    fn trials_for(&self, exact: Option<(String, String, String)>) -> Vec<Trial> {
         let mut trials = Vec::new();
         for path in &self.specs {
-            let plan = match Spec::load(path).and_then(|s| Plan::build(s, None)) {
+            let spec = match Spec::load(path) {
+                Ok(s) => s,
+                Err(e) => {
+                    trials.push(broken_spec(path, e.to_string()));
+                    continue;
+                }
+            };
+            if let Some((engine, name, id)) = &exact {
+                if *engine != self.name || *name != spec.name {
+                    continue;
+                }
+                if let Some(t) = published_trial(engine, &spec, id) {
+                    trials.extend(t);
+                    continue;
+                }
+            }
+            let plan = match Plan::build(spec, None) {
                 Ok(p) => Arc::new(p),
                 Err(e) => {
                     trials.push(broken_spec(path, e.to_string()));
@@ -124,7 +152,8 @@ impl Harness {
     /// arguments: filters, `--list`, `--exact`, `--ignored`, …) and exits.
     pub fn run(self) -> ! {
         let args = Arguments::from_args();
-        libtest_mimic::run(&args, self.trials()).exit()
+        let trials = self.trials_for(exact_target(&args));
+        libtest_mimic::run(&args, trials).exit()
     }
 }
 
@@ -157,41 +186,98 @@ pub fn broken_spec(path: &Path, msg: String) -> Trial {
 
 /// The trials of one plan on one engine, named `<engine>::<spec>::<id>`. An
 /// unavailable engine's trials are ignored with the reason, never passed; an
-/// available one runs the whole plan once, on the first trial that needs it.
+/// available one runs the whole plan once, on the first trial that needs it
+/// — once per process, and once per test run where trials run one per
+/// process (cargo-nextest: `shared_run`).
 pub fn plan_trials(engine: &str, plan: Arc<Plan>, availability: Availability, run: Arc<PlanRunner>) -> Vec<Trial> {
-    let cell: Arc<OnceLock<std::result::Result<SuiteRun, String>>> = Arc::new(OnceLock::new());
-    plan.checks
-        .iter()
-        .map(|check| {
-            let name = format!("{engine}::{}::{}", plan.spec.name, check.id);
+    let g = Granularity::from_env();
+    let cell: Arc<OnceLock<Verdicts>> = Arc::new(OnceLock::new());
+    let shared = Arc::new(SharedRun::new(&plan.spec, engine, g));
+    let mut units: Vec<&str> = Vec::new();
+    for check in &plan.checks {
+        let u = g.unit(&check.id);
+        if !units.contains(&u) {
+            units.push(u);
+        }
+    }
+    units
+        .into_iter()
+        .map(|unit| {
+            let name = format!("{engine}::{}::{unit}", plan.spec.name);
             match &availability {
                 Availability::Unavailable(reason) => {
                     let reason = reason.clone();
-                    Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason)))
+                    let t = Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason)));
+                    // Under nextest every trial is a process: ignored at
+                    // listing, none is spawned only to say why (nextest
+                    // shows no reasons; `--run-ignored all` still shows it).
+                    t.with_ignored_flag(unit::under_nextest())
                 }
                 Availability::Available => {
-                    let (plan, cell, run, id) = (plan.clone(), cell.clone(), run.clone(), check.id.clone());
-                    Trial::ignorable_test(name, move || verdict(cell.get_or_init(|| run(&plan)), &id))
+                    let (plan, cell, run, shared, unit) = (
+                        plan.clone(),
+                        cell.clone(),
+                        run.clone(),
+                        shared.clone(),
+                        unit.to_string(),
+                    );
+                    Trial::ignorable_test(name, move || {
+                        let fresh = || verdicts(&run(&plan), g);
+                        let v = cell.get_or_init(|| match shared.as_ref() {
+                            Some(s) => s.get_or_run(fresh),
+                            None => fresh(),
+                        });
+                        completion(v, &unit)
+                    })
                 }
             }
         })
         .collect()
 }
 
-/// A trial's result from the run's outcome for check `id`.
-pub fn verdict(run: &std::result::Result<SuiteRun, String>, id: &str) -> std::result::Result<Completion, Failed> {
-    let run = run
-        .as_ref()
-        .map_err(|e| Failed::from(format!("the spec could not run: {e}")))?;
-    let o = run
-        .outcomes
-        .iter()
-        .find(|o| o.id == id)
-        .ok_or_else(|| Failed::from(format!("no outcome for {id}")))?;
+/// The trial `id` (a check, or a stage: `unit`) of a (spec, engine) group
+/// that another trial process has already run (nextest's `--exact NAME`): its published
+/// verdict, without planning the spec. `None` when no process has run the
+/// group yet, or trials do not run one per process; `Some(vec![])` when the
+/// group has no such check.
+pub fn published_trial(engine: &str, spec: &Spec, id: &str) -> Option<Vec<Trial>> {
+    let shared = SharedRun::new(spec, engine, Granularity::from_env())?;
+    let verdict = shared.verdict(id)?;
+    let name = format!("{engine}::{}::{id}", spec.name);
+    Some(
+        verdict
+            .map(|v| Trial::ignorable_test(name, move || complete(&v)))
+            .into_iter()
+            .collect(),
+    )
+}
+
+/// The spec an `--exact` filter names (`<engine>::<spec>::<id>`), with its
+/// engine and check id: a process run for one trial (nextest runs each as
+/// `BINARY --exact NAME`) plans only that spec.
+pub fn exact_target(args: &Arguments) -> Option<(String, String, String)> {
+    if !args.exact || args.list {
+        return None;
+    }
+    let name = args.filter.as_deref()?;
+    let (engine, rest) = name.split_once("::")?;
+    let (spec, id) = rest.split_once("::")?;
+    Some((engine.to_string(), spec.to_string(), id.to_string()))
+}
+
+/// Every trial's verdict from one run of a plan.
+pub fn verdicts(run: &std::result::Result<SuiteRun, String>, g: Granularity) -> Verdicts {
+    let run = run.as_ref().map_err(|e| e.to_string())?;
+    let checks: Vec<(String, Verdict)> = run.outcomes.iter().map(|o| (o.id.clone(), verdict_of(o))).collect();
+    Ok(unit::combine(g, &checks))
+}
+
+/// What the trial of one outcome reports.
+fn verdict_of(o: &crate::report::Outcome) -> Verdict {
     match o.status {
-        Status::Pass => Ok(Completion::Completed),
+        Status::Pass => Verdict::Pass,
         // A check with nothing to check is reported as ignored, with its reason.
-        Status::Skip | Status::NotApplicable => Ok(Completion::ignored_with(&o.message)),
+        Status::Skip | Status::NotApplicable => Verdict::Ignored(o.message.clone()),
         Status::Fail => {
             let mut msg = o.message.clone();
             if o.first_divergence {
@@ -202,8 +288,28 @@ pub fn verdict(run: &std::result::Result<SuiteRun, String>, id: &str) -> std::re
                 msg.push_str(&format!("\ndownstream of the first divergence at {d}"));
             }
             msg.push_str(&format!("\nrerun: {}", o.rerun));
-            Err(msg.into())
+            Verdict::Fail(msg)
         }
+    }
+}
+
+/// A trial's result: trial `id`'s verdict in a group's verdicts.
+fn completion(v: &Verdicts, id: &str) -> std::result::Result<Completion, Failed> {
+    let map = v
+        .as_ref()
+        .map_err(|e| Failed::from(format!("the spec could not run: {e}")))?;
+    complete(
+        map.get(id)
+            .ok_or_else(|| Failed::from(format!("no outcome for {id}")))?,
+    )
+}
+
+/// A trial's result from its verdict.
+fn complete(verdict: &Verdict) -> std::result::Result<Completion, Failed> {
+    match verdict {
+        Verdict::Pass => Ok(Completion::Completed),
+        Verdict::Ignored(reason) => Ok(Completion::ignored_with(reason)),
+        Verdict::Fail(msg) => Err(msg.as_str().into()),
     }
 }
 
