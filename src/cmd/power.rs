@@ -52,6 +52,16 @@ pub struct Trial {
     pub localised: bool,
 }
 
+/// How much of the δ grid a measurement judges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// Every δ: the table `touchstone power` prints.
+    Full,
+    /// Down to the first δ not localised: the claim (`smallest`) needs no
+    /// more, and each δ costs a judgement of every later stage.
+    UntilLost,
+}
+
 /// The grid's trials and the claim: the smallest δ localised together with
 /// every larger one (None when even 10% is not).
 pub struct Power {
@@ -86,7 +96,7 @@ pub fn run(args: PowerArgs) -> Result<Outcome> {
         return Err(Error::Usage(format!("the {} engine is unavailable: {why}", sel.name())));
     }
     let engine = EngineSource::load(sel, &plan)?;
-    let p = measure(&plan, engine.as_ref(), step, stage)?;
+    let p = measure(&plan, engine.as_ref(), step, stage, Grid::Full)?;
     println!(
         "detection power of {} on engine {}, storage {}: one token row (the last) of {step}/{stage} scaled by 1 + δ",
         plan.spec.name,
@@ -120,7 +130,7 @@ pub fn run(args: PowerArgs) -> Result<Outcome> {
 
 /// Runs `engine` once on `plan`'s stage checks, which must all pass, then
 /// judges them again with the change planted at each δ of the grid.
-pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stage: Stage) -> Result<Power> {
+pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stage: Stage, grid: Grid) -> Result<Power> {
     let replay = Replay::new(engine);
     // Stage checks only (ids `<step>/<stage>::<check>`): one engine run
     // serves every judgement; run checks would run the engine again.
@@ -158,6 +168,9 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
                 .is_some_and(|(at, _)| *at == format!("{step}/{stage}")),
             earliest,
         });
+        if grid == Grid::UntilLost && trials.last().is_some_and(|t| !t.localised) {
+            break;
+        }
     }
     let smallest = trials.iter().take_while(|t| t.localised).last().map(|t| t.delta);
     Ok(Power { trials, smallest })
