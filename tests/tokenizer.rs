@@ -181,9 +181,13 @@ fn main() {
             // (Under cargo's per-target scratch folder, rewritten each run:
             // libtest-mimic exits the process, so a TempDir would never be removed.)
             let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tokenizer-{name}"));
+            // Every process writes them (nextest runs each trial in its own, at
+            // once): written beside and renamed into place, a reader never sees
+            // a half-written file.
             std::fs::create_dir_all(&tmp).expect("a scratch folder");
-            std::fs::copy(dir.join("model/tokenizer.json"), tmp.join("tokenizer.json")).expect("copy");
-            std::fs::write(tmp.join("tokenizer_config.json"), config.to_string()).expect("write");
+            let tokenizer = std::fs::read(dir.join("model/tokenizer.json")).expect("the tiny tokenizer.json");
+            write_atomic(&tmp.join("tokenizer.json"), &tokenizer);
+            write_atomic(&tmp.join("tokenizer_config.json"), config.to_string().as_bytes());
             let f = files(&["model/tokenizer.json"], &dir);
             loaders.push((
                 "dir",
@@ -647,4 +651,11 @@ fn spm_trials(root: &Path, doc: &Value) -> Vec<Trial> {
         }));
     }
     trials
+}
+
+/// `bytes` into `path` through a file of this process renamed over it.
+fn write_atomic(path: &Path, bytes: &[u8]) {
+    let part = path.with_extension(format!("part-{}", std::process::id()));
+    std::fs::write(&part, bytes).expect("write a scratch file");
+    std::fs::rename(&part, path).expect("rename a scratch file into place");
 }
