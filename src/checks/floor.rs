@@ -398,6 +398,45 @@ impl<'a> FloorAt<'a> {
         }
     }
 
+    /// One floor per token row at a residual add (`ffn_inp`, `out`), where X
+    /// and O hold both inputs A and B: row t's floor is
+    /// `own_rel·M_t + max_{j∈t}(|ΔA_j| + |ΔB_j|)` with
+    /// `M_t = max_{j∈t}(|A_j| + |B_j|)` over the oracle's inputs. A sum is
+    /// formed element by element, so row t's error is what row t's inputs
+    /// carry plus its own roundings — |ΔA_j| + |ΔB_j| + u·(|A_j| + |B_j|)
+    /// for the oracle's stored inputs and u_store·|A_j + B_j| for the sum,
+    /// both within `own_rel·M_t` — and nothing of another row reaches it.
+    /// The stage-wide floor takes M over every row, which on a real model is
+    /// the first token's outlier features (hundreds of times the other
+    /// rows'): a change confined to a quiet row hides under it, but not
+    /// under that row's own floor. Rows of the recorded view, in order;
+    /// None at other stages or where an input is missing or misshapen.
+    pub fn row_floors<'s>(&self, stage: Stage, x: &Source<'s>) -> Option<Vec<f64>> {
+        let Stage::Block(_, BlockStage::FfnInp | BlockStage::Out) = stage else {
+            return None;
+        };
+        let ins = inputs(self.facts.config, stage);
+        let (da, db) = (self.diffs(x, ins[0])?, self.diffs(x, ins[1])?);
+        let view = |s: Stage| self.o(s).map(|t| self.facts.on_recorded_rows(t, self.step, s));
+        let (oa, ob) = (view(ins[0])?, view(ins[1])?);
+        let (n, len) = (self.facts.config.hidden, da.len());
+        if n == 0 || len % n != 0 || db.len() != len || oa.data().len() != len || ob.data().len() != len {
+            return None;
+        }
+        let own = self.own_rel(stage, &mut Vec::new());
+        let rows = (0..len / n).map(|t| {
+            let r = t * n..(t + 1) * n;
+            let (a, b) = (&oa.data()[r.clone()], &ob.data()[r.clone()]);
+            let m = a
+                .iter()
+                .zip(b)
+                .fold(0.0f64, |m, (a, b)| m.max((*a as f64).abs() + (*b as f64).abs()));
+            let inherited = da[r.clone()].iter().zip(&db[r]).fold(0.0f64, |m, (a, b)| m.max(a + b));
+            own * m + inherited
+        });
+        Some(rows.collect())
+    }
+
     /// RMSNorm's first-order transfer, rows of `n` values:
     /// |Δy_j| ≤ |y_j/x_j|·|Δx_j| + |y_j|·‖Δx‖/‖x‖, the ratio y_j/x_j and the
     /// norms read off the oracle (where x_j = 0, y_j = 0 and the term is 0).

@@ -97,6 +97,18 @@ pub fn floor_of<'s>(
     judged: Option<&str>,
     x: &(dyn Fn(Stage) -> Option<&'s Tensor> + 's),
 ) -> Floor {
+    floor_at(facts, oracle, step, arith, judged).floor(stage, m, x)
+}
+
+/// Where a source judged in arithmetic `arith` has its floors computed; its
+/// gain reference is an f32 golden other than itself.
+pub fn floor_at<'a>(
+    facts: &'a Facts<'a>,
+    oracle: &'a GoldenSet,
+    step: Step,
+    arith: Arithmetic,
+    judged: Option<&str>,
+) -> FloorAt<'a> {
     let gain_ref = facts
         .goldens
         .iter()
@@ -111,7 +123,6 @@ pub fn floor_of<'s>(
         c: facts.scaled.floor,
         gain_ref,
     }
-    .floor(stage, m, x)
 }
 
 /// The spec's `scaled:` as a policy.

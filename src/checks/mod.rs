@@ -13,6 +13,7 @@ pub mod kind;
 pub mod measure;
 pub mod params;
 mod registry;
+pub mod row_judge;
 pub mod run;
 pub mod scaled;
 pub mod stage;

@@ -13,6 +13,7 @@ use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, Located, RuleEnv, StageCheck, StageRule};
 use crate::checks::measure::{self, last_row_if, ratio_text, sci};
 use crate::checks::params::{opt_tol_value, StrOrMap, TolOverride};
+use crate::checks::row_judge::{row_comparison, worst_row, RowInputs};
 use crate::checks::scaled;
 use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
@@ -224,6 +225,7 @@ fn scaled_against(
     };
     let mut r = 0.0f64;
     let mut peers = Vec::new();
+    let mut peer_tensors = Vec::new();
     for (name, g) in facts.goldens.iter() {
         match arith(name) {
             Ok(a) if a == class => {}
@@ -237,11 +239,12 @@ fn scaled_against(
         };
         let Some(t) = t else { continue };
         let t = facts.on_recorded_rows(t, step, stage);
-        let t = last_row_if(&t, &o, stage, o.shape().first() == Some(&1));
+        let t = last_row_if(&t, &o, stage, o.shape().first() == Some(&1)).into_owned();
         match scaled::max_error(&t, &o) {
             Ok((e, _)) => {
                 r = r.max(e);
                 peers.push(format!("{name} {}", sci(e)));
+                peer_tensors.push(std::borrow::Cow::Owned(t));
             }
             Err(e) => {
                 return Verdict::fail(format!("golden `{name}` vs the oracle: {e}")).metric("shape_mismatch", 1.0)
@@ -262,6 +265,13 @@ fn scaled_against(
     // The comparator at the allowance gives the failure its count, worst
     // element with both values, NMSE and cosine (engine vs oracle).
     let c = compare(actual, &o, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    // At a residual add, every token row within its own row's allowance too.
+    let inputs = RowInputs {
+        judged: actual,
+        oracle_view: &o,
+        peers: peer_tensors,
+    };
+    let row = worst_row(facts, oracle, step, stage, facts.arithmetic, None, &engine, &inputs).filter(|r| !r.passed());
     let head = format!(
         "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}, arithmetic \
          {class}), engine floor {} (arithmetic {}: {}, c {}): ratio {} {} factor {}",
@@ -276,14 +286,23 @@ fn scaled_against(
         if j.passed() { "<=" } else { ">" },
         j.factor
     );
-    let message = if j.passed() {
-        head
-    } else {
-        format!(
+    let message = match (j.passed() && c.passed(), &row) {
+        (true, None) => head,
+        (true, Some(row)) => format!(
+            "one token row is further from the exact answer than `{source}` allows (oracle {}):\n{}\n{head}\n{}",
+            oracle.path.display(),
+            row.explain(j.factor),
+            row_comparison(actual, &o, row).unwrap_or_default()
+        ),
+        (false, _) => format!(
             "further from the exact answer than `{source}` allows (oracle {}):\n{head}\n{}",
             oracle.path.display(),
             c.explain()
-        )
+        ),
     };
-    measure::scaled_verdict(j.passed() && c.passed(), message, &c, &j)
+    let mut v = measure::scaled_verdict(j.passed() && c.passed() && row.is_none(), message, &c, &j);
+    for (name, value) in row.iter().flat_map(|r| r.metrics()) {
+        v.metrics.insert(name.to_string(), value);
+    }
+    v
 }

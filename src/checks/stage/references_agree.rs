@@ -14,6 +14,7 @@ use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
 use crate::checks::measure::{self, last_row_if, ratio_text, sci};
 use crate::checks::params::TolOverride;
+use crate::checks::row_judge::{row_comparison, worst_row, RowInputs};
 use crate::checks::scaled;
 use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
@@ -184,6 +185,13 @@ fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, referenc
     };
     let j = scaled::judge_reference(measure::policy(facts), r, fl.total());
     let c = compare(reference, oracle, Tolerance::new(j.allowed, 0.0)).expect("shapes matched above");
+    // At a residual add, every token row within its own row's allowance too.
+    let inputs = RowInputs {
+        judged: reference,
+        oracle_view: oracle,
+        peers: Vec::new(),
+    };
+    let row = worst_row(facts, og, step, stage, u, Some(other), &x, &inputs).filter(|r| !r.passed());
     let head = format!(
         "`{other}`'s error {} (max|{other} − oracle|), its floor {} (arithmetic {u}: {}, c {}): ratio {} {} factor {}",
         sci(r),
@@ -194,13 +202,22 @@ fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, referenc
         if j.passed() { "<=" } else { ">" },
         j.factor
     );
-    let message = if j.passed() {
-        head
-    } else {
-        format!(
+    let message = match (j.passed(), &row) {
+        (true, None) => head,
+        (true, Some(row)) => format!(
+            "golden `{other}` is suspect here: one token row is further from the exact answer than its arithmetic \
+             allows:\n{}\n{head}\n{}",
+            row.explain(j.factor),
+            row_comparison(reference, oracle, row).unwrap_or_default()
+        ),
+        (false, _) => format!(
             "golden `{other}` is suspect here: further from the exact answer than its arithmetic allows:\n{head}\n{}",
             c.explain()
-        )
+        ),
     };
-    measure::scaled_verdict(j.passed(), message, &c, &j)
+    let mut v = measure::scaled_verdict(j.passed() && row.is_none(), message, &c, &j);
+    for (name, value) in row.iter().flat_map(|r| r.metrics()) {
+        v.metrics.insert(name.to_string(), value);
+    }
+    v
 }
