@@ -4,7 +4,9 @@
 //! model folder and from the GGUF, and llama.cpp's `llama_tokenize`).
 //!
 //! One trial per (model, loader, text), named
-//! `tokenizer::<model>::<loader>::<plain|chat|decode>::<text>`:
+//! `tokenizer::<model>::<loader>::<plain|chat|decode>::<text>` (under
+//! cargo-nextest one per name without its text, every text in one process:
+//! `grouped` below):
 //! - loader `dir` (the folder's tokenizer.json) must give `hf_dir`'s ids;
 //! - loader `gguf` (the GGUF's own vocabulary) must give `llamacpp`'s ids (the
 //!   GGUF's runtime) and `hf_gguf`'s, except where the two references differ
@@ -40,7 +42,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use grouped::Trial;
+use libtest_mimic::{Arguments, Completion, Failed};
 use serde_json::Value;
 use touchstone::golden::provenance::HashCache;
 use touchstone::tokenizer::Tokenizer;
@@ -375,7 +378,7 @@ fn main() {
             move || Err(r.into()),
         ));
     }
-    libtest_mimic::run(&args, trials).exit();
+    libtest_mimic::run(&args, grouped::into_trials(trials)).exit();
 }
 
 /// One trial per vocabulary and pre-tokenizer name of the fixture's
@@ -658,4 +661,96 @@ fn write_atomic(path: &Path, bytes: &[u8]) {
     let part = path.with_extension(format!("part-{}", std::process::id()));
     std::fs::write(&part, bytes).expect("write a scratch file");
     std::fs::rename(&part, path).expect("rename a scratch file into place");
+}
+
+/// The trials of this file, one per case under `cargo test` and one per
+/// group of cases under cargo-nextest, where every trial is a process: the
+/// cases of one (model, loader, kind) share a tokenizer loaded once (a
+/// real model's vocabulary takes 0.1 to 0.2 s to load), and 414 processes
+/// cost more than the cases they run. A group is a name without its last
+/// `::` part (`tokenizer::spm::gemma-3-270m::plain`); a group of one keeps
+/// its case's name. A failing group prints every failing case's message.
+mod grouped {
+    use std::collections::BTreeMap;
+
+    use libtest_mimic::{Completion, Failed};
+    use touchstone::harness::unit::under_nextest;
+
+    type Run = Box<dyn FnOnce() -> Result<Completion, Failed> + Send>;
+
+    /// A case, built as libtest-mimic's `Trial` is.
+    pub struct Trial {
+        name: String,
+        run: Run,
+    }
+
+    impl Trial {
+        pub fn test(name: impl Into<String>, f: impl FnOnce() -> Result<(), Failed> + Send + 'static) -> Trial {
+            Trial {
+                name: name.into(),
+                run: Box::new(move || f().map(|()| Completion::Completed)),
+            }
+        }
+        pub fn ignorable_test(
+            name: impl Into<String>,
+            f: impl FnOnce() -> Result<Completion, Failed> + Send + 'static,
+        ) -> Trial {
+            Trial {
+                name: name.into(),
+                run: Box::new(f),
+            }
+        }
+    }
+
+    pub fn into_trials(cases: Vec<Trial>) -> Vec<libtest_mimic::Trial> {
+        if !under_nextest() {
+            return cases
+                .into_iter()
+                .map(|c| libtest_mimic::Trial::ignorable_test(c.name, c.run))
+                .collect();
+        }
+        let mut groups: BTreeMap<String, Vec<Trial>> = BTreeMap::new();
+        for c in cases {
+            let group = c.name.rsplit_once("::").map_or(c.name.as_str(), |(g, _)| g).to_string();
+            groups.entry(group).or_default().push(c);
+        }
+        groups
+            .into_iter()
+            .map(|(group, mut members)| {
+                if members.len() == 1 {
+                    let c = members.pop().expect("one member");
+                    return libtest_mimic::Trial::ignorable_test(c.name, c.run);
+                }
+                libtest_mimic::Trial::ignorable_test(group, move || run_all(members))
+            })
+            .collect()
+    }
+
+    /// Every member, in order: failed when any failed (each message under
+    /// its case's name), ignored when all were (each reason), else passed.
+    fn run_all(members: Vec<Trial>) -> Result<Completion, Failed> {
+        let n = members.len();
+        let (mut failed, mut ignored) = (Vec::new(), Vec::new());
+        for c in members {
+            match (c.run)() {
+                Ok(Completion::Completed) => {}
+                Ok(Completion::Ignored { reason }) => {
+                    ignored.push(format!("{}: {}", c.name, reason.unwrap_or_default()))
+                }
+                Err(e) => failed.push(format!(
+                    "--- {}: FAILED\n{}",
+                    c.name,
+                    e.message().unwrap_or("(no message)")
+                )),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(format!("{} of {n} cases failed\n{}", failed.len(), failed.join("\n")).into());
+        }
+        Ok(if ignored.len() == n {
+            Completion::ignored_with(ignored.join("; "))
+        } else {
+            Completion::Completed
+        })
+    }
 }

@@ -1,16 +1,20 @@
-//! What one trial judges: one check, or every check of one stage at one step.
+//! What one trial judges: one check, every check of one stage at one step,
+//! or every check of one layer at one step.
 //!
 //! Under `cargo test` a trial is one check (`prefill/blk.0.q::golden:hf`):
 //! trials are closures in one process and cost microseconds. Under
 //! cargo-nextest every trial is a process of its own, and on a 2-core
-//! machine a process costs about 6 ms however little it does: the ~40,000
-//! checks of the shipped specs would take 2.4x `cargo test`'s wall time in
-//! process starts alone. So under nextest a trial is a stage at a step
-//! (`prefill/blk.0.q`: its finite, shape, golden, references_agree and
-//! recompute checks together; ~9,800 trials), and a run check stays its own
-//! trial. A failing stage trial prints every failing check's full message and
-//! rerun command, so nothing a per-check trial says is lost.
-//! `TOUCHSTONE_TRIALS=check` or `=stage` chooses either way under any runner.
+//! machine a process costs about 6 ms however little it does (10 to 30 ms
+//! while the machine is busy): the ~40,000 checks of the shipped specs
+//! would take 2.4x `cargo test`'s wall time in process starts alone, and
+//! even one trial per stage (~9,800 run) added a tenth to the suite. So
+//! under nextest a trial is a layer at a step (`prefill/blk.11`: every check
+//! of every stage of block 11; `prefill/embed`, `decode1/logits` and the
+//! other stages outside the blocks are their own), and a run check stays
+//! its own trial. The first failing trial of a run names the layer; its
+//! message holds every failing check's full message and rerun command, so
+//! nothing a per-check trial says is lost.
+//! `TOUCHSTONE_TRIALS=check`, `=stage` or `=layer` chooses under any runner.
 
 use std::collections::BTreeMap;
 
@@ -35,28 +39,42 @@ pub const VAR: &str = "TOUCHSTONE_TRIALS";
 pub enum Granularity {
     Check,
     Stage,
+    Layer,
 }
 
 impl Granularity {
-    /// `TOUCHSTONE_TRIALS`, else stage under nextest and check otherwise.
+    /// `TOUCHSTONE_TRIALS`, else layer under nextest and check otherwise.
     /// Listing and running read the same environment, so a trial's name is
     /// the same in both.
     pub fn from_env() -> Granularity {
         match std::env::var(VAR).as_deref() {
             Ok("check") => Granularity::Check,
             Ok("stage") => Granularity::Stage,
-            _ if under_nextest() => Granularity::Stage,
+            Ok("layer") => Granularity::Layer,
+            _ if under_nextest() => Granularity::Layer,
             _ => Granularity::Check,
         }
     }
 
-    /// The trial a check id belongs to: the id itself, or its
-    /// `<step>/<stage>` (run checks, `run::…`, are always their own).
+    /// The trial a check id belongs to: the id itself, its `<step>/<stage>`,
+    /// or its `<step>/blk.<i>` (a stage outside the blocks is its own layer;
+    /// run checks, `run::…`, are always their own).
     pub fn unit<'a>(&self, id: &'a str) -> &'a str {
-        match self {
-            Granularity::Check => id,
-            Granularity::Stage if id.starts_with("run::") => id,
-            Granularity::Stage => id.split_once("::").map_or(id, |(stage, _)| stage),
+        if *self == Granularity::Check || id.starts_with("run::") {
+            return id;
+        }
+        let stage = id.split_once("::").map_or(id, |(stage, _)| stage);
+        if *self == Granularity::Stage {
+            return stage;
+        }
+        // `<step>/blk.<i>.<name>` → `<step>/blk.<i>`.
+        match stage.find("/blk.") {
+            Some(at) => {
+                let layer = at + "/blk.".len();
+                let end = stage[layer..].find('.').map_or(stage.len(), |dot| layer + dot);
+                &stage[..end]
+            }
+            None => stage,
         }
     }
 }
@@ -127,6 +145,12 @@ mod tests {
             Granularity::Check.unit("prefill/blk.0.q::golden:hf"),
             "prefill/blk.0.q::golden:hf"
         );
+        let l = Granularity::Layer;
+        assert_eq!(l.unit("prefill/blk.11.attn_out::golden:hf"), "prefill/blk.11");
+        assert_eq!(l.unit("decode4/blk.0.q_rope::rotates"), "decode4/blk.0");
+        assert_eq!(l.unit("prefill/embed::finite"), "prefill/embed");
+        assert_eq!(l.unit("decode1/logits::golden:hf"), "decode1/logits");
+        assert_eq!(l.unit("run::kv_cache"), "run::kv_cache");
     }
 
     #[test]
