@@ -1,0 +1,268 @@
+"""The float64 oracle of HF's forward pass, computed layer by layer.
+
+record_hf.py --dtype float64 and record_next_token.py --source oracle call
+to_float64(model) on the float32 model they loaded, then run every forward
+under an F32Guard. The model is NOT converted to float64 as a whole (a 7B
+model would need 56 GB in float64 beside its float32 copy): it stays in
+float32, and each weight-holding unit -- the embedding, each decoder layer,
+the final norm, the LM head -- gets float64 copies of its parameters for the
+duration of its own forward only (a forward pre-hook widens them, a forward
+hook puts the float32 tensors back and the float64 copies are freed).
+Activations, the KV cache, the RoPE tables, the mask and the logits are
+float64 throughout, exactly as when the whole model was converted, so every
+op sees the same float64 operands: float32 -> float64 is exact, and the
+widened copies are fresh allocations (64-byte aligned) like those
+model.to(torch.float64) made. The oracles are byte-identical to those of the
+whole-model conversion (checked on every committed model: docs/goldens.md).
+
+Memory while recording (the bound `goldens regen` prints against):
+    the float32 model
+  + the largest unit in float64 (2x its float32 size: one decoder layer, or
+    the embedding / LM head matrix, which may be the same tied matrix)
+  + float64 activations, the KV cache and the logits of the prompt
+  + the interpreter with torch and transformers (a constant, ~0.5 GiB).
+The loading path stays within the float32 model plus one tensor being
+copied (record_hf.py loads in float32 and re-allocates weights one by one).
+
+Three places of HF's code compute in float32 whatever the model's dtype, and
+are replaced for the run by the same formulas in float64: the RoPE cos/sin
+tables, RMSNorm (q_norm/k_norm included; Gemma 3's own 1 + w variant) and the
+eager attention softmax (see record_hf.py's docstring). F32Guard, a dispatch
+mode, counts every aten op whose output is a floating tensor of another dtype
+than float64; a run must end with none, outside the `allowed` sections (the
+rounding of stored tensors to float32, the recorders' float32 bookkeeping).
+"""
+import collections
+import resource
+import sys
+import types
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 1 << 30
+
+
+class F32Guard(TorchDispatchMode):
+    """Counts every aten op (outside `allowed` sections) whose output is a
+    floating tensor of another dtype than float64: a float64 run must have
+    none."""
+
+    def __init__(self):
+        super().__init__()
+        self.allow = 0
+        self.bad = collections.Counter()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.allow:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+                    self.bad[f"{func} -> {t.dtype}"] += 1
+        return out
+
+
+class allowed:
+    """Lets the guard (if any) ignore the ops inside: the rounding to float32
+    of what is stored, and the recorder's own float32 bookkeeping."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.allow += 1
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.allow -= 1
+
+
+def rope_default_f64(cfg, layer_type=None):
+    """inv_freq of HF's `default` RoPE (compute_default_rope_parameters) in
+    float64: 1 / theta^(2i/dim), dim = head_dim * partial_rotary_factor.
+    `layer_type`: Gemma 3 keeps one set of RoPE parameters per layer type
+    (rope_parameters[layer_type])."""
+    rp = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
+    if rp.get("rope_type", "default") != "default":
+        sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only, not {rp['rope_type']!r}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def units(model):
+    """The modules whose parameters are widened together, in the order a
+    forward runs them. Every parameter of the model belongs to one of them
+    (asserted), so no float32 weight can reach a float64 forward unseen (the
+    guard would count it, too)."""
+    m = model.model
+    us = [("embed_tokens", m.embed_tokens)] + [(f"layer {i}", layer) for i, layer in enumerate(m.layers)] + \
+         [("norm", m.norm), ("lm_head", model.lm_head)]
+    covered = {id(p) for _, u in us for p in u.parameters()}
+    stray = [n for n, p in model.named_parameters() if id(p) not in covered]
+    assert not stray, f"parameters outside the streamed units: {stray}"
+    return us
+
+
+def stream_float64(model):
+    """Hooks that give each unit float64 copies of its parameters for its own
+    forward only (see the module docstring). A tied LM head shares its
+    Parameter with the embedding: it is widened by whichever unit runs, and
+    never by both at once (asserted). Returns the largest unit's float64
+    size in bytes."""
+    widened = set()  # id() of the parameters holding float64 copies now
+    largest = 0
+    for name, unit in units(model):
+        # Each tied Parameter once, with its float32 tensor, taken here,
+        # outside any forward: reading `p.data` under the guard would be an
+        # aten.detach to float32 (counted). Widening is then one _to_copy to
+        # float64, and putting the float32 tensor back is set_data (no output).
+        params = [(p, p.data) for p in unit.parameters()]
+        largest = max(largest, sum(p.numel() for p, _ in params) * 8)
+        live = []
+
+        def widen(mod, args, name=name, params=params, live=live):
+            assert not live, f"{name}: entered twice"
+            for p, f32 in params:
+                # Nothing else may have replaced the weights since.
+                assert id(p) not in widened and p.dtype == torch.float32 and p.data_ptr() == f32.data_ptr(), \
+                    f"{name}: a parameter is not the float32 tensor it was"
+                widened.add(id(p))
+                # float32 -> float64 is exact; the copy is a fresh allocation,
+                # as model.to(torch.float64) made.
+                p.data = f32.to(torch.float64)
+                live.append((p, f32))
+
+        def narrow(mod, args, out, live=live):
+            # Put the float32 tensors back; the float64 copies are freed here.
+            for p, f32 in live:
+                p.data = f32
+                widened.discard(id(p))
+            live.clear()
+        unit.register_forward_pre_hook(widen, prepend=True)
+        unit.register_forward_hook(narrow, always_call=True)
+    return largest
+
+
+def to_float64(model):
+    """Make every forward of `model` the float64 oracle: parameters widened
+    unit by unit while they are used (stream_float64), buffers (RoPE
+    inv_freq, Gemma 3's embed_scale) in float64 for good, and HF's float32
+    islands replaced (see the module docstring). Returns what was patched,
+    for the log and record_next_token.py's provenance (`settings.float64`,
+    unchanged from the whole-model conversion's)."""
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "weights are not all float32"
+    # Buffers are small: widened once, as model.to(torch.float64) did.
+    for mod in model.modules():
+        for bname, buf in list(mod._buffers.items()):
+            if buf is not None and buf.is_floating_point():
+                mod._buffers[bname] = buf.to(torch.float64)
+    m = model.model
+    # RoPE tables.
+    rot = m.rotary_emb
+    rope = "float64 default"
+    if type(rot).__name__ == "Gemma3RotaryEmbedding":
+        # One table per layer type, each from its own rope_theta:
+        # forward(x, position_ids, layer_type) reads `{layer_type}_inv_freq`.
+        inv64s = {}
+        for lt in rot.layer_types:
+            inv64s[lt] = rope_default_f64(model.config, lt)
+            assert rot.rope_type[lt] == "default" and getattr(rot, f"{lt}_attention_scaling") == 1.0, lt
+            hf_inv = getattr(rot, f"{lt}_inv_freq")
+            assert hf_inv.shape == inv64s[lt].shape, lt
+            assert torch.allclose(hf_inv.to(torch.float64), inv64s[lt], rtol=1e-6, atol=0), \
+                f"{lt}: inv_freq differs from HF's"
+        # The two bases differ, so a table mix-up cannot go unseen.
+        assert len(inv64s) < 2 or not torch.equal(*inv64s.values())
+
+        def rope_forward(self, x, position_ids, layer_type):
+            freqs = position_ids[..., None].to(torch.float64) * inv64s[layer_type]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        rope = {lt: f"float64 default, theta {model.config.rope_parameters[lt]['rope_theta']}" for lt in inv64s}
+    else:
+        inv64 = rope_default_f64(model.config)
+        assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0
+        # HF's float32 inv_freq is the float64 one rounded (within a few ulps).
+        assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
+
+        def rope_forward(self, x, position_ids):
+            freqs = position_ids[..., None].to(torch.float64) * inv64
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rot.forward = types.MethodType(rope_forward, rot)
+    # RMSNorm (every norm of these architectures, q_norm/k_norm included).
+    # Their weights are float64 only while their unit runs: asserted per call.
+    norms = 0
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        if cls == "Gemma3RMSNorm":
+            # Gemma 3: x * rsqrt(mean(x^2) + eps) * (1 + w), HF's order of
+            # operations (Gemma3RMSNorm.forward), in float64.
+            assert hasattr(mod, "eps"), name
+
+            def gemma_rms_forward(self, x):
+                assert x.dtype == torch.float64 and self.weight.dtype == torch.float64
+                out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+                return out * (1.0 + self.weight)
+            mod.forward = types.MethodType(gemma_rms_forward, mod)
+            norms += 1
+        elif cls.endswith("RMSNorm"):
+            assert hasattr(mod, "variance_epsilon"), name
+
+            def rms_forward(self, hidden_states):
+                assert hidden_states.dtype == torch.float64 and self.weight.dtype == torch.float64
+                variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+                return self.weight * hidden_states
+            mod.forward = types.MethodType(rms_forward, mod)
+            norms += 1
+        else:
+            assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"
+    # Softmax: eager_attention_forward asks for dtype=torch.float32 and casts
+    # back; in a float64 run it is computed in float64 instead.
+    real_softmax = torch.nn.functional.softmax
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        if dtype == torch.float32 and input.dtype == torch.float64:
+            dtype = torch.float64
+        return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+    torch.nn.functional.softmax = softmax
+    # Last: the hooks only widen what the patches above expect.
+    model.oracle_largest_unit_f64 = stream_float64(model)
+    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
+
+
+def f32_bytes(model):
+    """The model's size in float32: its parameters (a tied matrix once) and
+    buffers, 4 bytes each."""
+    return 4 * (sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
+
+
+def peak_rss():
+    """This process's peak resident set size so far, in bytes (Linux: kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# The interpreter with torch and transformers imported, before any model:
+# a constant of the process, not of the model (about 0.7 GiB).
+BASE_RSS = peak_rss()
+
+
+def size(n):
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
+
+
+def memory_line(model_bytes, largest_unit=None):
+    """The `memory:` progress line goldens regen keeps in its review: the
+    peak RSS of the whole run (loading included) against the float32 model,
+    also without the interpreter's own RSS before loading (what the model
+    costs)."""
+    peak = peak_rss()
+    line = (f"memory: peak RSS {size(peak)}, the model in float32 {size(model_bytes)}: {peak / model_bytes:.2f}x "
+            f"({(peak - BASE_RSS) / model_bytes:.2f}x above the {size(BASE_RSS)} of the interpreter and libraries)")
+    if largest_unit is not None:
+        line += f"; float64 streamed layer by layer, the largest unit {size(largest_unit)} in float64"
+    return line
