@@ -92,43 +92,76 @@ def rope_default_f64(cfg, layer_type=None):
     return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
 
-def units(model):
-    """The modules whose parameters are widened together, in the order a
-    forward runs them. Every parameter of the model belongs to one of them
-    (asserted), so no float32 weight can reach a float64 forward unseen (the
-    guard would count it, too)."""
-    m = model.model
-    us = [("embed_tokens", m.embed_tokens)] + [(f"layer {i}", layer) for i, layer in enumerate(m.layers)] + \
-         [("norm", m.norm), ("lm_head", model.lm_head)]
-    covered = {id(p) for _, u in us for p in u.parameters()}
-    stray = [n for n, p in model.named_parameters() if id(p) not in covered]
-    assert not stray, f"parameters outside the streamed units: {stray}"
-    return us
+# Rows of a matrix widened at a time (widen_in_place): 64 MiB of float32,
+# above glibc's largest mmap threshold (32 MiB), so that every block is its
+# own mapping and goes back to the system the moment it is freed.
+BLOCK = 64 << 20
+
+
+def widen_in_place(p):
+    """Replace the float32 data of parameter `p` by a float64 copy without
+    ever holding both whole (they would be 3x its float32 size): its rows are
+    first copied into blocks (the float32 matrix freed), then each block is
+    widened into the float64 matrix and freed. Peak: the matrix in float64
+    plus one block. Returns the float64 size in bytes."""
+    f32 = p.data
+    shape, n_rows = f32.shape, f32.shape[0]
+    rows = max(1, BLOCK // max(1, f32[:1].numel() * 4))
+    blocks = [f32[a:a + rows].clone() for a in range(0, n_rows, rows)]
+    # Nothing else holds the loader's matrix (every parameter was
+    # re-allocated after loading): this frees it.
+    p.data = torch.empty(0, dtype=torch.float32)
+    del f32
+    # Untouched pages of a fresh allocation are not resident: the float64
+    # matrix grows as the blocks shrink. A fresh allocation (64-byte aligned),
+    # as model.to(torch.float64) made; float32 -> float64 is exact.
+    f64 = torch.empty(shape, dtype=torch.float64)
+    a = 0
+    for i in range(len(blocks)):
+        n = blocks[i].shape[0]
+        f64[a:a + n].copy_(blocks[i])
+        blocks[i] = None
+        a += n
+    assert a == n_rows
+    p.data = f64
+    return f64.numel() * 8
 
 
 def stream_float64(model):
-    """Hooks that give each unit float64 copies of its parameters for its own
-    forward only (see the module docstring). A tied LM head shares its
-    Parameter with the embedding: it is widened by whichever unit runs, and
-    never by both at once (asserted). Returns the largest unit's float64
-    size in bytes."""
+    """Makes the float64 weights of a forward: the embedding, the final
+    norm and the LM head (a tied one is the embedding's Parameter) are
+    widened once, for good (widen_in_place); every decoder layer gets
+    float64 copies of its parameters for its own forward only (a forward
+    pre-hook widens them, a forward hook puts the float32 tensors back and
+    the copies are freed). Every parameter is one or the other (asserted),
+    so no float32 weight reaches a forward unseen (the guard would count it,
+    too). Returns (bytes held in float64 for good, the largest decoder layer
+    in float64)."""
+    m = model.model
+    layers = list(m.layers)
+    streamed = {id(p) for layer in layers for p in layer.parameters()}
+    kept = {id(p): p for mod in (m.embed_tokens, m.norm, model.lm_head) for p in mod.parameters()}
+    assert not streamed & set(kept), "a parameter is both in a decoder layer and outside them"
+    stray = [n for n, p in model.named_parameters() if id(p) not in streamed and id(p) not in kept]
+    assert not stray, f"parameters outside the decoder layers, embedding, final norm and LM head: {stray}"
+    held = sum(widen_in_place(p) for p in kept.values())
     widened = set()  # id() of the parameters holding float64 copies now
     largest = 0
-    for name, unit in units(model):
-        # Each tied Parameter once, with its float32 tensor, taken here,
-        # outside any forward: reading `p.data` under the guard would be an
-        # aten.detach to float32 (counted). Widening is then one _to_copy to
-        # float64, and putting the float32 tensor back is set_data (no output).
-        params = [(p, p.data) for p in unit.parameters()]
+    for li, layer in enumerate(layers):
+        # Each Parameter with its float32 tensor, taken here, outside any
+        # forward: reading `p.data` under the guard would be an aten.detach
+        # to float32 (counted). Widening is then one _to_copy to float64, and
+        # putting the float32 tensor back is set_data (no output).
+        params = [(p, p.data) for p in layer.parameters()]
         largest = max(largest, sum(p.numel() for p, _ in params) * 8)
         live = []
 
-        def widen(mod, args, name=name, params=params, live=live):
-            assert not live, f"{name}: entered twice"
+        def widen(mod, args, li=li, params=params, live=live):
+            assert not live, f"layer {li}: entered twice"
             for p, f32 in params:
                 # Nothing else may have replaced the weights since.
                 assert id(p) not in widened and p.dtype == torch.float32 and p.data_ptr() == f32.data_ptr(), \
-                    f"{name}: a parameter is not the float32 tensor it was"
+                    f"layer {li}: a parameter is not the float32 tensor it was"
                 widened.add(id(p))
                 # float32 -> float64 is exact; the copy is a fresh allocation,
                 # as model.to(torch.float64) made.
@@ -141,9 +174,9 @@ def stream_float64(model):
                 p.data = f32
                 widened.discard(id(p))
             live.clear()
-        unit.register_forward_pre_hook(widen, prepend=True)
-        unit.register_forward_hook(narrow, always_call=True)
-    return largest
+        layer.register_forward_pre_hook(widen, prepend=True)
+        layer.register_forward_hook(narrow, always_call=True)
+    return held, largest
 
 
 def to_float64(model):
@@ -231,7 +264,7 @@ def to_float64(model):
         return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
     torch.nn.functional.softmax = softmax
     # Last: the hooks only widen what the patches above expect.
-    model.oracle_largest_unit_f64 = stream_float64(model)
+    model.oracle_f64_bytes = stream_float64(model)
     return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
 
 
@@ -255,14 +288,16 @@ def size(n):
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
 
 
-def memory_line(model_bytes, largest_unit=None):
+def memory_line(model_bytes, f64_bytes=None):
     """The `memory:` progress line goldens regen keeps in its review: the
     peak RSS of the whole run (loading included) against the float32 model,
     also without the interpreter's own RSS before loading (what the model
-    costs)."""
+    costs). `f64_bytes`: stream_float64's (held, largest layer)."""
     peak = peak_rss()
     line = (f"memory: peak RSS {size(peak)}, the model in float32 {size(model_bytes)}: {peak / model_bytes:.2f}x "
             f"({(peak - BASE_RSS) / model_bytes:.2f}x above the {size(BASE_RSS)} of the interpreter and libraries)")
-    if largest_unit is not None:
-        line += f"; float64 streamed layer by layer, the largest unit {size(largest_unit)} in float64"
+    if f64_bytes is not None:
+        held, largest = f64_bytes
+        line += (f"; float64: embedding, final norm and LM head {size(held)} (their float32 freed), "
+                 f"decoder layers streamed, one at a time ({size(largest)})")
     return line

@@ -714,10 +714,10 @@ def main():
     model_bytes = oracle_f64.f32_bytes(model)
     log(f"loaded in float32: {model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
         f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
-    guard, largest_unit = None, None
+    guard, f64_bytes = None, None
     if args.dtype == "float64":
         patched = to_float64(model)
-        largest_unit = model.oracle_largest_unit_f64
+        f64_bytes = model.oracle_f64_bytes
         guard = F32Guard()
         log(f"float64, streamed layer by layer ({patched})")
     elif args.dtype in ("bfloat16", "float16"):
@@ -958,7 +958,7 @@ def main():
         log(f"replacing the existing {args.out_file}")
     os.replace(tmp, args.out_file)
     log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
-    log(oracle_f64.memory_line(model_bytes, largest_unit))
+    log(oracle_f64.memory_line(model_bytes, f64_bytes))
 
     # The simple figure: mean row max of the prefill probabilities
     # vs the uniform 1/S (S = prompt length). It flatters: causal row t sees

@@ -303,10 +303,10 @@ def hf_run(args, prompts, forced):
     model_bytes = oracle_f64.f32_bytes(model)
     log(f"loaded in float32: {model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
         f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
-    guard, patched, largest_unit = None, None, None
+    guard, patched, f64_bytes = None, None, None
     if args.dtype == "float64":
         patched = oracle_f64.to_float64(model)
-        largest_unit = model.oracle_largest_unit_f64
+        f64_bytes = model.oracle_f64_bytes
         guard = oracle_f64.F32Guard()
         log(f"float64, streamed layer by layer ({patched})")
     elif args.dtype in ("bfloat16", "float16"):
@@ -353,7 +353,7 @@ def hf_run(args, prompts, forced):
         return ids, out
     forward.logits_dtype = None
     # The `memory:` line, logged once the file is written (goldens regen keeps it).
-    forward.memory = lambda: oracle_f64.memory_line(model_bytes, largest_unit)
+    forward.memory = lambda: oracle_f64.memory_line(model_bytes, f64_bytes)
 
     def finish():
         if guard is not None:
