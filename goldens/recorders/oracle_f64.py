@@ -3,26 +3,40 @@
 record_hf.py --dtype float64 and record_next_token.py --source oracle call
 to_float64(model) on the float32 model they loaded, then run every forward
 under an F32Guard. The model is NOT converted to float64 as a whole (a 7B
-model would need 56 GB in float64 beside its float32 copy): it stays in
-float32, and each weight-holding unit -- the embedding, each decoder layer,
-the final norm, the LM head -- gets float64 copies of its parameters for the
-duration of its own forward only (a forward pre-hook widens them, a forward
-hook puts the float32 tensors back and the float64 copies are freed).
-Activations, the KV cache, the RoPE tables, the mask and the logits are
-float64 throughout, exactly as when the whole model was converted, so every
-op sees the same float64 operands: float32 -> float64 is exact, and the
-widened copies are fresh allocations (64-byte aligned) like those
-model.to(torch.float64) made. The oracles are byte-identical to those of the
-whole-model conversion (checked on every committed model: docs/goldens.md).
+model would need 56 GB in float64 beside its float32 copy). The embedding,
+the final norm and the LM head (one Parameter when tied) are widened to
+float64 once, block by block, their float32 freed (widen_in_place): they are
+needed whole by every forward, and held in float64 they cost their float32
+size once more, not twice. Each decoder layer stays in float32 and gets
+float64 copies of its parameters for the duration of its own forward only
+(a forward pre-hook widens them, a forward hook puts the float32 tensors
+back and the copies are freed). Activations, the KV cache, the RoPE tables,
+the mask and the logits are float64 throughout, exactly as when the whole
+model was converted, so every op sees the same float64 operands:
+float32 -> float64 is exact, and the widened weights are fresh, contiguous
+allocations (64-byte aligned) as model.to(torch.float64) made them. The
+oracles are byte-identical to those of the whole-model conversion (checked
+on the committed models: docs/goldens.md). Why not the LM head in blocks of
+rows too: a float64 matmul over a slice of the vocabulary rounds differently
+from the whole one (up to 1e-14 apart for more than a few tokens, measured),
+and the oracle would no longer be the one recorded.
 
-Memory while recording (the bound `goldens regen` prints against):
-    the float32 model
-  + the largest unit in float64 (2x its float32 size: one decoder layer, or
-    the embedding / LM head matrix, which may be the same tied matrix)
-  + float64 activations, the KV cache and the logits of the prompt
-  + the interpreter with torch and transformers (a constant, ~0.5 GiB).
-The loading path stays within the float32 model plus one tensor being
-copied (record_hf.py loads in float32 and re-allocates weights one by one).
+Memory while recording, F the float32 model, E its embedding and LM head
+(once if tied), L its largest decoder layer, all in float32 bytes:
+    F + E + 2L                  the model, with E held in float64 (2E in
+                                place of E) and one layer's float64 copy
+  + 64 MiB                      while E is widened (one block)
+  + the activations             float64 hidden states, the KV cache, every
+                                layer's attention probabilities [H,T,S] and
+                                the logits [T,V] of the prompt (MB for the
+                                committed prompts)
+  + the interpreter             python with torch and transformers (~0.7
+                                GiB, measured before loading: BASE_RSS)
+E + 2L <= F for any model with 2 or more equal decoder layers (F >= E + 2L),
+so the model's part is within 2F. Loading comes first and peaks on its own
+(record_hf.py loads in float32, then re-allocates the weights one by one);
+the `memory:` line every HF recording prints reports the whole run's peak
+RSS against F.
 
 Three places of HF's code compute in float32 whatever the model's dtype, and
 are replaced for the run by the same formulas in float64: the RoPE cos/sin
@@ -113,9 +127,18 @@ def widen_in_place(p):
     p.data = torch.empty(0, dtype=torch.float32)
     del f32
     # Untouched pages of a fresh allocation are not resident: the float64
-    # matrix grows as the blocks shrink. A fresh allocation (64-byte aligned),
-    # as model.to(torch.float64) made; float32 -> float64 is exact.
-    f64 = torch.empty(shape, dtype=torch.float64)
+    # matrix grows as the blocks shrink. But under deterministic algorithms
+    # (make_deterministic) torch.empty fills new memory with NaN, touching
+    # every page at once (the whole float64 matrix beside all the blocks):
+    # not for this one, whose every element is written below (asserted). A
+    # fresh allocation (64-byte aligned), as model.to(torch.float64) made;
+    # float32 -> float64 is exact.
+    det = torch.utils.deterministic
+    fill, det.fill_uninitialized_memory = det.fill_uninitialized_memory, False
+    try:
+        f64 = torch.empty(shape, dtype=torch.float64)
+    finally:
+        det.fill_uninitialized_memory = fill
     a = 0
     for i in range(len(blocks)):
         n = blocks[i].shape[0]

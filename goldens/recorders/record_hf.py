@@ -31,11 +31,11 @@ every stage of several layers of a real model then fits a committed file.
 
 --dtype float64 records an f64 ORACLE: every operation of the forward runs
 in float64 on the float32 weights widened exactly (a GGUF's dequantised ones
-included). The model is not converted as a whole: it stays in float32 and
-each unit (the embedding, one decoder layer, the final norm, the LM head)
-holds float64 copies of its weights only while it runs, activations and the
-KV cache being float64 throughout (oracle_f64.py: peak memory about the
-float32 model plus one unit in float64, printed as the `memory:` line). Three places of HF's code compute in float32 whatever the model's
+included). The model is not converted as a whole: the embedding, final
+norm and LM head are widened once (block by block, their float32 freed),
+and each decoder layer holds float64 copies of its weights only while it
+runs, activations and the KV cache being float64 throughout (oracle_f64.py:
+the peak is within 2x the float32 model, printed as the `memory:` line). Three places of HF's code compute in float32 whatever the model's
 dtype, and are replaced for this run by the same formulas in float64: the
 RoPE cos/sin tables (`position_ids.float() * inv_freq` in float32; here
 inv_freq = 1/theta^(2i/d) and the angles in float64, rope_type `default`

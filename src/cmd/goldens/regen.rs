@@ -257,6 +257,7 @@ fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<Vec<Str
 fn memory_lines(out: &str) -> Vec<String> {
     out.lines()
         .filter_map(|l| l.trim().split_once(": memory: "))
+        .filter(|(tool, _)| tool.ends_with(".py") && !tool.contains(' '))
         .map(|(_, m)| format!("memory: {m}"))
         .collect()
 }
@@ -446,4 +447,24 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         "every pending golden is byte-identical to the current one; `touchstone goldens reject` discards them\n"
     };
     Ok(RegenResult { text, changed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_lines;
+
+    #[test]
+    fn memory_lines_keep_the_recorders_memory_report_only() {
+        let out = "record_hf.py: prefill: layer 3/24\n\
+                   regen noise: memory: no\n  record_hf.py: memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x\n\
+                   {\"out\": \"memory: not a progress line\"}\n\
+                   record_next_token.py: memory: peak RSS 4.37 GiB\n";
+        assert_eq!(
+            memory_lines(out),
+            [
+                "memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x",
+                "memory: peak RSS 4.37 GiB"
+            ]
+        );
+    }
 }
