@@ -35,14 +35,15 @@ included). The model is not converted as a whole: the embedding, final
 norm and LM head are widened once (block by block, their float32 freed),
 and each decoder layer holds float64 copies of its weights only while it
 runs, activations and the KV cache being float64 throughout (oracle_f64.py:
-the peak is within 2x the float32 model, printed as the `memory:` line). Three places of HF's code compute in float32 whatever the model's
-dtype, and are replaced for this run by the same formulas in float64: the
+the peak is within 2x the float32 model, printed as the `memory:` line).
+Three places of HF's code compute in float32 whatever the model's dtype, and
+are replaced for this run by the same formulas in float64: the
 RoPE cos/sin tables (`position_ids.float() * inv_freq` in float32; here
 inv_freq = 1/theta^(2i/d) and the angles in float64, rope_type `default`
 only), RMSNorm (casts its input to float32; here the same ops in float64, for
 q_norm/k_norm too) and the eager attention softmax (`dtype=torch.float32`;
-here float64). The attention mask is built in the model dtype (min float64
-for masked entries), which the softmax turns into exact 0. A dispatch-level
+here float64). The attention mask is built in the embeddings' dtype (min
+float64 for masked entries), which the softmax turns into exact 0. A dispatch-level
 guard asserts that no operation of any forward produced a tensor of another
 floating dtype. Gemma 3 has its own versions of two of them, replaced the
 same way: Gemma3RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w), in float64;
