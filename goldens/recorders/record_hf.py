@@ -174,6 +174,7 @@ import json
 import os
 import platform
 import sys
+import weakref
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -214,6 +215,64 @@ def make_deterministic():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+
+
+@contextlib.contextmanager
+def lean_gguf_loading():
+    """While transformers' GGUF loader runs: dequantise a large tensor a
+    block of rows at a time into one float32 array, and let the loader keep
+    that array instead of copying it. gguf-py's dequantize holds the whole
+    output twice (the list of its per-group results, then their
+    concatenation) and the loader copies it once more (`np.copy`, in
+    load_gguf_checkpoint): 3x the largest tensor at once, which took the
+    real Gemma 3 270M's load (a 262144 x 640 embedding, 63% of the model) to
+    2.8x its float32 size. Dequantisation is elementwise per quant block, so
+    the values are the same whatever the grouping (checked bit for bit on
+    every tensor of both real GGUFs; the goldens are byte-identical), and
+    the copy skipped is of an array nothing else holds. Any other array
+    (a view of the file, a processor's permuted result) is copied as before.
+    The loader imports `gguf.dequantize` when it runs and reads the module
+    global `np`: both are put back on exit."""
+    import gguf  # the pinned package transformers' GGUF loader reads with
+    import transformers.modeling_gguf_pytorch_utils as loader
+    whole, real_np = gguf.dequantize, loader.np
+    block = 16 << 20  # bytes of output rows per block
+    # id -> weak reference of each array made here: an array a processor
+    # replaced (a permuted copy) must be freed, not kept to the end.
+    fresh = {}
+
+    def dequantize(data, qtype):
+        if qtype == gguf.GGMLQuantizationType.F32 or data.ndim < 2 or data.shape[0] < 2:
+            return whole(data, qtype)  # F32 is a view of the file: the loader must copy it
+        first = whole(data[:1], qtype)
+        rows = max(1, block // max(1, first.nbytes))
+        if rows >= data.shape[0]:
+            return whole(data, qtype)
+        out = np.empty((data.shape[0],) + first.shape[1:], dtype=first.dtype)
+        for a in range(0, data.shape[0], rows):
+            out[a:a + rows] = whole(data[a:a + rows], qtype)
+        fresh[id(out)] = weakref.ref(out)
+        return out
+
+    class LeanNumpy:
+        """numpy, but copy() of an array dequantize() just made is the array."""
+
+        def __getattr__(self, name):
+            return getattr(real_np, name)
+
+        @staticmethod
+        def copy(a, *args, **kwargs):
+            ref = fresh.pop(id(a), None)
+            if not args and not kwargs and ref is not None and ref() is a and a.flags.c_contiguous:
+                return a
+            return real_np.copy(a, *args, **kwargs)
+
+    gguf.dequantize, loader.np = dequantize, LeanNumpy()
+    try:
+        yield
+    finally:
+        gguf.dequantize, loader.np = whole, real_np
+        fresh.clear()
 
 
 class Recorder:
@@ -690,9 +749,10 @@ def main():
 
     log(f"loading {args.model}")
     tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
-    model = AutoModelForCausalLM.from_pretrained(
-        load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw
-    ).eval()
+    with lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(
+            load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw
+        ).eval()
     # Weights loaded from safetensors are views into the mmapped file, at
     # addresses that depend on the file's header length and shard layout (mod
     # 64: 56 for qwen2-tiny, 32 for a single-file Qwen2.5, 8 for its shards);

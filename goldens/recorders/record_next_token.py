@@ -97,6 +97,7 @@ formed name, an empty text, K < 1, tokens that differ from --tokens-from or
 --oracle, ...) exit 2 with one line, no traceback.
 """
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -286,8 +287,10 @@ def hf_run(args, prompts, forced):
             "dequantised to float32 by transformers' GGUF loader")
     log(f"loading {args.model}")
     tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
-    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
-                                                 **load_kw).eval()
+    # As record_hf.py: a GGUF dequantised a block of rows at a time (the load's peak).
+    with record_hf.lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
+                                                     **load_kw).eval()
     # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
     # (torch's CPU kernels round differently for differently aligned operands).
     with torch.no_grad():
