@@ -169,6 +169,7 @@ rerun with the pinned packages is byte-for-byte identical.
 """
 import argparse
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -273,6 +274,53 @@ def lean_gguf_loading():
     finally:
         gguf.dequantize, loader.np = whole, real_np
         fresh.clear()
+
+
+def fresh_weights(model):
+    """Copy every parameter into a fresh (64-byte aligned) allocation.
+
+    Weights loaded from safetensors are views into the mmapped file, at
+    addresses that depend on the file's header length and shard layout (mod
+    64: 56 for qwen2-tiny, 32 for a single-file Qwen2.5, 8 for its shards);
+    a GGUF's dequantised weights are fresh allocations. Torch's CPU
+    matrix-vector kernels (decode steps, T = 1) round differently for
+    differently aligned operands: the same weights as one file and as four
+    shards gave decode goldens up to 2.2e-5 apart. So the golden depends on
+    the weights only, not on how the file lays them out.
+
+    The file's pages a copied view read stay in this process's RSS as long
+    as the file is mapped (until the last view goes): the copies beside them
+    took an HF folder's load to 2x the model above the interpreter. So once
+    a view is copied, the whole pages inside it are dropped from the mapping
+    (madvise MADV_DONTNEED: a clean file-backed page is read again from the
+    file if ever touched, so nothing can change). Only mappings of a
+    `.safetensors` file are touched, never anonymous memory."""
+    files = []  # (start, end) of the mappings of safetensors files
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith(".safetensors"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                files.append((lo, hi))
+    page = os.sysconf("SC_PAGE_SIZE")
+    madvise = None
+    if files:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with torch.no_grad():
+        for prm in model.parameters():
+            old = prm.data
+            prm.data = old.clone()
+            lo, hi = old.data_ptr(), old.data_ptr() + old.numel() * old.element_size()
+            del old
+            first, last = -(-lo // page) * page, hi // page * page  # whole pages inside the view
+            if madvise is not None and last > first and any(a <= lo and hi <= b for a, b in files):
+                madvise(first, last - first, 4)  # MADV_DONTNEED; a failure only costs memory
+        for buf in model.buffers():
+            if buf.data_ptr() % 64:
+                buf.data = buf.data.clone()
+    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
 
 
 class Recorder:
@@ -753,22 +801,7 @@ def main():
         model = AutoModelForCausalLM.from_pretrained(
             load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw
         ).eval()
-    # Weights loaded from safetensors are views into the mmapped file, at
-    # addresses that depend on the file's header length and shard layout (mod
-    # 64: 56 for qwen2-tiny, 32 for a single-file Qwen2.5, 8 for its shards);
-    # a GGUF's dequantised weights are fresh allocations. Torch's CPU
-    # matrix-vector kernels (decode steps, T = 1) round differently for
-    # differently aligned operands: the same weights as one file and as four
-    # shards gave decode goldens up to 2.2e-5 apart. Copy every parameter into
-    # a fresh (64-byte aligned) allocation, so the golden depends on the
-    # weights only, not on how the file lays them out.
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.data = prm.data.clone()
-        for buf in model.buffers():
-            if buf.data_ptr() % 64:
-                buf.data = buf.data.clone()
-    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
+    fresh_weights(model)
     cfg = model.config
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters()), "weights are not all float32"

@@ -293,13 +293,7 @@ def hf_run(args, prompts, forced):
                                                      **load_kw).eval()
     # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
     # (torch's CPU kernels round differently for differently aligned operands).
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.data = prm.data.clone()
-        for buf in model.buffers():
-            if buf.data_ptr() % 64:
-                buf.data = buf.data.clone()
-    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
+    record_hf.fresh_weights(model)
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters())
     cfg = model.config
