@@ -33,10 +33,10 @@ Memory while recording, F the float32 model, E its embedding and LM head
   + the interpreter             python with torch and transformers (~0.7
                                 GiB, measured before loading: BASE_RSS)
 E + 2L <= F for any model with 2 or more equal decoder layers (F >= E + 2L),
-so the model's part is within 2F. Loading comes first and peaks on its own
-(record_hf.py loads in float32, then re-allocates the weights one by one);
-the `memory:` line every HF recording prints reports the whole run's peak
-RSS against F.
+so the model's part is within 2F. Loading comes first and peaks on its own,
+in float32 (record_hf.py's lean_gguf_loading and fresh_weights keep it near
+F plus the loader's own metadata); the `memory:` line every HF recording
+prints reports the whole run's peak RSS against F.
 
 Three places of HF's code compute in float32 whatever the model's dtype, and
 are replaced for the run by the same formulas in float64: the RoPE cos/sin
