@@ -34,7 +34,7 @@ Memory while recording, F the float32 model, E its embedding and LM head
                                 GiB, measured before loading: BASE_RSS)
 E + 2L <= F for any model with 2 or more equal decoder layers (F >= E + 2L),
 so the model's part is within 2F. Loading comes first and peaks on its own,
-in float32 (record_hf.py's lean_gguf_loading and fresh_weights keep it near
+in float32 (hf_loading.py's lean_gguf_loading and fresh_weights keep it near
 F plus the loader's own metadata); the `memory:` line every HF recording
 prints reports the whole run's peak RSS against F.
 

@@ -268,6 +268,7 @@ def hf_run(args, prompts, forced):
     """Loads MODEL as record_hf.py does and yields (name, tokens, logits
     float64 [T,V]) per prompt; also returns provenance pieces."""
     import record_hf  # torch and transformers: only the HF sources need them
+    import hf_loading
     import oracle_f64  # the float64 oracle, streamed layer by layer (after record_hf: its BASE_RSS)
     import tokenizers
     import torch
@@ -288,12 +289,12 @@ def hf_run(args, prompts, forced):
     log(f"loading {args.model}")
     tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
     # As record_hf.py: a GGUF dequantised a block of rows at a time (the load's peak).
-    with record_hf.lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
+    with hf_loading.lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
         model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
                                                      **load_kw).eval()
     # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
     # (torch's CPU kernels round differently for differently aligned operands).
-    record_hf.fresh_weights(model)
+    hf_loading.fresh_weights(model)
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters())
     cfg = model.config
