@@ -29,17 +29,21 @@ scores would not fit in a committed file. --rows 0,-1 keeps those token
 rows of every stored stage (provenance `record.rows: {STEP: [ROW, ...]}`):
 every stage of several layers of a real model then fits a committed file.
 
---dtype float64 records an f64 ORACLE: the model is converted to
-torch.float64 after loading (a GGUF's dequantised float32 weights included;
-float32 -> float64 is exact) and every operation of the forward runs in
-float64. Three places of HF's code compute in float32 whatever the model's
-dtype, and are replaced for this run by the same formulas in float64: the
+--dtype float64 records an f64 ORACLE: every operation of the forward runs
+in float64 on the float32 weights widened exactly (a GGUF's dequantised ones
+included). The model is not converted as a whole: the embedding, final
+norm and LM head are widened once (block by block, their float32 freed),
+and each decoder layer holds float64 copies of its weights only while it
+runs, activations and the KV cache being float64 throughout (oracle_f64.py:
+the peak is within 2x the float32 model, printed as the `memory:` line).
+Three places of HF's code compute in float32 whatever the model's dtype, and
+are replaced for this run by the same formulas in float64: the
 RoPE cos/sin tables (`position_ids.float() * inv_freq` in float32; here
 inv_freq = 1/theta^(2i/d) and the angles in float64, rope_type `default`
 only), RMSNorm (casts its input to float32; here the same ops in float64, for
 q_norm/k_norm too) and the eager attention softmax (`dtype=torch.float32`;
-here float64). The attention mask is built in the model dtype (min float64
-for masked entries), which the softmax turns into exact 0. A dispatch-level
+here float64). The attention mask is built in the embeddings' dtype (min
+float64 for masked entries), which the softmax turns into exact 0. A dispatch-level
 guard asserts that no operation of any forward produced a tensor of another
 floating dtype. Gemma 3 has its own versions of two of them, replaced the
 same way: Gemma3RMSNorm (x * rsqrt(mean(x^2) + eps) * (1 + w), in float64;
@@ -164,14 +168,12 @@ nothing that varies between runs or machines (no time, host or path), so a
 rerun with the pinned packages is byte-for-byte identical.
 """
 import argparse
-import collections
 import contextlib
 import importlib
 import json
 import os
 import platform
 import sys
-import types
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -182,8 +184,6 @@ import safetensors
 import tokenizers
 import torch
 import transformers
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 # Import the sibling script without leaving a __pycache__ in the repository.
@@ -192,6 +192,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model import SEEDS  # noqa: E402  (the seeds live with the model builder)
 import golden_io  # noqa: E402  (shared with record_llamacpp.py)
 from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
+# The float64 oracle, streamed layer by layer (record_next_token.py uses it too).
+import oracle_f64  # noqa: E402
+from oracle_f64 import F32Guard, allowed, to_float64  # noqa: E402,F401
+# Loading within the model's size: GGUF dequantised in blocks, aligned copies.
+from hf_loading import fresh_weights, lean_gguf_loading  # noqa: E402
 
 RECORDER = "goldens/recorders/record_hf.py"
 DEFAULT_PROMPT = "Golden tensors check every stage."
@@ -428,133 +433,6 @@ def layer_windows(cfg):
     windows = [cfg.sliding_window if t == "sliding_attention" else None for t in types_]
     assert all(w is None or w >= 1 for w in windows), windows
     return windows
-
-
-# ---- float64 oracle ---------------------------------------------------------
-class F32Guard(TorchDispatchMode):
-    """Counts every aten op (outside `allowed` sections) whose output is a
-    floating tensor of another dtype than float64: a float64 run must have
-    none."""
-
-    def __init__(self):
-        super().__init__()
-        self.allow = 0
-        self.bad = collections.Counter()
-
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not self.allow:
-            for t in pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
-                    self.bad[f"{func} -> {t.dtype}"] += 1
-        return out
-
-
-class allowed:
-    """Lets the guard (if any) ignore the ops inside: the rounding to float32
-    of what is stored, and the recorder's own float32 bookkeeping."""
-
-    def __init__(self, guard):
-        self.guard = guard
-
-    def __enter__(self):
-        if self.guard is not None:
-            self.guard.allow += 1
-
-    def __exit__(self, *exc):
-        if self.guard is not None:
-            self.guard.allow -= 1
-
-
-def rope_default_f64(cfg, layer_type=None):
-    """inv_freq of HF's `default` RoPE (compute_default_rope_parameters) in
-    float64: 1 / theta^(2i/dim), dim = head_dim * partial_rotary_factor.
-    `layer_type`: Gemma 3 keeps one set of RoPE parameters per layer type
-    (rope_parameters[layer_type])."""
-    rp = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
-    if rp.get("rope_type", "default") != "default":
-        sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only, not {rp['rope_type']!r}")
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
-    return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-
-
-def to_float64(model):
-    """Convert the model to float64 and replace HF's float32 islands (see the
-    module docstring). Returns what was patched, for the log."""
-    model.to(torch.float64)
-    assert all(p.dtype == torch.float64 for p in model.parameters()), "weights are not all float64"
-    m = model.model
-    # RoPE tables.
-    rot = m.rotary_emb
-    rope = "float64 default"
-    if type(rot).__name__ == "Gemma3RotaryEmbedding":
-        # One table per layer type, each from its own rope_theta:
-        # forward(x, position_ids, layer_type) reads `{layer_type}_inv_freq`.
-        inv64s = {}
-        for lt in rot.layer_types:
-            inv64s[lt] = rope_default_f64(model.config, lt)
-            assert rot.rope_type[lt] == "default" and getattr(rot, f"{lt}_attention_scaling") == 1.0, lt
-            hf_inv = getattr(rot, f"{lt}_inv_freq")
-            assert hf_inv.shape == inv64s[lt].shape, lt
-            assert torch.allclose(hf_inv.to(torch.float64), inv64s[lt], rtol=1e-6, atol=0), \
-                f"{lt}: inv_freq differs from HF's"
-        # The two bases differ, so a table mix-up cannot go unseen.
-        assert len(inv64s) < 2 or not torch.equal(*inv64s.values())
-
-        def rope_forward(self, x, position_ids, layer_type):
-            freqs = position_ids[..., None].to(torch.float64) * inv64s[layer_type]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        rope = {lt: f"float64 default, theta {model.config.rope_parameters[lt]['rope_theta']}" for lt in inv64s}
-    else:
-        inv64 = rope_default_f64(model.config)
-        assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0
-        # HF's float32 inv_freq is the float64 one rounded (within a few ulps).
-        assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
-
-        def rope_forward(self, x, position_ids):
-            freqs = position_ids[..., None].to(torch.float64) * inv64
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    rot.forward = types.MethodType(rope_forward, rot)
-    # RMSNorm (every norm of these architectures, q_norm/k_norm included).
-    norms = 0
-    for name, mod in model.named_modules():
-        cls = type(mod).__name__
-        if cls == "Gemma3RMSNorm":
-            # Gemma 3: x * rsqrt(mean(x^2) + eps) * (1 + w), HF's order of
-            # operations (Gemma3RMSNorm.forward), in float64.
-            assert hasattr(mod, "eps") and mod.weight.dtype == torch.float64, name
-
-            def gemma_rms_forward(self, x):
-                assert x.dtype == torch.float64
-                out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-                return out * (1.0 + self.weight)
-            mod.forward = types.MethodType(gemma_rms_forward, mod)
-            norms += 1
-        elif cls.endswith("RMSNorm"):
-            assert hasattr(mod, "variance_epsilon") and mod.weight.dtype == torch.float64, name
-
-            def rms_forward(self, hidden_states):
-                assert hidden_states.dtype == torch.float64
-                variance = hidden_states.pow(2).mean(-1, keepdim=True)
-                hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-                return self.weight * hidden_states
-            mod.forward = types.MethodType(rms_forward, mod)
-            norms += 1
-        else:
-            assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"
-    # Softmax: eager_attention_forward asks for dtype=torch.float32 and casts
-    # back; in a float64 run it is computed in float64 instead.
-    real_softmax = torch.nn.functional.softmax
-
-    def softmax(input, dim=None, _stacklevel=3, dtype=None):
-        if dtype == torch.float32 and input.dtype == torch.float64:
-            dtype = torch.float64
-        return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
-    torch.nn.functional.softmax = softmax
-    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
 
 
 def config_dims(cfg):
@@ -814,33 +692,23 @@ def main():
 
     log(f"loading {args.model}")
     tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
-    model = AutoModelForCausalLM.from_pretrained(
-        load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw
-    ).eval()
-    # Weights loaded from safetensors are views into the mmapped file, at
-    # addresses that depend on the file's header length and shard layout (mod
-    # 64: 56 for qwen2-tiny, 32 for a single-file Qwen2.5, 8 for its shards);
-    # a GGUF's dequantised weights are fresh allocations. Torch's CPU
-    # matrix-vector kernels (decode steps, T = 1) round differently for
-    # differently aligned operands: the same weights as one file and as four
-    # shards gave decode goldens up to 2.2e-5 apart. Copy every parameter into
-    # a fresh (64-byte aligned) allocation, so the golden depends on the
-    # weights only, not on how the file lays them out.
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.data = prm.data.clone()
-        for buf in model.buffers():
-            if buf.data_ptr() % 64:
-                buf.data = buf.data.clone()
-    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
+    with lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(
+            load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw
+        ).eval()
+    fresh_weights(model)
     cfg = model.config
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters()), "weights are not all float32"
-    guard = None
+    model_bytes = oracle_f64.f32_bytes(model)
+    log(f"loaded in float32: {model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
+        f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
+    guard, f64_bytes = None, None
     if args.dtype == "float64":
         patched = to_float64(model)
+        f64_bytes = model.oracle_f64_bytes
         guard = F32Guard()
-        log(f"converted to float64 ({patched})")
+        log(f"float64, streamed layer by layer ({patched})")
     elif args.dtype in ("bfloat16", "float16"):
         model.to(getattr(torch, args.dtype))
         assert all(p.dtype == getattr(torch, args.dtype) for p in model.parameters())
@@ -1079,6 +947,7 @@ def main():
         log(f"replacing the existing {args.out_file}")
     os.replace(tmp, args.out_file)
     log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
+    log(oracle_f64.memory_line(model_bytes, f64_bytes))
 
     # The simple figure: mean row max of the prefill probabilities
     # vs the uniform 1/S (S = prompt length). It flatters: causal row t sees

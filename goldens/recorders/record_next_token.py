@@ -18,11 +18,11 @@ tokens[0..=t]); the file keeps each position's top K.
 --source names the golden source, and with it the engine and dtype:
 
   oracle     HF transformers in float64, built exactly as record_hf.py
-             --dtype float64 builds it (the model converted to float64 after
-             loading, HF's float32 islands -- RoPE tables, RMSNorm, the
-             attention softmax -- replaced by float64 ones: record_hf.py's
-             to_float64; a dispatch guard asserts no op produced another
-             float dtype)
+             --dtype float64 builds it (the float32 weights widened to
+             float64 layer by layer while each runs, HF's float32 islands --
+             RoPE tables, RMSNorm, the attention softmax -- replaced by
+             float64 ones: oracle_f64.py's to_float64; a dispatch guard
+             asserts no op produced another float dtype)
   hf         HF transformers in float32 (record_hf.py's default)
   hf-bf16    the same float32 weights cast to bfloat16 after loading, HF's
   hf-f16     own code as it is (record_hf.py --dtype bfloat16 / float16)
@@ -97,6 +97,7 @@ formed name, an empty text, K < 1, tokens that differ from --tokens-from or
 --oracle, ...) exit 2 with one line, no traceback.
 """
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -267,6 +268,8 @@ def hf_run(args, prompts, forced):
     """Loads MODEL as record_hf.py does and yields (name, tokens, logits
     float64 [T,V]) per prompt; also returns provenance pieces."""
     import record_hf  # torch and transformers: only the HF sources need them
+    import hf_loading
+    import oracle_f64  # the float64 oracle, streamed layer by layer (after record_hf: its BASE_RSS)
     import tokenizers
     import torch
     import transformers
@@ -285,25 +288,25 @@ def hf_run(args, prompts, forced):
             "dequantised to float32 by transformers' GGUF loader")
     log(f"loading {args.model}")
     tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
-    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
-                                                 **load_kw).eval()
+    # As record_hf.py: a GGUF dequantised a block of rows at a time (the load's peak).
+    with hf_loading.lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
+                                                     **load_kw).eval()
     # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
     # (torch's CPU kernels round differently for differently aligned operands).
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.data = prm.data.clone()
-        for buf in model.buffers():
-            if buf.data_ptr() % 64:
-                buf.data = buf.data.clone()
-    assert all(prm.data_ptr() % 64 == 0 for prm in model.parameters())
+    hf_loading.fresh_weights(model)
     assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
     assert all(p.dtype == torch.float32 for p in model.parameters())
     cfg = model.config
-    guard, patched = None, None
+    model_bytes = oracle_f64.f32_bytes(model)
+    log(f"loaded in float32: {model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
+        f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
+    guard, patched, f64_bytes = None, None, None
     if args.dtype == "float64":
-        patched = record_hf.to_float64(model)
-        guard = record_hf.F32Guard()
-        log(f"converted to float64 ({patched})")
+        patched = oracle_f64.to_float64(model)
+        f64_bytes = model.oracle_f64_bytes
+        guard = oracle_f64.F32Guard()
+        log(f"float64, streamed layer by layer ({patched})")
     elif args.dtype in ("bfloat16", "float16"):
         model.to(getattr(torch, args.dtype))
         assert all(p.dtype == getattr(torch, args.dtype) for p in model.parameters())
@@ -343,10 +346,12 @@ def hf_run(args, prompts, forced):
             forward.logits_dtype = str(lg.dtype).replace("torch.", "")
             assert lg.shape == (len(ids), cfg.vocab_size), lg.shape
             # float32 / bfloat16 / float16 -> float64 is exact.
-            with record_hf.allowed(guard):
+            with oracle_f64.allowed(guard):
                 out = lg.detach().to(torch.float64).numpy().copy()
         return ids, out
     forward.logits_dtype = None
+    # The `memory:` line, logged once the file is written (goldens regen keeps it).
+    forward.memory = lambda: oracle_f64.memory_line(model_bytes, f64_bytes)
 
     def finish():
         if guard is not None:
@@ -715,6 +720,8 @@ def record(args):
     os.replace(tmp, args.out_file)
     size = os.path.getsize(args.out_file)
     log(f"wrote {args.out_file}: {len(out)} tensors, {size} bytes")
+    if hasattr(forward, "memory"):
+        log(forward.memory())
     summary = {"out": args.out_file, "source": args.source, "bytes": size, "sha256": sha256_file(args.out_file),
                "tokens": sum(len(v) for v in ids_of.values())}
     if oracle is not None:

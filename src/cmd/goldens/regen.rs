@@ -242,13 +242,24 @@ pub(super) fn recorder_cmd(python: &Path, script: &Path) -> Command {
     c
 }
 
-fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<()> {
+/// Runs a recorder; returns its `memory:` lines (the HF recorders' peak RSS
+/// against the model's float32 size), which the review keeps.
+fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<Vec<String>> {
     let (ok, out) = run_streaming(cmd, relay(progress))?;
     if !ok {
         progress.finish();
         return Err(Error::Usage(format!("{what} failed:\n{}", tail(&out, 25))));
     }
-    Ok(())
+    Ok(memory_lines(&out))
+}
+
+/// `record_hf.py: memory: peak RSS …` → `memory: peak RSS …`.
+fn memory_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.trim().split_once(": memory: "))
+        .filter(|(tool, _)| tool.ends_with(".py") && !tool.contains(' '))
+        .map(|(_, m)| format!("memory: {m}"))
+        .collect()
 }
 
 /// The outcome of a regen: the review text and whether any pending golden differs.
@@ -338,7 +349,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             g.source
         ));
         let _ = std::fs::remove_file(&out);
-        match j.recorder {
+        let memory = match j.recorder {
             Recorder::HfHalf(half) => {
                 let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
                     Error::Usage(format!(
@@ -355,7 +366,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     .arg("--tokens-from")
                     .arg(hf)
                     .args(subset_args(&j.args));
-                run_recorder(c, "record_hf.py", &progress)?;
+                run_recorder(c, "record_hf.py", &progress)?
             }
             Recorder::Hf | Recorder::Oracle => {
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
@@ -369,10 +380,11 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 if j.recorder == Recorder::Oracle {
                     c.arg("--dtype").arg("float64");
                 }
-                run_recorder(c, "record_hf.py", &progress)?;
+                let memory = run_recorder(c, "record_hf.py", &progress)?;
                 if j.recorder == Recorder::Hf {
                     fresh_hf.insert(g.spec.clone(), g.pending());
                 }
+                memory
             }
             Recorder::NextToken(src) => {
                 let model = if src == NtSource::LlamaCpp {
@@ -382,7 +394,7 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 };
                 let mut c = recorder_cmd(&py, &recorders.join("record_next_token.py"));
                 c.args(next_token::args(j, src, &model, &out, &fresh_nt)?);
-                run_recorder(c, "record_next_token.py", &progress)?;
+                run_recorder(c, "record_next_token.py", &progress)?
             }
             Recorder::LlamaCpp => {
                 let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
@@ -394,9 +406,9 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 if let Some(hf) = hf {
                     c.arg("--hf-golden").arg(hf);
                 }
-                run_recorder(c, "record_llamacpp.py", &progress)?;
+                run_recorder(c, "record_llamacpp.py", &progress)?
             }
-        }
+        };
         let bytes = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
         // Refuse to stage something that is not a usable golden.
         let (desc, differs, greedy) = if nt {
@@ -415,8 +427,9 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         let took = t.elapsed();
         record_times.push(format!("{} {:.1} s", g.label(), took.as_secs_f64()));
         changed |= differs;
+        let memory: String = memory.iter().map(|m| format!("  {m}\n")).collect();
         text += &format!(
-            "{}: pending {} vs current {}\n{desc}{greedy}\n",
+            "{}: pending {} vs current {}\n{desc}{greedy}{memory}\n",
             g.label(),
             g.pending().display(),
             g.golden.display(),
@@ -434,4 +447,24 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         "every pending golden is byte-identical to the current one; `touchstone goldens reject` discards them\n"
     };
     Ok(RegenResult { text, changed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_lines;
+
+    #[test]
+    fn memory_lines_keep_the_recorders_memory_report_only() {
+        let out = "record_hf.py: prefill: layer 3/24\n\
+                   regen noise: memory: no\n  record_hf.py: memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x\n\
+                   {\"out\": \"memory: not a progress line\"}\n\
+                   record_next_token.py: memory: peak RSS 4.37 GiB\n";
+        assert_eq!(
+            memory_lines(out),
+            [
+                "memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x",
+                "memory: peak RSS 4.37 GiB"
+            ]
+        );
+    }
 }
