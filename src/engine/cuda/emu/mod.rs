@@ -3,17 +3,23 @@
 //! and launched by name with a grid, a block, dynamic shared memory and typed
 //! arguments, so the kernels run in CI without a GPU.
 //!
-//! - Execution: the blocks of a grid run one after another on the calling
-//!   thread; the threads of a block are fibers with true barrier semantics
+//! - Execution: the blocks of a grid run in parallel on rayon's pool
+//!   (`grid.rs`; CUDA gives the blocks of a grid no order, so any split
+//!   computes what the serial order does, bit for bit), or one after another
+//!   on the calling thread with `TOUCHSTONE_EMU_THREADS=1` or `Emu::serial`;
+//!   the threads of a block are fibers with true barrier semantics
 //!   (`__syncthreads` opens when every live thread is at it) and warp
 //!   shuffles that exchange only once all 32 lanes have arrived. A barrier or
-//!   shuffle that not every thread reaches is reported as a deadlock.
+//!   shuffle that not every thread reaches is reported as a deadlock. When
+//!   several blocks fail, the lowest block index is reported, as the serial
+//!   order would.
 //! - Memory: "device memory" is host memory with guard regions. Every
 //!   allocation ends on an inaccessible page and starts after a canary (and a
 //!   page before that): the first access past the end faults at once, and the
 //!   fault is reported with the kernel, the block and thread that made it, and
 //!   the buffer and byte offset; a write into the canary before the start is
-//!   found by the check after every launch (kernel, buffer, offset). Fresh
+//!   found by the check after every launch of the buffers it was handed
+//!   (kernel, buffer, offset). Fresh
 //!   allocations hold 0xff bytes (a NaN) until written.
 //! - Arguments are checked against the kernel's C++ signature (count, pointer
 //!   or scalar, element and scalar types) before the launch.
@@ -21,8 +27,8 @@
 //! The API is the shape of a device: `alloc`/`upload`/`download`/`launch`, so
 //! a `Device` trait over cudarc and this emulator can drive the same engine.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -52,16 +58,18 @@ mod ffi {
 
     extern "C" {
         pub fn ts_emu_kernel_count() -> i32;
-        pub fn ts_emu_kernel_name(i: i32) -> *const c_char;
-        pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
-        pub fn ts_emu_launch(
+        pub fn ts_emu_launch_begin(
             index: i32,
             grid: *const u32,
             block: *const u32,
             dyn_bytes: usize,
             args: *mut *mut c_void,
             res: *mut LaunchResult,
-        ) -> i32;
+        ) -> *mut c_void;
+        pub fn ts_emu_launch_run(h: *mut c_void, first: u64, end: u64);
+        pub fn ts_emu_launch_end(h: *mut c_void, res: *mut LaunchResult) -> i32;
+        pub fn ts_emu_kernel_name(i: i32) -> *const c_char;
+        pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
         pub fn ts_emu_alloc_guarded(bytes: usize, out: *mut Alloc) -> i32;
         pub fn ts_emu_free_guarded(a: *const Alloc);
         pub fn ts_emu_check_guarded(a: *const Alloc) -> i64;
@@ -83,7 +91,6 @@ emu_type!(f32 => "f32", f64 => "f64", i32 => "i32", u32 => "u32", i64 => "i64", 
 
 /// One live allocation, for naming the buffer an address falls in.
 struct Record {
-    id: u64,
     emu: u64,
     label: String,
     raw: ffi::Alloc,
@@ -92,9 +99,11 @@ struct Record {
 // registry only reads them (and the canary bytes, through the C check).
 unsafe impl Send for Record {}
 
-fn registry() -> &'static Mutex<Vec<Record>> {
-    static R: OnceLock<Mutex<Vec<Record>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(Vec::new()))
+/// Every live allocation by the start of its mapping (ordered, so the one an
+/// address falls in is found in O(log n)).
+fn registry() -> &'static Mutex<BTreeMap<u64, Record>> {
+    static R: OnceLock<Mutex<BTreeMap<u64, Record>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(BTreeMap::new()))
 }
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -103,7 +112,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct DevBuf<T: EmuType> {
     raw: ffi::Alloc,
     len: usize,
-    id: u64,
     _t: PhantomData<T>,
 }
 // SAFETY: the memory is a private mapping owned by this value; kernels write
@@ -161,6 +169,21 @@ impl<T: EmuType> DevBuf<T> {
         }
         v
     }
+    /// Elements `range`, read in place (the host GEMM's operands, which a
+    /// copy made the emulated engine spend its time in page faults).
+    ///
+    /// # Safety
+    /// Nothing writes the buffer (`write_at`, `copy_from`, a launch) while
+    /// the slice lives.
+    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &[T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "slice {range:?} of {} elements",
+            self.len
+        );
+        // SAFETY: in bounds (asserted), initialised; no writer (the caller's contract).
+        unsafe { std::slice::from_raw_parts((self.raw.ptr as *const T).add(range.start), range.len()) }
+    }
     /// Overwrites elements `offset..offset + data.len()`.
     pub fn write_at(&self, offset: usize, data: &[T]) {
         assert!(
@@ -182,7 +205,7 @@ impl<T: EmuType> DevBuf<T> {
 
 impl<T: EmuType> Drop for DevBuf<T> {
     fn drop(&mut self) {
-        registry().lock().unwrap().retain(|r| r.id != self.id);
+        registry().lock().unwrap().remove(&(self.raw.map as u64));
         // SAFETY: raw came from ts_emu_alloc_guarded and is freed once.
         unsafe { ffi::ts_emu_free_guarded(&self.raw) }
     }
@@ -266,70 +289,6 @@ impl From<super::launch::Launch> for LaunchConfig {
     }
 }
 
-/// Read, write, or (off x86-64) either.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-    Unknown,
-}
-
-/// Where a bad address is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
-    /// In (the guard regions of) buffer `buffer` of `bytes` bytes, at byte
-    /// `offset` from its start (negative: before it; >= bytes: past its end).
-    Buffer { buffer: String, bytes: usize, offset: i64 },
-    /// Outside every emulator allocation (a wild pointer, or a fiber stack overflow).
-    Wild { addr: u64 },
-}
-
-impl std::fmt::Display for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Buffer { buffer, bytes, offset } => {
-                let rel = if *offset < 0 {
-                    format!("{} bytes before its start", -offset)
-                } else if *offset as usize == *bytes {
-                    "the first byte past its end".to_string()
-                } else if *offset as usize > *bytes {
-                    format!("{} bytes past its end", *offset as usize - bytes)
-                } else {
-                    "inside it".to_string()
-                };
-                write!(f, "byte offset {offset} of buffer `{buffer}` ({bytes} bytes; {rel})")
-            }
-            Location::Wild { addr } => write!(f, "address {addr:#x}, outside every emulator allocation"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum EmuError {
-    #[error("no emulated kernel `{0}` (build.rs compiles those listed in compile.rs, and the planted variants)")]
-    UnknownKernel(String),
-    #[error("kernel `{kernel}` takes ({signature}): {msg}")]
-    Arguments {
-        kernel: String,
-        signature: String,
-        msg: String,
-    },
-    #[error("kernel `{kernel}`: block ({},{},{}) thread ({},{},{}) {} out of bounds at {location}",
-            block.0, block.1, block.2, thread.0, thread.1, thread.2,
-            match access { Access::Read => "read", Access::Write => "wrote", Access::Unknown => "accessed" })]
-    Fault {
-        kernel: String,
-        block: (u32, u32, u32),
-        thread: (u32, u32, u32),
-        access: Access,
-        location: Location,
-    },
-    #[error("kernel `{kernel}` wrote out of bounds at {location} (found in the canary after the launch)")]
-    Guard { kernel: String, location: Location },
-    #[error("kernel `{kernel}`: {msg}")]
-    Kernel { kernel: String, msg: String },
-}
-
 struct KernelInfo {
     index: i32,
     params: Vec<String>,
@@ -375,9 +334,12 @@ pub fn kernel_names() -> Vec<(String, String)> {
     v
 }
 
-/// The emulated device: its allocations (checked after each of its launches).
+/// The emulated device: its allocations, and how many OS threads run the
+/// blocks of its launches.
 pub struct Emu {
     id: u64,
+    /// 0: rayon's pool (or `TOUCHSTONE_EMU_THREADS`); 1: the calling thread.
+    threads: usize,
 }
 
 impl Default for Emu {
@@ -387,9 +349,22 @@ impl Default for Emu {
 }
 
 impl Emu {
+    /// A device whose launches run their blocks on rayon's pool, or on the
+    /// calling thread only when `TOUCHSTONE_EMU_THREADS=1`.
     pub fn new() -> Emu {
+        let serial = std::env::var("TOUCHSTONE_EMU_THREADS").is_ok_and(|v| v.trim() == "1");
         Emu {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            threads: if serial { 1 } else { 0 },
+        }
+    }
+
+    /// A device whose launches run their blocks one after another on the
+    /// calling thread (the reference the parallel launches are tested against).
+    pub fn serial() -> Emu {
+        Emu {
+            threads: 1,
+            ..Emu::new()
         }
     }
 
@@ -407,17 +382,17 @@ impl Emu {
         // SAFETY: writes `raw`.
         let rc = unsafe { ffi::ts_emu_alloc_guarded(bytes, &mut raw) };
         assert_eq!(rc, 0, "emulator: cannot map {bytes} bytes for `{label}`");
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        registry().lock().unwrap().push(Record {
-            id,
-            emu: self.id,
-            label: label.to_string(),
-            raw,
-        });
+        registry().lock().unwrap().insert(
+            raw.map as u64,
+            Record {
+                emu: self.id,
+                label: label.to_string(),
+                raw,
+            },
+        );
         DevBuf {
             raw,
             len,
-            id,
             _t: PhantomData,
         }
     }
@@ -427,7 +402,7 @@ impl Emu {
         registry()
             .lock()
             .unwrap()
-            .iter()
+            .values()
             .filter(|r| r.emu == self.id)
             .map(|r| r.raw.bytes)
             .sum()
@@ -441,7 +416,7 @@ impl Emu {
     }
 
     /// Runs `kernel` over the grid, synchronously, then checks the canaries of
-    /// this device's allocations.
+    /// the buffers it was handed.
     pub fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[Arg<'_>]) -> Result<(), EmuError> {
         let info = kernels()
             .get(kernel)
@@ -465,30 +440,10 @@ impl Emu {
                     .ok_or_else(|| bad(format!("argument {i} is {}, declared `{p}`", a.describe())))?,
             );
         }
-        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
-        let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
-        let block = [cfg.block.0, cfg.block.1, cfg.block.2];
-        let mut res = ffi::LaunchResult {
-            code: 0,
-            fault_write: 0,
-            fault_addr: 0,
-            fault_block: [0; 3],
-            fault_thread: [0; 3],
-            msg: [0; 512],
-        };
         // SAFETY: the arguments match the kernel's parameter types (checked
         // above) and every pointer is a live DevBuf (borrowed by `args`) or null;
         // out-of-bounds accesses land in guards and are reported, not UB for us.
-        unsafe {
-            ffi::ts_emu_launch(
-                info.index,
-                grid.as_ptr(),
-                block.as_ptr(),
-                cfg.shared_bytes as usize,
-                ptrs.as_mut_ptr(),
-                &mut res,
-            )
-        };
+        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.threads) };
         match res.code {
             0 => {}
             1 => {
@@ -514,7 +469,17 @@ impl Emu {
                 });
             }
         }
-        for r in registry().lock().unwrap().iter().filter(|r| r.emu == self.id) {
+        // Only the buffers the kernel was handed: a pointer below a buffer
+        // lands in its own canary, then its leading guard page (a fault), so
+        // no other buffer's canary is reachable. Checking every live buffer
+        // (the weights included) after every launch was a tenth of the
+        // emulated engine's time.
+        let reg = registry().lock().unwrap();
+        for a in args {
+            let Arg::Ptr { addr, .. } = a else { continue };
+            let Some((_, r)) = reg.range(..=addr).next_back() else {
+                continue;
+            };
             // SAFETY: r.raw is live (records are removed before their buffer is freed).
             let off = unsafe { ffi::ts_emu_check_guarded(&r.raw) };
             if off != 0 {
@@ -534,9 +499,8 @@ impl Emu {
 
 /// The buffer (of any emulated device) whose mapping holds `addr`.
 fn locate(addr: u64) -> Location {
-    for r in registry().lock().unwrap().iter() {
-        let map = r.raw.map as u64;
-        if addr >= map && addr < map + r.raw.map_len as u64 {
+    if let Some((&map, r)) = registry().lock().unwrap().range(..=addr).next_back() {
+        if addr < map + r.raw.map_len as u64 {
             return Location::Buffer {
                 buffer: r.label.clone(),
                 bytes: r.raw.bytes,
@@ -557,6 +521,10 @@ pub fn emu_f16_to_f32(h: u16) -> f32 {
     // SAFETY: pure function.
     unsafe { ffi::ts_emu_test_f16_to_f32(h) }
 }
+
+mod grid;
+mod report;
+pub use report::{Access, EmuError, Location};
 
 #[cfg(test)]
 pub(crate) mod tests;

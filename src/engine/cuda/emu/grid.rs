@@ -1,0 +1,93 @@
+//! Running the blocks of one launch: begun and ended once in `runtime.cpp`
+//! (which checks the launch, and keeps the failure of the lowest block index),
+//! the blocks in between run as ranges on rayon's pool, or all on the calling
+//! thread.
+//!
+//! Why blocks may run anywhere in any order: CUDA gives the blocks of a grid
+//! no order and no way to wait for one another, so a correct kernel's blocks
+//! write what they write whatever the split; every block runs on one OS thread
+//! with its own fibers and shared memory, under the same schedule as in the
+//! serial order, so each block's arithmetic is the serial one bit for bit. A
+//! kernel whose blocks race (two blocks writing one element) is a bug the
+//! serial order hides and the parallel one may show as a changed value.
+
+use std::ffi::c_void;
+
+use rayon::prelude::*;
+
+use super::{ffi, LaunchConfig};
+
+/// Emulated threads (blocks × threads per block) below which a launch runs
+/// on the calling thread: waking rayon's workers costs microseconds, more
+/// than a few thousand fiber switches (a decode step's small launches).
+const MIN_PARALLEL_THREADS: u64 = 4096;
+/// Ranges per worker: blocks differ in cost (attention rows see more keys
+/// further down), so a few ranges each balance the load.
+const RANGES_PER_THREAD: u64 = 4;
+
+/// The launch handle, shared by the workers: `runtime.cpp` synchronises what
+/// they write to it (an atomic and a mutex), and it lives until `run` ends it.
+#[derive(Clone, Copy)]
+struct Handle(*mut c_void);
+// SAFETY: see above; the handle outlives every range run on it (the parallel
+// loop returns before `ts_emu_launch_end`).
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+/// Runs kernel `index` over the grid of `cfg` with `slots` (its parameters,
+/// each in an 8-byte slot), on `threads` OS threads (0: rayon's pool; 1: the
+/// calling thread), and returns the result of the lowest failed block, or
+/// success.
+///
+/// # Safety
+/// `slots` hold the kernel's parameters by its signature, and every pointer
+/// among them is null or into a live emulator buffer.
+pub(super) unsafe fn run(index: i32, cfg: LaunchConfig, slots: &mut [[u8; 8]], threads: usize) -> ffi::LaunchResult {
+    let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
+    let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
+    let block = [cfg.block.0, cfg.block.1, cfg.block.2];
+    let mut res = ffi::LaunchResult {
+        code: 0,
+        fault_write: 0,
+        fault_addr: 0,
+        fault_block: [0; 3],
+        fault_thread: [0; 3],
+        msg: [0; 512],
+    };
+    // SAFETY: the pointers are valid for the call; `ptrs` and `slots` outlive
+    // the launch (ended below, before they are dropped).
+    let h = unsafe {
+        ffi::ts_emu_launch_begin(
+            index,
+            grid.as_ptr(),
+            block.as_ptr(),
+            cfg.shared_bytes as usize,
+            ptrs.as_mut_ptr(),
+            &mut res,
+        )
+    };
+    if h.is_null() {
+        return res;
+    }
+    let h = Handle(h);
+    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+    let per_block = block.iter().map(|&b| b as u64).product::<u64>();
+    let workers = match threads {
+        0 => rayon::current_num_threads() as u64,
+        n => n as u64,
+    };
+    // SAFETY (both arms): h is a live launch; the ranges are disjoint and
+    // inside the grid.
+    if workers <= 1 || blocks < 2 || blocks * per_block < MIN_PARALLEL_THREADS {
+        unsafe { ffi::ts_emu_launch_run(h.0, 0, blocks) };
+    } else {
+        let per = blocks.div_ceil(workers * RANGES_PER_THREAD).max(1);
+        (0..blocks.div_ceil(per)).into_par_iter().for_each(|r| {
+            let h = h;
+            unsafe { ffi::ts_emu_launch_run(h.0, r * per, ((r + 1) * per).min(blocks)) }
+        });
+    }
+    // SAFETY: every range has returned; h is ended once.
+    unsafe { ffi::ts_emu_launch_end(h.0, &mut res) };
+    res
+}
