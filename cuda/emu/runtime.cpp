@@ -66,14 +66,20 @@ namespace {
 const size_t kPage = 4096;
 const size_t kStack = 64 * 1024;  // per fiber, plus a guard page below it
 
-enum State { READY, AT_BARRIER, AT_SHFL, DONE };
+// A saved execution context: a stack pointer (the registers are on the
+// stack) on x86-64, a ucontext elsewhere.
+#if defined(__x86_64__)
+typedef void* Ctx;
+#else
+typedef ucontext_t Ctx;
+#endif
+
+// FRESH: not started (no stack yet); READY: started and runnable.
+enum State { FRESH, READY, AT_BARRIER, AT_SHFL, DONE };
 
 struct Fiber {
     ts_emu_thread ctx;
-    void* sp;
-#if !defined(__x86_64__)
-    ucontext_t uc;
-#endif
+    Ctx sp;  // valid while the thread is suspended
     State state;
     unsigned linear;
 };
@@ -106,10 +112,10 @@ struct Worker {
     std::vector<Warp> warps;
     unsigned n;
     unsigned at_barrier, done;
-    void* sched_sp;
-#if !defined(__x86_64__)
-    ucontext_t sched_uc;
-#endif
+    unsigned next_fresh;  // threads next_fresh.. are FRESH (always a suffix)
+    unsigned stacks_used;
+    Ctx sched_sp;
+    Ctx dead_sp;  // where a finished runner's context goes (never resumed)
     Fiber* cur;
     bool failed;
     char msg[512];
@@ -239,18 +245,17 @@ ts_emu_trampoline:
     .size ts_emu_trampoline, .-ts_emu_trampoline
 )");
 
-static void fiber_init(Fiber* f, char* stack) {
-    uint64_t* p = reinterpret_cast<uint64_t*>(stack + kPage + kStack) - 8;
-    p[0] = p[1] = p[2] = 0;                       // r15 r14 r13
-    p[3] = reinterpret_cast<uint64_t>(f);         // r12: the argument
-    p[4] = p[5] = 0;                              // rbx rbp
+// A context that starts ts_emu_fiber_main on `stack` (whose top is moved
+// down by `color` cache lines: the stacks are 68 KiB apart, so without it
+// every thread's hot frame maps to the same L1 sets).
+static void ctx_init(Ctx* c, char* stack, unsigned color) {
+    uint64_t* p = reinterpret_cast<uint64_t*>(stack + kPage + kStack - 64 * (color % 64)) - 8;
+    p[0] = p[1] = p[2] = p[3] = 0;  // r15 r14 r13 r12
+    p[4] = p[5] = 0;                // rbx rbp
     p[6] = reinterpret_cast<uint64_t>(&ts_emu_trampoline);
-    f->sp = p;
+    *c = p;
 }
-static inline void switch_to(void** save, Fiber* f) { ts_emu_switch(save, f->sp); }
-static inline void fiber_to(Fiber* from, Fiber* to) { ts_emu_switch(&from->sp, to->sp); }
-static inline void to_scheduler(Worker* W, Fiber* f) { ts_emu_switch(&f->sp, W->sched_sp); }
-static inline void to_fiber(Worker* W, Fiber* f) { ts_emu_switch(&W->sched_sp, f->sp); }
+static inline void ctx_switch(Ctx* save, Ctx* to) { ts_emu_switch(save, *to); }
 
 // The FP environment kernels run in (round to nearest, exceptions masked, no
 // FTZ/DAZ, x87 double-extended), set for the span of a worker call.
@@ -275,40 +280,49 @@ struct FpEnv {
     }
 };
 #else
-static void uc_entry(unsigned hi, unsigned lo) {
-    ts_emu_fiber_main(reinterpret_cast<void*>((static_cast<uintptr_t>(hi) << 32) | lo));
+static void uc_entry() { ts_emu_fiber_main(nullptr); }
+static void ctx_init(Ctx* c, char* stack, unsigned color) {
+    getcontext(c);
+    c->uc_stack.ss_sp = stack + kPage;
+    c->uc_stack.ss_size = kStack - 64 * (color % 64);
+    c->uc_link = nullptr;
+    makecontext(c, uc_entry, 0);
 }
-static void fiber_init(Fiber* f, char* stack) {
-    getcontext(&f->uc);
-    f->uc.uc_stack.ss_sp = stack + kPage;
-    f->uc.uc_stack.ss_size = kStack;
-    f->uc.uc_link = nullptr;
-    const uintptr_t a = reinterpret_cast<uintptr_t>(f);
-    makecontext(&f->uc, reinterpret_cast<void (*)()>(uc_entry), 2, static_cast<unsigned>(a >> 32), static_cast<unsigned>(a));
-}
-static inline void fiber_to(Fiber* from, Fiber* to) { swapcontext(&from->uc, &to->uc); }
-static inline void to_scheduler(Worker* W, Fiber* f) { swapcontext(&f->uc, &W->sched_uc); }
-static inline void to_fiber(Worker* W, Fiber* f) { swapcontext(&W->sched_uc, &f->uc); }
+static inline void ctx_switch(Ctx* save, Ctx* to) { swapcontext(save, to); }
 struct FpEnv {};  // ucontext saves and restores the FP environment itself
 #endif
 
-// A fiber stops (at a barrier, a shuffle, or its end): the next READY fiber
-// after it runs, directly, or the scheduler when none is left in this round.
-// The order is the scheduler's own round (fiber index order, each fiber's
-// state as of when the round reaches it), so the schedule is the one a
-// switch through the scheduler after every fiber gives, at half the switches.
-static inline void leave(Worker* W, Fiber* f) {
+// Runs thread `g` next, from the context saved into `save`: a started
+// thread is switched to; a FRESH one (g is then fs[next_fresh]) gets a runner
+// on a stack of its own, which runs it and the FRESH threads after it
+// (ts_emu_fiber_main).
+static inline void enter(Worker* W, Ctx* save, Fiber* g) {
+    if (g->state == FRESH) {
+        ctx_init(&g->sp, tl_stacks.get(W->stacks_used), W->stacks_used);
+        W->stacks_used++;
+    }
+    W->cur = g;
+    ts_emu_cur = &g->ctx;
+    ctx_switch(save, &g->sp);
+}
+
+// Thread `after` stops (at a barrier, a shuffle, or its end), its context
+// saved into `save`: the next runnable thread after it runs, directly, or the
+// scheduler when none is left in this round. The order is the scheduler's
+// own round (thread index order, each thread's state as of when the round
+// reaches it), so the schedule is the one a switch through the scheduler
+// after every thread gives, at half the switches.
+static inline void hand_over(Worker* W, Ctx* save, unsigned after) {
     Fiber* fs = W->fibers.data();
-    for (unsigned j = f->linear + 1; j < W->n; ++j) {
-        if (fs[j].state == READY) {
-            W->cur = &fs[j];
-            ts_emu_cur = &fs[j].ctx;
-            fiber_to(f, &fs[j]);
+    for (unsigned j = after + 1; j < W->n; ++j) {
+        if (fs[j].state == READY || fs[j].state == FRESH) {
+            enter(W, save, &fs[j]);
             return;
         }
     }
-    to_scheduler(W, f);
+    ctx_switch(save, &W->sched_sp);
 }
+static inline void leave(Worker* W, Fiber* f) { hand_over(W, &f->sp, f->linear); }
 
 // A kernel error found inside a fiber (divergent shuffle, bad mask): the
 // block stops with the message.
@@ -325,20 +339,41 @@ static void fail_in_fiber(const char* fmt, ...) {
              f->ctx.block_idx.z, f->ctx.thread_idx.x, f->ctx.thread_idx.y, f->ctx.thread_idx.z, buf);
     W->failed = true;
     f->state = DONE;
-    to_scheduler(W, f);
+    ctx_switch(&W->dead_sp, &W->sched_sp);
     abort();  // never resumed
 }
 
 extern "C" void ts_emu_trap(const char* what) { fail_in_fiber("%s", what); }
 
-extern "C" void ts_emu_fiber_main(void* arg) {
-    Fiber* f = static_cast<Fiber*>(arg);
+// A runner: runs FRESH threads, from next_fresh on, as plain calls on its
+// stack. A thread that returns without waiting (every thread of a kernel
+// without barriers or shuffles) costs no context switch; one that waits keeps
+// the runner's stack (its frames are on it) and the next FRESH thread gets a
+// new runner. When the thread that ran last here returns and the next
+// runnable thread is FRESH, this runner runs it too; otherwise it hands over
+// and its stack is not used again in this block.
+extern "C" void ts_emu_fiber_main(void*) {
     Worker* W = tl_worker;
-    W->L->k->invoke(W->L->k->fn, W->L->args);
-    f->state = DONE;
-    W->done++;
-    leave(W, f);
-    abort();  // a finished fiber is never resumed
+    Fiber* fs = W->fibers.data();
+    const ts_emu_kernel* k = W->L->k;
+    Fiber* f = &fs[W->next_fresh++];
+    for (;;) {
+        f->state = READY;
+        k->invoke(k->fn, W->L->args);
+        // Back here: thread f returned (W->cur is f again, set by whoever resumed it).
+        f->state = DONE;
+        W->done++;
+        unsigned j = f->linear + 1;
+        while (j < W->n && fs[j].state != READY && fs[j].state != FRESH) ++j;
+        if (j < W->n && fs[j].state == FRESH) {
+            f = &fs[W->next_fresh++];  // == fs[j]: FRESH threads are a suffix
+            W->cur = f;
+            ts_emu_cur = &f->ctx;
+            continue;
+        }
+        hand_over(W, &W->dead_sp, j - 1);
+        abort();  // a finished runner is never resumed
+    }
 }
 
 extern "C" void ts_emu_syncthreads(void) {
@@ -433,10 +468,11 @@ void run_block(Worker* W, const uint3& bidx, unsigned char* dyn) {
         f.ctx.block_idx = bidx;
         f.ctx.block_dim = {L->block[0], L->block[1], L->block[2]};
         f.ctx.grid_dim = {L->grid[0], L->grid[1], L->grid[2]};
-        f.state = READY;
+        f.state = FRESH;
         f.linear = i;
-        fiber_init(&f, tl_stacks.get(i));
     }
+    W->next_fresh = 0;
+    W->stacks_used = 0;
     for (size_t w = 0; w < W->warps.size(); ++w) {
         W->warps[w].arrived = 0;
         W->warps[w].lanes = static_cast<int>(std::min<unsigned>(32, n - 32 * w));
@@ -448,11 +484,9 @@ void run_block(Worker* W, const uint3& bidx, unsigned char* dyn) {
         // next READY one (leave) until the last returns here.
         bool progress = false;
         for (unsigned i = 0; i < n; ++i) {
-            if (fs[i].state != READY) continue;
-            W->cur = &fs[i];
-            ts_emu_cur = &fs[i].ctx;
+            if (fs[i].state != READY && fs[i].state != FRESH) continue;
             tl_in_fiber = 1;
-            to_fiber(W, &fs[i]);
+            enter(W, &W->sched_sp, &fs[i]);
             tl_in_fiber = 0;
             progress = true;
             break;
