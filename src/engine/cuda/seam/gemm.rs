@@ -46,8 +46,16 @@ pub fn emu_gemm<T: Storage>(g: GemmShape, a: &[T], b: &[T]) -> Vec<T> {
         }
     };
     let (ea, eb) = (extent(g.m, g.k, rsa, csa), extent(g.k, g.n, rsb, csb));
-    assert!(a.len() >= ea, "emu_gemm: A holds {} elements, op(A) needs more", a.len());
-    assert!(b.len() >= eb, "emu_gemm: B holds {} elements, op(B) needs more", b.len());
+    assert!(
+        a.len() >= ea,
+        "emu_gemm: A holds {} elements, op(A) needs more",
+        a.len()
+    );
+    assert!(
+        b.len() >= eb,
+        "emu_gemm: B holds {} elements, op(B) needs more",
+        b.len()
+    );
     // The engine's shape: A is w [m,k] row-major read transposed, B is x
     // [n,k] row-major, C is y [n,m] row-major: y = x·wᵀ.
     if g.transa && !g.transb && g.lda == g.k && g.ldb == g.k && g.k > 0 {
