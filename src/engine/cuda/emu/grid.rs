@@ -34,6 +34,14 @@ struct Handle(*mut c_void);
 unsafe impl Send for Handle {}
 unsafe impl Sync for Handle {}
 
+impl Handle {
+    /// The pointer, through a method so that closures capture the whole
+    /// (Send) handle rather than its raw-pointer field.
+    fn ptr(self) -> *mut c_void {
+        self.0
+    }
+}
+
 /// Runs kernel `index` over the grid of `cfg` with `slots` (its parameters,
 /// each in an 8-byte slot), on `threads` OS threads (0: rayon's pool; 1: the
 /// calling thread), and returns the result of the lowest failed block, or
@@ -79,15 +87,14 @@ pub(super) unsafe fn run(index: i32, cfg: LaunchConfig, slots: &mut [[u8; 8]], t
     // SAFETY (both arms): h is a live launch; the ranges are disjoint and
     // inside the grid.
     if workers <= 1 || blocks < 2 || blocks * per_block < MIN_PARALLEL_THREADS {
-        unsafe { ffi::ts_emu_launch_run(h.0, 0, blocks) };
+        unsafe { ffi::ts_emu_launch_run(h.ptr(), 0, blocks) };
     } else {
         let per = blocks.div_ceil(workers * RANGES_PER_THREAD).max(1);
-        (0..blocks.div_ceil(per)).into_par_iter().for_each(|r| {
-            let h = h;
-            unsafe { ffi::ts_emu_launch_run(h.0, r * per, ((r + 1) * per).min(blocks)) }
-        });
+        (0..blocks.div_ceil(per))
+            .into_par_iter()
+            .for_each(|r| unsafe { ffi::ts_emu_launch_run(h.ptr(), r * per, ((r + 1) * per).min(blocks)) });
     }
     // SAFETY: every range has returned; h is ended once.
-    unsafe { ffi::ts_emu_launch_end(h.0, &mut res) };
+    unsafe { ffi::ts_emu_launch_end(h.ptr(), &mut res) };
     res
 }
