@@ -296,13 +296,25 @@ struct FpEnv {};  // ucontext saves and restores the FP environment itself
 // thread is switched to; a FRESH one (g is then fs[next_fresh]) gets a runner
 // on a stack of its own, which runs it and the FRESH threads after it
 // (ts_emu_fiber_main).
-static inline void enter(Worker* W, Ctx* save, Fiber* g) {
-    if (g->state == FRESH) {
-        ctx_init(&g->sp, tl_stacks.get(W->stacks_used), W->stacks_used);
-        W->stacks_used++;
-    }
+__attribute__((noinline)) static void new_runner(Worker* W, Fiber* g) {
+    ctx_init(&g->sp, tl_stacks.get(W->stacks_used), W->stacks_used);
+    W->stacks_used++;
+}
+__attribute__((always_inline)) static inline void enter(Worker* W, Ctx* save, Fiber* g) {
+    if (__builtin_expect(g->state == FRESH, 0)) new_runner(W, g);
     W->cur = g;
     ts_emu_cur = &g->ctx;
+#if defined(__x86_64__)
+    // The thread after g most likely runs next: its saved registers and top
+    // frames start loading now (each thread's stack is cold by then).
+    if (g->linear + 1 < W->n && g[1].state == READY) {
+        const char* p = static_cast<const char*>(g[1].sp);
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + 64);
+        __builtin_prefetch(p + 128);
+        __builtin_prefetch(p + 192);
+    }
+#endif
     ctx_switch(save, &g->sp);
 }
 
