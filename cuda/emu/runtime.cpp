@@ -710,25 +710,39 @@ struct ts_emu_alloc {
     size_t front;  // canary bytes before ptr
 };
 
-int ts_emu_alloc_guarded(size_t bytes, ts_emu_alloc* out) {
-    const size_t data_pages = (bytes + 64 + kPage - 1) / kPage;
-    const size_t len = (data_pages + 2) * kPage;
-    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return -1;
-    char* base = static_cast<char*>(m);
-    mprotect(base, kPage, PROT_NONE);
-    mprotect(base + (data_pages + 1) * kPage, kPage, PROT_NONE);
-    char* end = base + (data_pages + 1) * kPage;
-    char* p = end - bytes;
-    out->map = m;
-    out->map_len = len;
+static size_t guarded_len(size_t bytes) { return ((bytes + 64 + kPage - 1) / kPage + 2) * kPage; }
+
+// Places `bytes` at the end of the data pages of mapping out->map (of
+// out->map_len bytes), with a fresh canary before them and 0xff bytes in them.
+static void lay_out(size_t bytes, ts_emu_alloc* out) {
+    char* base = static_cast<char*>(out->map);
+    char* p = base + out->map_len - kPage - bytes;
     out->ptr = p;
     out->bytes = bytes;
     out->front = static_cast<size_t>(p - (base + kPage));
     memset(base + kPage, 0xa5, out->front);
     memset(p, 0xff, bytes);  // uninitialised device memory reads as NaN
+}
+
+int ts_emu_alloc_guarded(size_t bytes, ts_emu_alloc* out) {
+    const size_t len = guarded_len(bytes);
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return -1;
+    char* base = static_cast<char*>(m);
+    mprotect(base, kPage, PROT_NONE);
+    mprotect(base + len - kPage, kPage, PROT_NONE);
+    out->map = m;
+    out->map_len = len;
+    lay_out(bytes, out);
     return 0;
 }
+
+// The mapping length ts_emu_alloc_guarded gives `bytes`.
+size_t ts_emu_guarded_len(size_t bytes) { return guarded_len(bytes); }
+
+// A freed allocation's mapping (its guard pages in place), made a new
+// allocation of `bytes` (same ts_emu_guarded_len): as fresh as a new mapping.
+void ts_emu_reuse_guarded(size_t bytes, ts_emu_alloc* a) { lay_out(bytes, a); }
 
 void ts_emu_free_guarded(const ts_emu_alloc* a) { munmap(a->map, a->map_len); }
 

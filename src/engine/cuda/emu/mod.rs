@@ -72,6 +72,8 @@ mod ffi {
         pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
         pub fn ts_emu_alloc_guarded(bytes: usize, out: *mut Alloc) -> i32;
         pub fn ts_emu_free_guarded(a: *const Alloc);
+        pub fn ts_emu_guarded_len(bytes: usize) -> usize;
+        pub fn ts_emu_reuse_guarded(bytes: usize, a: *mut Alloc);
         pub fn ts_emu_check_guarded(a: *const Alloc) -> i64;
         pub fn ts_emu_test_f32_to_f16(x: f32) -> u16;
         pub fn ts_emu_test_f16_to_f32(h: u16) -> f32;
@@ -206,9 +208,40 @@ impl<T: EmuType> DevBuf<T> {
 impl<T: EmuType> Drop for DevBuf<T> {
     fn drop(&mut self) {
         registry().lock().unwrap().remove(&(self.raw.map as u64));
-        // SAFETY: raw came from ts_emu_alloc_guarded and is freed once.
-        unsafe { ffi::ts_emu_free_guarded(&self.raw) }
+        let mut pool = pool().lock().unwrap();
+        if pool.bytes + self.raw.map_len <= POOL_BYTES {
+            pool.bytes += self.raw.map_len;
+            pool.free.entry(self.raw.map_len).or_default().push(Mapping(self.raw));
+        } else {
+            // SAFETY: raw came from ts_emu_alloc_guarded and is freed once.
+            unsafe { ffi::ts_emu_free_guarded(&self.raw) }
+        }
     }
+}
+
+/// Mappings of freed buffers, by length, for the next allocation of that
+/// length: every step of the engine allocates its stage buffers afresh, and
+/// a new mapping each time (mmap, two mprotects, a page fault per page,
+/// munmap) doubled the emulated engine's system time.
+struct Pool {
+    free: HashMap<usize, Vec<Mapping>>,
+    bytes: usize,
+}
+/// A freed mapping (owned by the pool; no buffer refers to it).
+struct Mapping(ffi::Alloc);
+// SAFETY: the pool owns the mapping; it is only handed to one new buffer.
+unsafe impl Send for Mapping {}
+/// The most bytes of mappings the pool keeps (the rest are unmapped).
+const POOL_BYTES: usize = 256 << 20;
+
+fn pool() -> &'static Mutex<Pool> {
+    static P: OnceLock<Mutex<Pool>> = OnceLock::new();
+    P.get_or_init(|| {
+        Mutex::new(Pool {
+            free: HashMap::new(),
+            bytes: 0,
+        })
+    })
 }
 
 /// A kernel argument, in the order the kernel declares its parameters.
@@ -379,9 +412,25 @@ impl Emu {
             bytes: 0,
             front: 0,
         };
-        // SAFETY: writes `raw`.
-        let rc = unsafe { ffi::ts_emu_alloc_guarded(bytes, &mut raw) };
-        assert_eq!(rc, 0, "emulator: cannot map {bytes} bytes for `{label}`");
+        // SAFETY: pure function.
+        let map_len = unsafe { ffi::ts_emu_guarded_len(bytes) };
+        let reused = {
+            let mut pool = pool().lock().unwrap();
+            let m = pool.free.get_mut(&map_len).and_then(Vec::pop);
+            if m.is_some() {
+                pool.bytes -= map_len;
+            }
+            m
+        };
+        if let Some(Mapping(m)) = reused {
+            raw = m;
+            // SAFETY: m is a pooled mapping of this length, owned by no buffer.
+            unsafe { ffi::ts_emu_reuse_guarded(bytes, &mut raw) };
+        } else {
+            // SAFETY: writes `raw`.
+            let rc = unsafe { ffi::ts_emu_alloc_guarded(bytes, &mut raw) };
+            assert_eq!(rc, 0, "emulator: cannot map {bytes} bytes for `{label}`");
+        }
         registry().lock().unwrap().insert(
             raw.map as u64,
             Record {
