@@ -101,6 +101,7 @@ struct Launch {
     unsigned n;  // threads per block
     size_t dyn_bytes;
     std::atomic<unsigned long long> failed_at;  // lowest failed block (linear), or ~0
+    std::atomic<int> waited;                    // a thread waited (barrier, shuffle) in some block
     std::mutex mu;
     ts_emu_result res;  // of block failed_at
 };
@@ -618,6 +619,7 @@ void* ts_emu_launch_begin(int index, const unsigned grid[3], const unsigned bloc
     L->n = static_cast<unsigned>(n);
     L->dyn_bytes = dyn_bytes;
     L->failed_at.store(~0ull);
+    L->waited.store(0);
     memset(&L->res, 0, sizeof L->res);
     return L;
 }
@@ -656,6 +658,7 @@ void ts_emu_launch_run(void* h, unsigned long long first, unsigned long long end
         const uint3 bidx{static_cast<unsigned>(b % gx), static_cast<unsigned>((b / gx) % gy),
                          static_cast<unsigned>(b / (1ull * gx * gy))};
         run_block_catching(W, bidx, dyn);
+        if (W->stacks_used > 1) L->waited.store(1, std::memory_order_relaxed);
         tl_in_fiber = 0;
         ts_emu_cur = nullptr;
         if (W->faulted || W->failed) {
@@ -678,6 +681,10 @@ void ts_emu_launch_run(void* h, unsigned long long first, unsigned long long end
     }
     tl_worker = nullptr;
 }
+
+// Whether a thread of launch `h` waited at a barrier or shuffle (a block
+// needed more than one runner), once every range run has returned.
+int ts_emu_launch_waited(void* h) { return static_cast<Launch*>(h)->waited.load(); }
 
 // Ends launch `h` (every range run has returned): the lowest failed block's
 // report, or success, in `res`.

@@ -12,18 +12,25 @@
 //! serial order hides and the parallel one may show as a changed value.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
 use super::{ffi, LaunchConfig};
 
-/// Emulated threads (blocks × threads per block) below which a launch runs
-/// on the calling thread: waking rayon's workers costs microseconds, more
-/// than a few thousand fiber switches (a decode step's small launches).
-const MIN_PARALLEL_THREADS: u64 = 4096;
+/// The work (in plain-call threads, about 5 ns each) below which a launch
+/// runs on the calling thread: waking rayon's workers costs microseconds,
+/// and on a loaded machine a wake-up can wait for a time slice, so a decode
+/// step's many small launches (a few thousand elementwise threads) are
+/// cheaper serial.
+const MIN_PARALLEL_WORK: u64 = 1 << 16;
+/// What a thread that waits (barriers, shuffles: a context switch at each,
+/// a dozen in a block reduction) costs, in plain-call threads.
+const WAITING_THREAD_WORK: u64 = 64;
 /// Ranges per worker: blocks differ in cost (attention rows see more keys
-/// further down), so a few ranges each balance the load.
-const RANGES_PER_THREAD: u64 = 4;
+/// further down) and a worker may lose its core for a while, so several
+/// ranges each balance the load.
+const RANGES_PER_THREAD: u64 = 8;
 
 /// The launch handle, shared by the workers: `runtime.cpp` synchronises what
 /// they write to it (an atomic and a mutex), and it lives until `run` ends it.
@@ -45,12 +52,19 @@ impl Handle {
 /// Runs kernel `index` over the grid of `cfg` with `slots` (its parameters,
 /// each in an 8-byte slot), on `threads` OS threads (0: rayon's pool; 1: the
 /// calling thread), and returns the result of the lowest failed block, or
-/// success.
+/// success. `waits`: whether the kernel's threads waited at its last launch
+/// (updated here), for the estimate of whether this one is worth splitting.
 ///
 /// # Safety
 /// `slots` hold the kernel's parameters by its signature, and every pointer
 /// among them is null or into a live emulator buffer.
-pub(super) unsafe fn run(index: i32, cfg: LaunchConfig, slots: &mut [[u8; 8]], threads: usize) -> ffi::LaunchResult {
+pub(super) unsafe fn run(
+    index: i32,
+    cfg: LaunchConfig,
+    slots: &mut [[u8; 8]],
+    threads: usize,
+    waits: &AtomicBool,
+) -> ffi::LaunchResult {
     let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
     let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
     let block = [cfg.block.0, cfg.block.1, cfg.block.2];
@@ -86,7 +100,12 @@ pub(super) unsafe fn run(index: i32, cfg: LaunchConfig, slots: &mut [[u8; 8]], t
     };
     // SAFETY (both arms): h is a live launch; the ranges are disjoint and
     // inside the grid.
-    if workers <= 1 || blocks < 2 || blocks * per_block < MIN_PARALLEL_THREADS {
+    let per_thread = if waits.load(Ordering::Relaxed) {
+        WAITING_THREAD_WORK
+    } else {
+        1
+    };
+    if workers <= 1 || blocks < 2 || blocks * per_block * per_thread < MIN_PARALLEL_WORK {
         unsafe { ffi::ts_emu_launch_run(h.ptr(), 0, blocks) };
     } else {
         let per = blocks.div_ceil(workers * RANGES_PER_THREAD).max(1);
@@ -95,6 +114,9 @@ pub(super) unsafe fn run(index: i32, cfg: LaunchConfig, slots: &mut [[u8; 8]], t
             .for_each(|r| unsafe { ffi::ts_emu_launch_run(h.ptr(), r * per, ((r + 1) * per).min(blocks)) });
     }
     // SAFETY: every range has returned; h is ended once.
-    unsafe { ffi::ts_emu_launch_end(h.ptr(), &mut res) };
+    unsafe {
+        waits.store(ffi::ts_emu_launch_waited(h.ptr()) != 0, Ordering::Relaxed);
+        ffi::ts_emu_launch_end(h.ptr(), &mut res)
+    };
     res
 }

@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 mod ffi {
@@ -68,6 +68,7 @@ mod ffi {
         ) -> *mut c_void;
         pub fn ts_emu_launch_run(h: *mut c_void, first: u64, end: u64);
         pub fn ts_emu_launch_end(h: *mut c_void, res: *mut LaunchResult) -> i32;
+        pub fn ts_emu_launch_waited(h: *mut c_void) -> i32;
         pub fn ts_emu_kernel_name(i: i32) -> *const c_char;
         pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
         pub fn ts_emu_alloc_guarded(bytes: usize, out: *mut Alloc) -> i32;
@@ -326,6 +327,9 @@ struct KernelInfo {
     index: i32,
     params: Vec<String>,
     signature: String,
+    /// Whether its threads waited (barriers, shuffles) at its last launch:
+    /// such threads cost far more than plain calls (`grid::run`'s estimate).
+    waits: AtomicBool,
 }
 
 fn kernels() -> &'static HashMap<String, KernelInfo> {
@@ -349,6 +353,7 @@ fn kernels() -> &'static HashMap<String, KernelInfo> {
                         index: i,
                         params,
                         signature,
+                        waits: AtomicBool::new(true),
                     },
                 )
             })
@@ -492,7 +497,7 @@ impl Emu {
         // SAFETY: the arguments match the kernel's parameter types (checked
         // above) and every pointer is a live DevBuf (borrowed by `args`) or null;
         // out-of-bounds accesses land in guards and are reported, not UB for us.
-        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.threads) };
+        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.threads, &info.waits) };
         match res.code {
             0 => {}
             1 => {

@@ -130,4 +130,3 @@ fn a_deadlock_in_several_parallel_blocks_names_the_lowest() {
     let (s, p) = both(|emu| rmsnorm(emu, "rmsnorm_f32", 64, 1000).unwrap());
     assert_eq!(s, p);
 }
-
