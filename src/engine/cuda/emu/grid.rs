@@ -32,6 +32,18 @@ const WAITING_THREAD_WORK: u64 = 64;
 /// ranges each balance the load.
 const RANGES_PER_THREAD: u64 = 8;
 
+/// Whether a launch's blocks are split over rayon's workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Split {
+    /// When the estimated work is worth it (and the pool has 2+ workers).
+    Auto,
+    /// Never: every block on the calling thread, in order.
+    Never,
+    /// Whenever there are 2+ blocks (tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Always,
+}
+
 /// The launch handle, shared by the workers: `runtime.cpp` synchronises what
 /// they write to it (an atomic and a mutex), and it lives until `run` ends it.
 #[derive(Clone, Copy)]
@@ -50,8 +62,8 @@ impl Handle {
 }
 
 /// Runs kernel `index` over the grid of `cfg` with `slots` (its parameters,
-/// each in an 8-byte slot), on `threads` OS threads (0: rayon's pool; 1: the
-/// calling thread), and returns the result of the lowest failed block, or
+/// each in an 8-byte slot), split over rayon's pool or not by `split`, and
+/// returns the result of the lowest failed block, or
 /// success. `waits`: whether the kernel's threads waited at its last launch
 /// (updated here), for the estimate of whether this one is worth splitting.
 ///
@@ -62,7 +74,7 @@ pub(super) unsafe fn run(
     index: i32,
     cfg: LaunchConfig,
     slots: &mut [[u8; 8]],
-    threads: usize,
+    split: Split,
     waits: &AtomicBool,
 ) -> ffi::LaunchResult {
     let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
@@ -94,21 +106,24 @@ pub(super) unsafe fn run(
     let h = Handle(h);
     let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
     let per_block = block.iter().map(|&b| b as u64).product::<u64>();
-    let workers = match threads {
-        0 => rayon::current_num_threads() as u64,
-        n => n as u64,
-    };
-    // SAFETY (both arms): h is a live launch; the ranges are disjoint and
-    // inside the grid.
+    let workers = rayon::current_num_threads() as u64;
     let per_thread = if waits.load(Ordering::Relaxed) {
         WAITING_THREAD_WORK
     } else {
         1
     };
-    if workers <= 1 || blocks < 2 || blocks * per_block * per_thread < MIN_PARALLEL_WORK {
+    let parallel = blocks >= 2
+        && match split {
+            Split::Never => false,
+            Split::Always => true,
+            Split::Auto => workers >= 2 && blocks * per_block * per_thread >= MIN_PARALLEL_WORK,
+        };
+    // SAFETY (both arms): h is a live launch; the ranges are disjoint and
+    // inside the grid.
+    if !parallel {
         unsafe { ffi::ts_emu_launch_run(h.ptr(), 0, blocks) };
     } else {
-        let per = blocks.div_ceil(workers * RANGES_PER_THREAD).max(1);
+        let per = blocks.div_ceil(workers.max(1) * RANGES_PER_THREAD).max(1);
         (0..blocks.div_ceil(per))
             .into_par_iter()
             .for_each(|r| unsafe { ffi::ts_emu_launch_run(h.ptr(), r * per, ((r + 1) * per).min(blocks)) });

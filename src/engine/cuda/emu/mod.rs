@@ -376,8 +376,7 @@ pub fn kernel_names() -> Vec<(String, String)> {
 /// blocks of its launches.
 pub struct Emu {
     id: u64,
-    /// 0: rayon's pool (or `TOUCHSTONE_EMU_THREADS`); 1: the calling thread.
-    threads: usize,
+    split: grid::Split,
 }
 
 impl Default for Emu {
@@ -393,7 +392,7 @@ impl Emu {
         let serial = std::env::var("TOUCHSTONE_EMU_THREADS").is_ok_and(|v| v.trim() == "1");
         Emu {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            threads: if serial { 1 } else { 0 },
+            split: if serial { grid::Split::Never } else { grid::Split::Auto },
         }
     }
 
@@ -401,7 +400,17 @@ impl Emu {
     /// calling thread (the reference the parallel launches are tested against).
     pub fn serial() -> Emu {
         Emu {
-            threads: 1,
+            split: grid::Split::Never,
+            ..Emu::new()
+        }
+    }
+
+    /// A device that splits every launch of two blocks or more over rayon's
+    /// pool, however small (for tests: a small faulting grid runs in parallel).
+    #[cfg(test)]
+    pub(crate) fn split_always() -> Emu {
+        Emu {
+            split: grid::Split::Always,
             ..Emu::new()
         }
     }
@@ -497,7 +506,7 @@ impl Emu {
         // SAFETY: the arguments match the kernel's parameter types (checked
         // above) and every pointer is a live DevBuf (borrowed by `args`) or null;
         // out-of-bounds accesses land in guards and are reported, not UB for us.
-        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.threads, &info.waits) };
+        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.split, &info.waits) };
         match res.code {
             0 => {}
             1 => {

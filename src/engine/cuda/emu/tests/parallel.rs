@@ -11,12 +11,13 @@ fn four() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap()
 }
 
-/// `f` on a serial device, then on a parallel one inside the 4-worker pool.
+/// `f` on a serial device, then on one that splits every launch over the
+/// 4-worker pool.
 fn both<R: Send>(f: impl Fn(&Emu) -> R + Sync) -> (R, R) {
     let serial = f(&Emu::serial());
     let parallel = four().install(|| {
         assert_eq!(rayon::current_num_threads(), 4);
-        f(&Emu::new())
+        f(&Emu::split_always())
     });
     (serial, parallel)
 }
