@@ -475,14 +475,24 @@ void run_block(Worker* W, const uint3& bidx, unsigned char* dyn) {
     if (dyn) memset(dyn, 0xff, dyn_bytes);  // NaN until written (the canary beyond: see run_range)
     const unsigned n = L->n;
     Fiber* fs = W->fibers.data();
+    // threadIdx counted up rather than divided out of i (three divisions a
+    // thread were a tenth of the emulator's own time).
+    unsigned tx = 0, ty = 0, tz = 0;
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = fs[i];
-        f.ctx.thread_idx = {i % L->block[0], (i / L->block[0]) % L->block[1], i / (L->block[0] * L->block[1])};
+        f.ctx.thread_idx = {tx, ty, tz};
         f.ctx.block_idx = bidx;
         f.ctx.block_dim = {L->block[0], L->block[1], L->block[2]};
         f.ctx.grid_dim = {L->grid[0], L->grid[1], L->grid[2]};
         f.state = FRESH;
         f.linear = i;
+        if (++tx == L->block[0]) {
+            tx = 0;
+            if (++ty == L->block[1]) {
+                ty = 0;
+                ++tz;
+            }
+        }
     }
     W->next_fresh = 0;
     W->stacks_used = 0;
