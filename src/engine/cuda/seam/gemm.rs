@@ -19,7 +19,7 @@ use super::super::storage::Storage;
 use crate::engine::cpu::matmul::matmul_wt;
 
 /// `v` as f32: borrowed when `T` is f32 (the weights read in place), widened otherwise.
-fn as_f32<T: Storage>(v: &[T]) -> Cow<'_, [f32]> {
+pub fn as_f32<T: Storage>(v: &[T]) -> Cow<'_, [f32]> {
     if TypeId::of::<T>() == TypeId::of::<f32>() {
         // SAFETY: T is f32 (same type, so same size, alignment and bits).
         Cow::Borrowed(unsafe { std::slice::from_raw_parts(v.as_ptr() as *const f32, v.len()) })
