@@ -12,15 +12,16 @@
 //!   shuffles that exchange only once all 32 lanes have arrived. A barrier or
 //!   shuffle that not every thread reaches is reported as a deadlock. When
 //!   several blocks fail, the lowest block index is reported, as the serial
-//!   order would.
+//!   order would. A thread runs as a plain call until it first waits, so a
+//!   kernel without barriers or shuffles costs no context switch.
 //! - Memory: "device memory" is host memory with guard regions. Every
 //!   allocation ends on an inaccessible page and starts after a canary (and a
 //!   page before that): the first access past the end faults at once, and the
 //!   fault is reported with the kernel, the block and thread that made it, and
 //!   the buffer and byte offset; a write into the canary before the start is
 //!   found by the check after every launch of the buffers it was handed
-//!   (kernel, buffer, offset). Fresh
-//!   allocations hold 0xff bytes (a NaN) until written.
+//!   (kernel, buffer, offset). Fresh allocations hold 0xff bytes (a NaN)
+//!   until written; freed mappings are reused for allocations of their size.
 //! - Arguments are checked against the kernel's C++ signature (count, pointer
 //!   or scalar, element and scalar types) before the launch.
 //!
