@@ -58,6 +58,17 @@ const PLANTED: &[Planted] = &[
             ),
         ],
     ),
+    // A thread that returns before the block's reductions, in blocks 5 and
+    // up: its warp's shuffle never completes, so those blocks deadlock (the
+    // report must name block 5, the lowest, however the blocks are split).
+    (
+        "planted_deadlock",
+        "rmsnorm.cu",
+        &[(
+            "float acc = 0.0f;",
+            "if (blockIdx.x >= 5 && threadIdx.x == 40) return;\n    float acc = 0.0f;",
+        )],
+    ),
     // Off by one on the store: element i is written to out[i + 1], so the
     // last thread writes one element past the end of the output.
     (

@@ -17,24 +17,24 @@
 // (`asm`) is a static_assert saying that it is not emulated. Add a construct
 // here only together with a test of it.
 //
-// Execution model (runtime.cpp): a launch runs the blocks of its grid one
-// after another on the calling OS thread; the threads of a block are fibers
-// (one stack each) switched cooperatively, so __syncthreads is a true
-// barrier and a warp shuffle exchanges values only once all 32 lanes have
-// arrived. Between two synchronisation points a thread runs alone, so a race
-// the kernel has (a missing barrier) shows up as a wrong value, not as a
-// nondeterministic one.
+// Execution model (runtime.cpp): a launch's blocks run on one or more OS
+// threads (rayon's workers, in ranges of block indices; any order is CUDA's
+// order), each block wholly on one OS thread; the threads of a block are
+// fibers (a stack each once they first wait) switched cooperatively, so
+// __syncthreads is a true barrier and a warp shuffle exchanges values only
+// once all 32 lanes have arrived. Between two synchronisation points a thread
+// runs alone, so a race the kernel has (a missing barrier) shows up as a
+// wrong value, not as a nondeterministic one.
 //
 // Shared memory: `__shared__` is `thread_local`. A block-scope
 // `__shared__ float scratch[32];` is then one object per OS thread, and since
-// one OS thread runs one block at a time (blocks in sequence, the block's
-// threads as fibers of that OS thread), it is exactly the block's shared
-// memory, and concurrent launches on other OS threads (parallel tests) have
-// their own. `extern __shared__ T name[];` (dynamic shared memory) becomes a
-// thread_local array of TS_EMU_DYN_SMEM_CAP bytes that build.rs defines in
-// the file's namespace; a launch may use its first `shared_bytes`, which are
-// filled with 0xff bytes (a NaN) at the start of every block, and the rest is
-// a canary checked after every block.
+// one OS thread runs one block at a time (a block's threads are fibers of
+// that OS thread), it is exactly the block's shared memory, and blocks or
+// launches on other OS threads have their own. `extern __shared__ T name[];`
+// (dynamic shared memory) becomes a thread_local array of TS_EMU_DYN_SMEM_CAP
+// bytes that build.rs defines in the file's namespace; a launch may use its
+// first `shared_bytes`, which are filled with 0xff bytes (a NaN) at the start
+// of every block, and the rest is a canary checked after every block.
 #pragma once
 
 #include <math.h>

@@ -6,11 +6,23 @@
 // __syncthreads and every shuffle step (the sampling kernel has ~2,500 such
 // points per launch); a cooperative switch between fibers of one OS thread
 // costs nanoseconds where a 1024-thread OS barrier costs microseconds per
-// thread, a launch is deterministic (a fixed schedule), and `__shared__` can
+// thread, a block is deterministic (a fixed schedule), and `__shared__` can
 // be thread_local storage (one block per OS thread at a time). On x86-64 the
-// switch is hand-rolled (callee-saved registers, MXCSR and the x87 control
-// word; no signal-mask system call, which glibc's swapcontext makes on every
-// switch); other architectures use ucontext.
+// switch is hand-rolled (callee-saved registers only: no signal-mask system
+// call, which glibc's swapcontext makes on every switch; MXCSR and the x87
+// control word are set once per worker call instead, as nothing in a kernel
+// changes them); other architectures use ucontext.
+//
+// Blocks in parallel: a launch is begun once (ts_emu_launch_begin), then any
+// number of OS threads run disjoint ranges of its blocks (ts_emu_launch_run:
+// the Rust side hands ranges to rayon's workers), then it is ended
+// (ts_emu_launch_end). CUDA gives blocks of a grid no order and no way to wait
+// for each other, so any split computes what the serial order computes. Each
+// worker keeps its own fibers, stacks, warps and shared memory (thread-local)
+// and reuses them for every block it runs. A failure (fault, deadlock, kernel
+// error) is kept for the lowest block index that failed, so the report is the
+// one the serial order gives whatever the split: a worker skips the blocks
+// above a recorded failure but still runs those below it.
 #define TS_EMU_RUNTIME 1
 #include "emu.hpp"
 
@@ -26,6 +38,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -38,6 +51,14 @@ __thread const ts_emu_thread* ts_emu_cur __attribute__((tls_model("initial-exec"
 extern const ts_emu_kernel* const ts_emu_tables[];
 extern const int ts_emu_table_sizes[];
 extern const int ts_emu_ntables;
+
+struct ts_emu_result {
+    int code;  // 0 ok, 1 fault (fields below), 2 kernel error (msg)
+    int fault_write;
+    unsigned long long fault_addr;
+    unsigned fault_block[3], fault_thread[3];
+    char msg[512];
+};
 }
 
 namespace {
@@ -45,14 +66,20 @@ namespace {
 const size_t kPage = 4096;
 const size_t kStack = 64 * 1024;  // per fiber, plus a guard page below it
 
-enum State { READY, AT_BARRIER, AT_SHFL, DONE };
+// A saved execution context: a stack pointer (the registers are on the
+// stack) on x86-64, a ucontext elsewhere.
+#if defined(__x86_64__)
+typedef void* Ctx;
+#else
+typedef ucontext_t Ctx;
+#endif
+
+// FRESH: not started (no stack yet); READY: started and runnable.
+enum State { FRESH, READY, AT_BARRIER, AT_SHFL, DONE };
 
 struct Fiber {
     ts_emu_thread ctx;
-    void* sp;
-#if !defined(__x86_64__)
-    ucontext_t uc;
-#endif
+    Ctx sp;  // valid while the thread is suspended
     State state;
     unsigned linear;
 };
@@ -66,18 +93,30 @@ struct Warp {
     int src[32];
 };
 
-// Everything about the launch in progress on this OS thread.
+// A launch: what every worker reads, and the lowest failure any reported.
 struct Launch {
     const ts_emu_kernel* k;
     void** args;
+    unsigned grid[3], block[3];
+    unsigned n;  // threads per block
+    size_t dyn_bytes;
+    std::atomic<unsigned long long> failed_at;  // lowest failed block (linear), or ~0
+    std::atomic<int> waited;                    // a thread waited (barrier, shuffle) in some block
+    std::mutex mu;
+    ts_emu_result res;  // of block failed_at
+};
+
+// One OS thread's block in progress (its fibers, reused for every block).
+struct Worker {
+    Launch* L;
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     unsigned n;
     unsigned at_barrier, done;
-    void* sched_sp;
-#if !defined(__x86_64__)
-    ucontext_t sched_uc;
-#endif
+    unsigned next_fresh;  // threads next_fresh.. are FRESH (always a suffix)
+    unsigned stacks_used;
+    Ctx sched_sp;
+    Ctx dead_sp;  // where a finished runner's context goes (never resumed)
     Fiber* cur;
     bool failed;
     char msg[512];
@@ -89,10 +128,11 @@ struct Launch {
     uint3 fault_block, fault_thread;
 };
 
-TS_TLS Launch* tl_launch = nullptr;
+TS_TLS Worker* tl_worker = nullptr;  // set while this OS thread runs blocks
 TS_TLS int tl_in_fiber = 0;
+thread_local Worker tl_worker_state;
 
-// Fiber stacks, kept per OS thread and reused by every launch on it.
+// Fiber stacks, kept per OS thread and reused by every block on it.
 struct StackPool {
     std::vector<char*> stacks;  // each: guard page, then kStack bytes
     ~StackPool() {
@@ -109,6 +149,59 @@ struct StackPool {
     }
 };
 thread_local StackPool tl_stacks;
+
+// An alternate signal stack for this OS thread when it has none (rayon's
+// workers may not): a fault on a fiber's guard page (a stack overflow) can
+// only be handled on another stack.
+struct AltStack {
+    void* mem = nullptr;
+    ~AltStack() {
+        if (!mem) return;
+        stack_t off;
+        memset(&off, 0, sizeof off);
+        off.ss_flags = SS_DISABLE;
+        sigaltstack(&off, nullptr);
+        munmap(mem, kAlt);
+    }
+    static const size_t kAlt = 64 * 1024;
+    void ensure() {
+        static thread_local bool checked = false;
+        if (checked) return;
+        checked = true;
+        stack_t cur;
+        if (sigaltstack(nullptr, &cur) == 0 && !(cur.ss_flags & SS_DISABLE)) return;
+        void* p = mmap(nullptr, kAlt, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return;
+        stack_t st;
+        memset(&st, 0, sizeof st);
+        st.ss_sp = p;
+        st.ss_size = kAlt;
+        if (sigaltstack(&st, nullptr) == 0) mem = p;
+        else munmap(p, kAlt);
+    }
+};
+thread_local AltStack tl_altstack;
+
+// A page of canary bytes, to compare canaries with memcmp.
+unsigned char g_canary[2 * 4096 + 64];
+std::once_flag g_canary_once;
+const unsigned char* canary_pattern() {
+    std::call_once(g_canary_once, [] { memset(g_canary, 0xa5, sizeof g_canary); });
+    return g_canary;
+}
+// Index of the first byte of p[0..len) that is not 0xa5, or len.
+size_t canary_damage(const unsigned char* p, size_t len) {
+    const unsigned char* pat = canary_pattern();
+    for (size_t at = 0; at < len;) {
+        const size_t m = std::min(len - at, sizeof g_canary);
+        if (memcmp(p + at, pat, m) != 0) {
+            for (size_t i = 0; i < m; ++i)
+                if (p[at + i] != 0xa5) return at + i;
+        }
+        at += m;
+    }
+    return len;
+}
 
 }  // namespace
 
@@ -130,14 +223,8 @@ ts_emu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $16, %rsp
-    stmxcsr 8(%rsp)
-    fnstcw (%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    fldcw (%rsp)
-    ldmxcsr 8(%rsp)
-    addq $16, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -159,84 +246,162 @@ ts_emu_trampoline:
     .size ts_emu_trampoline, .-ts_emu_trampoline
 )");
 
-static void fiber_init(Fiber* f, char* stack) {
-    uint64_t* p = reinterpret_cast<uint64_t*>(stack + kPage + kStack) - 9;
-    p[0] = 0x037f;  // x87 control word: default
-    p[1] = 0x1f80;  // MXCSR: round to nearest, exceptions masked, no FTZ/DAZ
-    p[2] = p[3] = p[4] = 0;                       // r15 r14 r13
-    p[5] = reinterpret_cast<uint64_t>(f);         // r12: the argument
-    p[6] = p[7] = 0;                              // rbx rbp
-    p[8] = reinterpret_cast<uint64_t>(&ts_emu_trampoline);
-    f->sp = p;
+// A context that starts ts_emu_fiber_main on `stack` (whose top is moved
+// down by `color` cache lines: the stacks are 68 KiB apart, so without it
+// every thread's hot frame maps to the same L1 sets).
+static void ctx_init(Ctx* c, char* stack, unsigned color) {
+    uint64_t* p = reinterpret_cast<uint64_t*>(stack + kPage + kStack - 64 * (color % 64)) - 8;
+    p[0] = p[1] = p[2] = p[3] = 0;  // r15 r14 r13 r12
+    p[4] = p[5] = 0;                // rbx rbp
+    p[6] = reinterpret_cast<uint64_t>(&ts_emu_trampoline);
+    *c = p;
 }
-static inline void to_fiber(Launch* L, Fiber* f) { ts_emu_switch(&L->sched_sp, f->sp); }
-static inline void to_scheduler(Launch* L, Fiber* f) { ts_emu_switch(&f->sp, L->sched_sp); }
+static inline void ctx_switch(Ctx* save, Ctx* to) { ts_emu_switch(save, *to); }
+
+// The FP environment kernels run in (round to nearest, exceptions masked, no
+// FTZ/DAZ, x87 double-extended), set for the span of a worker call.
+struct FpEnv {
+    unsigned mxcsr;
+    unsigned short x87;
+    FpEnv() {
+        __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+        __asm__ volatile("fnstcw %0" : "=m"(x87));
+        unsigned m = 0x1f80;
+        unsigned short c = 0x037f;
+        if (mxcsr != m) __asm__ volatile("ldmxcsr %0" : : "m"(m));
+        if (x87 != c) __asm__ volatile("fldcw %0" : : "m"(c));
+    }
+    ~FpEnv() {
+        unsigned m;
+        unsigned short c;
+        __asm__ volatile("stmxcsr %0" : "=m"(m));
+        __asm__ volatile("fnstcw %0" : "=m"(c));
+        if (m != mxcsr) __asm__ volatile("ldmxcsr %0" : : "m"(mxcsr));
+        if (c != x87) __asm__ volatile("fldcw %0" : : "m"(x87));
+    }
+};
 #else
-static void uc_entry(unsigned hi, unsigned lo) {
-    ts_emu_fiber_main(reinterpret_cast<void*>((static_cast<uintptr_t>(hi) << 32) | lo));
+static void uc_entry() { ts_emu_fiber_main(nullptr); }
+static void ctx_init(Ctx* c, char* stack, unsigned color) {
+    getcontext(c);
+    c->uc_stack.ss_sp = stack + kPage;
+    c->uc_stack.ss_size = kStack - 64 * (color % 64);
+    c->uc_link = nullptr;
+    makecontext(c, uc_entry, 0);
 }
-static void fiber_init(Fiber* f, char* stack) {
-    getcontext(&f->uc);
-    f->uc.uc_stack.ss_sp = stack + kPage;
-    f->uc.uc_stack.ss_size = kStack;
-    f->uc.uc_link = nullptr;
-    const uintptr_t a = reinterpret_cast<uintptr_t>(f);
-    makecontext(&f->uc, reinterpret_cast<void (*)()>(uc_entry), 2, static_cast<unsigned>(a >> 32), static_cast<unsigned>(a));
-}
-static inline void to_fiber(Launch* L, Fiber* f) { swapcontext(&L->sched_uc, &f->uc); }
-static inline void to_scheduler(Launch* L, Fiber* f) { swapcontext(&f->uc, &L->sched_uc); }
+static inline void ctx_switch(Ctx* save, Ctx* to) { swapcontext(save, to); }
+struct FpEnv {};  // ucontext saves and restores the FP environment itself
 #endif
 
+// Runs thread `g` next, from the context saved into `save`: a started
+// thread is switched to; a FRESH one (g is then fs[next_fresh]) gets a runner
+// on a stack of its own, which runs it and the FRESH threads after it
+// (ts_emu_fiber_main).
+__attribute__((noinline)) static void new_runner(Worker* W, Fiber* g) {
+    ctx_init(&g->sp, tl_stacks.get(W->stacks_used), W->stacks_used);
+    W->stacks_used++;
+}
+__attribute__((always_inline)) static inline void enter(Worker* W, Ctx* save, Fiber* g) {
+    if (__builtin_expect(g->state == FRESH, 0)) new_runner(W, g);
+    W->cur = g;
+    ts_emu_cur = &g->ctx;
+#if defined(__x86_64__)
+    // The thread after g most likely runs next: its saved registers and top
+    // frames start loading now (each thread's stack is cold by then).
+    if (g->linear + 1 < W->n && g[1].state == READY) {
+        const char* p = static_cast<const char*>(g[1].sp);
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + 64);
+        __builtin_prefetch(p + 128);
+        __builtin_prefetch(p + 192);
+    }
+#endif
+    ctx_switch(save, &g->sp);
+}
+
+// Thread `after` stops (at a barrier, a shuffle, or its end), its context
+// saved into `save`: the next runnable thread after it runs, directly, or the
+// scheduler when none is left in this round. The order is the scheduler's
+// own round (thread index order, each thread's state as of when the round
+// reaches it), so the schedule is the one a switch through the scheduler
+// after every thread gives, at half the switches.
+static inline void hand_over(Worker* W, Ctx* save, unsigned after) {
+    Fiber* fs = W->fibers.data();
+    for (unsigned j = after + 1; j < W->n; ++j) {
+        if (fs[j].state == READY || fs[j].state == FRESH) {
+            enter(W, save, &fs[j]);
+            return;
+        }
+    }
+    ctx_switch(save, &W->sched_sp);
+}
+static inline void leave(Worker* W, Fiber* f) { hand_over(W, &f->sp, f->linear); }
+
 // A kernel error found inside a fiber (divergent shuffle, bad mask): the
-// launch stops with the message.
+// block stops with the message.
 [[noreturn]] static void fail_in_fiber(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail_in_fiber(const char* fmt, ...) {
-    Launch* L = tl_launch;
-    Fiber* f = L->cur;
+    Worker* W = tl_worker;
+    Fiber* f = W->cur;
     char buf[400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    snprintf(L->msg, sizeof L->msg, "block (%u,%u,%u) thread (%u,%u,%u): %s", f->ctx.block_idx.x, f->ctx.block_idx.y,
+    snprintf(W->msg, sizeof W->msg, "block (%u,%u,%u) thread (%u,%u,%u): %s", f->ctx.block_idx.x, f->ctx.block_idx.y,
              f->ctx.block_idx.z, f->ctx.thread_idx.x, f->ctx.thread_idx.y, f->ctx.thread_idx.z, buf);
-    L->failed = true;
+    W->failed = true;
     f->state = DONE;
-    tl_in_fiber = 0;
-    to_scheduler(L, f);
+    ctx_switch(&W->dead_sp, &W->sched_sp);
     abort();  // never resumed
 }
 
 extern "C" void ts_emu_trap(const char* what) { fail_in_fiber("%s", what); }
 
-extern "C" void ts_emu_fiber_main(void* arg) {
-    Fiber* f = static_cast<Fiber*>(arg);
-    Launch* L = tl_launch;
-    L->k->invoke(L->k->fn, L->args);
-    f->state = DONE;
-    L->done++;
-    tl_in_fiber = 0;
-    to_scheduler(L, f);
-    abort();  // a finished fiber is never resumed
-}
-
-static inline void yield(Launch* L, Fiber* f) {
-    tl_in_fiber = 0;
-    to_scheduler(L, f);
+// A runner: runs FRESH threads, from next_fresh on, as plain calls on its
+// stack. A thread that returns without waiting (every thread of a kernel
+// without barriers or shuffles) costs no context switch; one that waits keeps
+// the runner's stack (its frames are on it) and the next FRESH thread gets a
+// new runner. When the thread that ran last here returns and the next
+// runnable thread is FRESH, this runner runs it too; otherwise it hands over
+// and its stack is not used again in this block.
+extern "C" void ts_emu_fiber_main(void*) {
+    Worker* W = tl_worker;
+    Fiber* fs = W->fibers.data();
+    const ts_emu_kernel* k = W->L->k;
+    Fiber* f = &fs[W->next_fresh++];
+    for (;;) {
+        f->state = READY;
+        k->invoke(k->fn, W->L->args);
+        // Back here: thread f returned (W->cur is f again, set by whoever resumed it).
+        f->state = DONE;
+        W->done++;
+        unsigned j = f->linear + 1;
+        while (j < W->n && fs[j].state != READY && fs[j].state != FRESH) ++j;
+        if (j < W->n && fs[j].state == FRESH) {
+            f = &fs[W->next_fresh++];  // == fs[j]: FRESH threads are a suffix
+            W->cur = f;
+            ts_emu_cur = &f->ctx;
+            continue;
+        }
+        hand_over(W, &W->dead_sp, j - 1);
+        abort();  // a finished runner is never resumed
+    }
 }
 
 extern "C" void ts_emu_syncthreads(void) {
-    Launch* L = tl_launch;
-    Fiber* f = L->cur;
+    Worker* W = tl_worker;
+    Fiber* f = W->cur;
     f->state = AT_BARRIER;
-    L->at_barrier++;
-    yield(L, f);
+    W->at_barrier++;
+    leave(W, f);
 }
 
 extern "C" unsigned long long ts_emu_shfl_xor(unsigned int mask, unsigned long long bits, int lane_mask, int width) {
-    Launch* L = tl_launch;
-    Fiber* f = L->cur;
-    Warp& w = L->warps[f->linear / 32];
+    Worker* W = tl_worker;
+    Fiber* f = W->cur;
+    const unsigned wi = f->linear / 32;
+    Warp& w = W->warps[wi];
     const int lane = static_cast<int>(f->linear % 32);
     if (width != 32) fail_in_fiber("__shfl_xor_sync with width %d: only 32 is emulated", width);
     if (mask != 0xffffffffu) fail_in_fiber("__shfl_xor_sync with mask 0x%08x: only the full mask is emulated", mask);
@@ -249,9 +414,10 @@ extern "C" unsigned long long ts_emu_shfl_xor(unsigned int mask, unsigned long l
         // Every lane has arrived: exchange, then release them all.
         for (int l = 0; l < 32; ++l) w.out[l] = w.in[w.src[l]];
         w.arrived = 0;
-        for (int l = 0; l < w.lanes; ++l) L->fibers[(f->linear / 32) * 32 + l].state = READY;
+        Fiber* lanes = W->fibers.data() + wi * 32;
+        for (int l = 0; l < w.lanes; ++l) lanes[l].state = READY;
     } else {
-        yield(L, f);
+        leave(W, f);
     }
     return w.out[lane];
 }
@@ -260,22 +426,24 @@ namespace {
 
 // The signal handler: a SIGSEGV/SIGBUS while a kernel thread runs is that
 // thread's access (a guard page, or a wild pointer); anything else goes to the
-// handler that was installed before (Rust's stack-overflow handler).
+// handler that was installed before (Rust's stack-overflow handler). Every
+// OS thread running blocks has its own Worker, so the fault is attributed to
+// the fiber that thread was running.
 struct sigaction g_prev_segv, g_prev_bus;
 
 void on_fault(int sig, siginfo_t* si, void* uc) {
-    Launch* L = tl_launch;
-    if (L && tl_in_fiber) {
+    Worker* W = tl_worker;
+    if (W && tl_in_fiber) {
         tl_in_fiber = 0;
-        L->faulted = 1;
-        L->fault_addr = reinterpret_cast<uintptr_t>(si->si_addr);
-        L->fault_write = -1;
+        W->faulted = 1;
+        W->fault_addr = reinterpret_cast<uintptr_t>(si->si_addr);
+        W->fault_write = -1;
 #if defined(__x86_64__) && defined(REG_ERR)
-        L->fault_write = (static_cast<ucontext_t*>(uc)->uc_mcontext.gregs[REG_ERR] & 2) ? 1 : 0;
+        W->fault_write = (static_cast<ucontext_t*>(uc)->uc_mcontext.gregs[REG_ERR] & 2) ? 1 : 0;
 #endif
-        L->fault_block = L->cur->ctx.block_idx;
-        L->fault_thread = L->cur->ctx.thread_idx;
-        siglongjmp(L->jb, 1);
+        W->fault_block = W->cur->ctx.block_idx;
+        W->fault_thread = W->cur->ctx.thread_idx;
+        siglongjmp(W->jb, 1);
     }
     struct sigaction* p = sig == SIGSEGV ? &g_prev_segv : &g_prev_bus;
     if ((p->sa_flags & SA_SIGINFO) && p->sa_sigaction) {
@@ -300,87 +468,114 @@ void install_handler() {
     });
 }
 
-// Runs one block to completion (or to a kernel error).
-void run_block(Launch* L, const unsigned grid[3], const unsigned block[3], const uint3& bidx, unsigned char* dyn,
-               size_t dyn_bytes) {
-    if (dyn) {
-        memset(dyn, 0xff, dyn_bytes);                                  // NaN until written
-        memset(dyn + dyn_bytes, 0xa5, TS_EMU_DYN_SMEM_CAP - dyn_bytes);  // canary
-    }
+// Runs one block to completion (or to a kernel error) on this OS thread.
+void run_block(Worker* W, const uint3& bidx, unsigned char* dyn) {
+    Launch* L = W->L;
+    const size_t dyn_bytes = L->dyn_bytes;
+    if (dyn) memset(dyn, 0xff, dyn_bytes);  // NaN until written (the canary beyond: see run_range)
     const unsigned n = L->n;
+    Fiber* fs = W->fibers.data();
+    // threadIdx counted up rather than divided out of i (three divisions a
+    // thread were a tenth of the emulator's own time).
+    unsigned tx = 0, ty = 0, tz = 0;
     for (unsigned i = 0; i < n; ++i) {
-        Fiber& f = L->fibers[i];
-        f.ctx.thread_idx = {i % block[0], (i / block[0]) % block[1], i / (block[0] * block[1])};
+        Fiber& f = fs[i];
+        f.ctx.thread_idx = {tx, ty, tz};
         f.ctx.block_idx = bidx;
-        f.ctx.block_dim = {block[0], block[1], block[2]};
-        f.ctx.grid_dim = {grid[0], grid[1], grid[2]};
-        f.state = READY;
+        f.ctx.block_dim = {L->block[0], L->block[1], L->block[2]};
+        f.ctx.grid_dim = {L->grid[0], L->grid[1], L->grid[2]};
+        f.state = FRESH;
         f.linear = i;
-        fiber_init(&f, tl_stacks.get(i));
+        if (++tx == L->block[0]) {
+            tx = 0;
+            if (++ty == L->block[1]) {
+                ty = 0;
+                ++tz;
+            }
+        }
     }
-    for (size_t w = 0; w < L->warps.size(); ++w) {
-        L->warps[w].arrived = 0;
-        L->warps[w].lanes = static_cast<int>(std::min<unsigned>(32, n - 32 * w));
+    W->next_fresh = 0;
+    W->stacks_used = 0;
+    for (size_t w = 0; w < W->warps.size(); ++w) {
+        W->warps[w].arrived = 0;
+        W->warps[w].lanes = static_cast<int>(std::min<unsigned>(32, n - 32 * w));
     }
-    L->at_barrier = 0;
-    L->done = 0;
-    while (L->done < n) {
+    W->at_barrier = 0;
+    W->done = 0;
+    while (W->done < n) {
+        // One round: the first READY fiber runs, and each hands over to the
+        // next READY one (leave) until the last returns here.
         bool progress = false;
-        for (unsigned i = 0; i < n && !L->failed; ++i) {
-            Fiber& f = L->fibers[i];
-            if (f.state != READY) continue;
-            L->cur = &f;
-            ts_emu_cur = &f.ctx;
+        for (unsigned i = 0; i < n; ++i) {
+            if (fs[i].state != READY && fs[i].state != FRESH) continue;
             tl_in_fiber = 1;
-            to_fiber(L, &f);
+            enter(W, &W->sched_sp, &fs[i]);
             tl_in_fiber = 0;
             progress = true;
+            break;
         }
         ts_emu_cur = nullptr;
-        if (L->failed) return;
+        if (W->failed) return;
         // The barrier opens once every thread that has not exited is at it
         // (threads that returned count as arrived, as on sm_70+).
-        if (L->at_barrier > 0 && L->at_barrier + L->done == n) {
+        if (W->at_barrier > 0 && W->at_barrier + W->done == n) {
             for (unsigned i = 0; i < n; ++i)
-                if (L->fibers[i].state == AT_BARRIER) L->fibers[i].state = READY;
-            L->at_barrier = 0;
+                if (fs[i].state == AT_BARRIER) fs[i].state = READY;
+            W->at_barrier = 0;
             progress = true;
         }
-        if (!progress && L->done < n) {
+        if (!progress && W->done < n) {
             unsigned shfl = 0;
-            for (unsigned i = 0; i < n; ++i) shfl += L->fibers[i].state == AT_SHFL;
-            snprintf(L->msg, sizeof L->msg,
+            for (unsigned i = 0; i < n; ++i) shfl += fs[i].state == AT_SHFL;
+            snprintf(W->msg, sizeof W->msg,
                      "block (%u,%u,%u) deadlocks: %u threads at __syncthreads, %u at a warp shuffle, %u exited "
                      "(a barrier or shuffle not reached by every thread)",
-                     bidx.x, bidx.y, bidx.z, L->at_barrier, shfl, L->done);
-            L->failed = true;
+                     bidx.x, bidx.y, bidx.z, W->at_barrier, shfl, W->done);
+            W->failed = true;
             return;
         }
     }
     if (dyn) {
-        for (size_t i = dyn_bytes; i < TS_EMU_DYN_SMEM_CAP; ++i) {
-            if (dyn[i] != 0xa5) {
-                snprintf(L->msg, sizeof L->msg,
-                         "block (%u,%u,%u) wrote dynamic shared memory at byte %zu, past the launch's %zu bytes", bidx.x,
-                         bidx.y, bidx.z, i, dyn_bytes);
-                L->failed = true;
-                return;
-            }
+        const size_t bad = canary_damage(dyn + dyn_bytes, TS_EMU_DYN_SMEM_CAP - dyn_bytes);
+        if (bad < TS_EMU_DYN_SMEM_CAP - dyn_bytes) {
+            snprintf(W->msg, sizeof W->msg,
+                     "block (%u,%u,%u) wrote dynamic shared memory at byte %zu, past the launch's %zu bytes", bidx.x,
+                     bidx.y, bidx.z, dyn_bytes + bad, dyn_bytes);
+            W->failed = true;
         }
+    }
+}
+
+// run_block, with a fault in a kernel thread caught (W->faulted). A function
+// of its own so that nothing live across sigsetjmp changes after it.
+__attribute__((noinline)) void run_block_catching(Worker* W, const uint3 bidx, unsigned char* const dyn) {
+    W->failed = false;
+    W->faulted = 0;
+    // No signal mask saved (a system call per block): after a fault the
+    // handler's blocked SIGSEGV/SIGBUS are unblocked here instead.
+    if (sigsetjmp(W->jb, 0) == 0) {
+        run_block(W, bidx, dyn);
+        return;
+    }
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGSEGV);
+    sigaddset(&s, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+}
+
+// Keeps `res` as the launch's failure if block b is the lowest failed so far.
+void record_failure(Launch* L, unsigned long long b, const ts_emu_result& res) {
+    std::lock_guard<std::mutex> g(L->mu);
+    if (b < L->failed_at.load()) {
+        L->res = res;
+        L->failed_at.store(b);
     }
 }
 
 }  // namespace
 
 extern "C" {
-
-struct ts_emu_result {
-    int code;  // 0 ok, 1 fault (fields below), 2 kernel error (msg)
-    int fault_write;
-    unsigned long long fault_addr;
-    unsigned fault_block[3], fault_thread[3];
-    char msg[512];
-};
 
 int ts_emu_kernel_count(void) {
     int n = 0;
@@ -399,63 +594,124 @@ const ts_emu_kernel* ts_emu_kernel_at(int i) {
 const char* ts_emu_kernel_name(int i) { return ts_emu_kernel_at(i)->name; }
 const char* ts_emu_kernel_signature(int i) { return ts_emu_kernel_at(i)->signature(); }
 
-// Runs kernel `index` over the grid; `args` as cuLaunchKernel's kernelParams.
-int ts_emu_launch(int index, const unsigned grid[3], const unsigned block[3], size_t dyn_bytes, void** args,
-                  ts_emu_result* res) {
+// Checks a launch of kernel `index` (`args` as cuLaunchKernel's
+// kernelParams, read by every worker until the launch ends) and returns its
+// handle, or null with the error in `res`.
+void* ts_emu_launch_begin(int index, const unsigned grid[3], const unsigned block[3], size_t dyn_bytes, void** args,
+                          ts_emu_result* res) {
     memset(res, 0, sizeof *res);
     const ts_emu_kernel* k = ts_emu_kernel_at(index);
     const unsigned long long n = 1ull * block[0] * block[1] * block[2];
     if (!k || n == 0 || n > 1024 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
         snprintf(res->msg, sizeof res->msg, "invalid launch: grid (%u,%u,%u), block (%u,%u,%u) (1..1024 threads)", grid[0],
                  grid[1], grid[2], block[0], block[1], block[2]);
-        return res->code = 2;
+        res->code = 2;
+        return nullptr;
     }
     if (dyn_bytes > TS_EMU_DYN_SMEM_CAP) {
         snprintf(res->msg, sizeof res->msg, "%zu bytes of dynamic shared memory: more than the %d the emulator has", dyn_bytes,
                  TS_EMU_DYN_SMEM_CAP);
-        return res->code = 2;
+        res->code = 2;
+        return nullptr;
     }
-    if (tl_launch) {
+    if (tl_worker) {
         snprintf(res->msg, sizeof res->msg, "a launch from inside a launch");
-        return res->code = 2;
+        res->code = 2;
+        return nullptr;
     }
     install_handler();
+    canary_pattern();
     Launch* L = new Launch();
     L->k = k;
     L->args = args;
+    memcpy(L->grid, grid, sizeof L->grid);
+    memcpy(L->block, block, sizeof L->block);
     L->n = static_cast<unsigned>(n);
-    L->fibers.resize(n);
-    L->warps.resize((n + 31) / 32);
-    if (!tl_stacks.get(n - 1)) {
-        delete L;
-        snprintf(res->msg, sizeof res->msg, "cannot map %llu fiber stacks", n);
-        return res->code = 2;
+    L->dyn_bytes = dyn_bytes;
+    L->failed_at.store(~0ull);
+    L->waited.store(0);
+    memset(&L->res, 0, sizeof L->res);
+    return L;
+}
+
+// Runs blocks first..end (linear index, x fastest) of launch `h` on the
+// calling OS thread, in order; stops at a failure, or once a lower block has
+// failed. Any number of threads may run disjoint ranges at once.
+void ts_emu_launch_run(void* h, unsigned long long first, unsigned long long end) {
+    Launch* L = static_cast<Launch*>(h);
+    Worker* W = &tl_worker_state;
+    if (tl_worker) abort();  // a worker runs one range at a time (the Rust side never nests)
+    tl_altstack.ensure();
+    if (!tl_stacks.get(L->n - 1)) {
+        ts_emu_result r;
+        memset(&r, 0, sizeof r);
+        r.code = 2;
+        snprintf(r.msg, sizeof r.msg, "cannot map %u fiber stacks", L->n);
+        record_failure(L, first, r);
+        return;
     }
-    unsigned char* dyn = k->dyn_smem ? static_cast<unsigned char*>(k->dyn_smem()) : nullptr;
-    tl_launch = L;
-    if (sigsetjmp(L->jb, 1) == 0) {
-        for (unsigned z = 0; z < grid[2] && !L->failed; ++z)
-            for (unsigned y = 0; y < grid[1] && !L->failed; ++y)
-                for (unsigned x = 0; x < grid[0] && !L->failed; ++x)
-                    run_block(L, grid, block, uint3{x, y, z}, dyn, dyn_bytes);
+    FpEnv fp;
+    W->L = L;
+    W->n = L->n;
+    if (W->fibers.size() < L->n) W->fibers.resize(L->n);
+    W->warps.resize((L->n + 31) / 32);
+    unsigned char* dyn = L->k->dyn_smem ? static_cast<unsigned char*>(L->k->dyn_smem()) : nullptr;
+    if (dyn) {
+        // The canary past the launch's bytes: this thread's array may hold an
+        // earlier launch's data there (or a damaged canary, reported then).
+        memset(dyn + L->dyn_bytes, 0xa5, TS_EMU_DYN_SMEM_CAP - L->dyn_bytes);
     }
-    tl_in_fiber = 0;
-    ts_emu_cur = nullptr;
-    tl_launch = nullptr;
-    int code = 0;
-    if (L->faulted) {
-        code = 1;
-        res->fault_addr = L->fault_addr;
-        res->fault_write = L->fault_write;
-        res->fault_block[0] = L->fault_block.x, res->fault_block[1] = L->fault_block.y, res->fault_block[2] = L->fault_block.z;
-        res->fault_thread[0] = L->fault_thread.x, res->fault_thread[1] = L->fault_thread.y,
-        res->fault_thread[2] = L->fault_thread.z;
-    } else if (L->failed) {
-        code = 2;
-        memcpy(res->msg, L->msg, sizeof res->msg);
+    tl_worker = W;
+    const unsigned gx = L->grid[0], gy = L->grid[1];
+    for (unsigned long long b = first; b < end; ++b) {
+        if (L->failed_at.load(std::memory_order_relaxed) < b) break;
+        const uint3 bidx{static_cast<unsigned>(b % gx), static_cast<unsigned>((b / gx) % gy),
+                         static_cast<unsigned>(b / (1ull * gx * gy))};
+        run_block_catching(W, bidx, dyn);
+        if (W->stacks_used > 1) L->waited.store(1, std::memory_order_relaxed);
+        tl_in_fiber = 0;
+        ts_emu_cur = nullptr;
+        if (W->faulted || W->failed) {
+            ts_emu_result r;
+            memset(&r, 0, sizeof r);
+            if (W->faulted) {
+                r.code = 1;
+                r.fault_addr = W->fault_addr;
+                r.fault_write = W->fault_write;
+                r.fault_block[0] = W->fault_block.x, r.fault_block[1] = W->fault_block.y, r.fault_block[2] = W->fault_block.z;
+                r.fault_thread[0] = W->fault_thread.x, r.fault_thread[1] = W->fault_thread.y,
+                r.fault_thread[2] = W->fault_thread.z;
+            } else {
+                r.code = 2;
+                memcpy(r.msg, W->msg, sizeof r.msg);
+            }
+            record_failure(L, b, r);
+            break;
+        }
     }
+    tl_worker = nullptr;
+}
+
+// Whether a thread of launch `h` waited at a barrier or shuffle (a block
+// needed more than one runner), once every range run has returned.
+int ts_emu_launch_waited(void* h) { return static_cast<Launch*>(h)->waited.load(); }
+
+// Ends launch `h` (every range run has returned): the lowest failed block's
+// report, or success, in `res`.
+int ts_emu_launch_end(void* h, ts_emu_result* res) {
+    Launch* L = static_cast<Launch*>(h);
+    *res = L->res;
     delete L;
-    return res->code = code;
+    return res->code;
+}
+
+// Runs kernel `index` over the grid on the calling thread, in block order.
+int ts_emu_launch(int index, const unsigned grid[3], const unsigned block[3], size_t dyn_bytes, void** args,
+                  ts_emu_result* res) {
+    void* h = ts_emu_launch_begin(index, grid, block, dyn_bytes, args, res);
+    if (!h) return res->code;
+    ts_emu_launch_run(h, 0, 1ull * grid[0] * grid[1] * grid[2]);
+    return ts_emu_launch_end(h, res);
 }
 
 // ---- guarded "device" memory ----
@@ -471,25 +727,39 @@ struct ts_emu_alloc {
     size_t front;  // canary bytes before ptr
 };
 
-int ts_emu_alloc_guarded(size_t bytes, ts_emu_alloc* out) {
-    const size_t data_pages = (bytes + 64 + kPage - 1) / kPage;
-    const size_t len = (data_pages + 2) * kPage;
-    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return -1;
-    char* base = static_cast<char*>(m);
-    mprotect(base, kPage, PROT_NONE);
-    mprotect(base + (data_pages + 1) * kPage, kPage, PROT_NONE);
-    char* end = base + (data_pages + 1) * kPage;
-    char* p = end - bytes;
-    out->map = m;
-    out->map_len = len;
+static size_t guarded_len(size_t bytes) { return ((bytes + 64 + kPage - 1) / kPage + 2) * kPage; }
+
+// Places `bytes` at the end of the data pages of mapping out->map (of
+// out->map_len bytes), with a fresh canary before them and 0xff bytes in them.
+static void lay_out(size_t bytes, ts_emu_alloc* out) {
+    char* base = static_cast<char*>(out->map);
+    char* p = base + out->map_len - kPage - bytes;
     out->ptr = p;
     out->bytes = bytes;
     out->front = static_cast<size_t>(p - (base + kPage));
     memset(base + kPage, 0xa5, out->front);
     memset(p, 0xff, bytes);  // uninitialised device memory reads as NaN
+}
+
+int ts_emu_alloc_guarded(size_t bytes, ts_emu_alloc* out) {
+    const size_t len = guarded_len(bytes);
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return -1;
+    char* base = static_cast<char*>(m);
+    mprotect(base, kPage, PROT_NONE);
+    mprotect(base + len - kPage, kPage, PROT_NONE);
+    out->map = m;
+    out->map_len = len;
+    lay_out(bytes, out);
     return 0;
 }
+
+// The mapping length ts_emu_alloc_guarded gives `bytes`.
+size_t ts_emu_guarded_len(size_t bytes) { return guarded_len(bytes); }
+
+// A freed allocation's mapping (its guard pages in place), made a new
+// allocation of `bytes` (same ts_emu_guarded_len): as fresh as a new mapping.
+void ts_emu_reuse_guarded(size_t bytes, ts_emu_alloc* a) { lay_out(bytes, a); }
 
 void ts_emu_free_guarded(const ts_emu_alloc* a) { munmap(a->map, a->map_len); }
 
@@ -497,9 +767,8 @@ void ts_emu_free_guarded(const ts_emu_alloc* a) { munmap(a->map, a->map_len); }
 // canary byte, or 0 when the canary is intact.
 long long ts_emu_check_guarded(const ts_emu_alloc* a) {
     const unsigned char* c = static_cast<const unsigned char*>(a->ptr) - a->front;
-    for (size_t i = 0; i < a->front; ++i)
-        if (c[i] != 0xa5) return static_cast<long long>(i) - static_cast<long long>(a->front);
-    return 0;
+    const size_t i = canary_damage(c, a->front);
+    return i == a->front ? 0 : static_cast<long long>(i) - static_cast<long long>(a->front);
 }
 
 // For tests of the conversions against the `half` crate.

@@ -32,7 +32,7 @@ use crate::tensor::{DType, Tensor};
 
 use super::guard::Guarded;
 use super::launch;
-use super::seam::{DBuf, Dev, KArg, Kernel, View, ViewMut};
+use super::seam::{as_f32, DBuf, Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
 
 pub(super) struct DevLinear<T: Storage> {
@@ -415,43 +415,45 @@ where
     /// wrong offset shows in the `weights` check named by tensor.
     fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
         let (e, v, d) = (self.cfg.hidden, self.cfg.vocab, self.cfg.head_dim);
-        let back = |buf: &DBuf<T>| -> Result<Vec<f32>> {
-            Ok(self.dev.download(buf.view(..))?.into_iter().map(T::to_f32).collect())
+        // Each tensor as f32, read where it lies on the emulated device.
+        let back = |f: &mut crate::engine::WeightVisitor, name: &str, shape: &[usize], buf: &DBuf<T>| -> Result<()> {
+            self.dev.with_host(buf.view(..), |h| f(name, shape, &as_f32(h)))
         };
         let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &DevLinear<T>| -> Result<()> {
-            f(&format!("{name}.weight"), &[l.out_f, l.in_f], &back(&l.w)?);
+            back(f, &format!("{name}.weight"), &[l.out_f, l.in_f], &l.w)?;
             if let Some(b) = &l.bias {
-                f(&format!("{name}.bias"), &[l.out_f], &back(b)?);
+                back(f, &format!("{name}.bias"), &[l.out_f], b)?;
             }
             Ok(())
         };
         let w = &self.w;
-        f("model.embed_tokens.weight", &[v, e], &back(&w.embed)?);
+        back(f, "model.embed_tokens.weight", &[v, e], &w.embed)?;
         for (i, b) in w.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            f(&format!("{p}.input_layernorm.weight"), &[e], &back(&b.attn_norm)?);
+            back(f, &format!("{p}.input_layernorm.weight"), &[e], &b.attn_norm)?;
             lin(f, &format!("{p}.self_attn.q_proj"), &b.q)?;
             lin(f, &format!("{p}.self_attn.k_proj"), &b.k)?;
             lin(f, &format!("{p}.self_attn.v_proj"), &b.v)?;
             if let Some((qn, kn)) = &b.qk_norm {
-                f(&format!("{p}.self_attn.q_norm.weight"), &[d], &back(qn)?);
-                f(&format!("{p}.self_attn.k_norm.weight"), &[d], &back(kn)?);
+                back(f, &format!("{p}.self_attn.q_norm.weight"), &[d], qn)?;
+                back(f, &format!("{p}.self_attn.k_norm.weight"), &[d], kn)?;
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
             if let Some((an, fnn)) = &b.post_norms {
-                f(&format!("{p}.post_attention_layernorm.weight"), &[e], &back(an)?);
-                f(&format!("{p}.post_feedforward_layernorm.weight"), &[e], &back(fnn)?);
+                back(f, &format!("{p}.post_attention_layernorm.weight"), &[e], an)?;
+                back(f, &format!("{p}.post_feedforward_layernorm.weight"), &[e], fnn)?;
             }
-            f(
+            back(
+                f,
                 &format!("{p}.{}.weight", crate::engine::cpu::layers::ffn_norm_name(&self.cfg)),
                 &[e],
-                &back(&b.ffn_norm)?,
-            );
+                &b.ffn_norm,
+            )?;
             lin(f, &format!("{p}.mlp.gate_proj"), &b.gate)?;
             lin(f, &format!("{p}.mlp.up_proj"), &b.up)?;
             lin(f, &format!("{p}.mlp.down_proj"), &b.down)?;
         }
-        f("model.norm.weight", &[e], &back(&w.norm)?);
+        back(f, "model.norm.weight", &[e], &w.norm)?;
         if let Some(h) = &w.lm_head {
             lin(f, "lm_head", h)?;
         }

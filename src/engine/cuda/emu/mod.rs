@@ -3,28 +3,35 @@
 //! and launched by name with a grid, a block, dynamic shared memory and typed
 //! arguments, so the kernels run in CI without a GPU.
 //!
-//! - Execution: the blocks of a grid run one after another on the calling
-//!   thread; the threads of a block are fibers with true barrier semantics
+//! - Execution: the blocks of a grid run in parallel on rayon's pool
+//!   (`grid.rs`; CUDA gives the blocks of a grid no order, so any split
+//!   computes what the serial order does, bit for bit), or one after another
+//!   on the calling thread with `TOUCHSTONE_EMU_THREADS=1` or `Emu::serial`;
+//!   the threads of a block are fibers with true barrier semantics
 //!   (`__syncthreads` opens when every live thread is at it) and warp
 //!   shuffles that exchange only once all 32 lanes have arrived. A barrier or
-//!   shuffle that not every thread reaches is reported as a deadlock.
+//!   shuffle that not every thread reaches is reported as a deadlock. When
+//!   several blocks fail, the lowest block index is reported, as the serial
+//!   order would. A thread runs as a plain call until it first waits, so a
+//!   kernel without barriers or shuffles costs no context switch.
 //! - Memory: "device memory" is host memory with guard regions. Every
 //!   allocation ends on an inaccessible page and starts after a canary (and a
 //!   page before that): the first access past the end faults at once, and the
 //!   fault is reported with the kernel, the block and thread that made it, and
 //!   the buffer and byte offset; a write into the canary before the start is
-//!   found by the check after every launch (kernel, buffer, offset). Fresh
-//!   allocations hold 0xff bytes (a NaN) until written.
+//!   found by the check after every launch of the buffers it was handed
+//!   (kernel, buffer, offset). Fresh allocations hold 0xff bytes (a NaN)
+//!   until written; freed mappings are reused for allocations of their size.
 //! - Arguments are checked against the kernel's C++ signature (count, pointer
 //!   or scalar, element and scalar types) before the launch.
 //!
 //! The API is the shape of a device: `alloc`/`upload`/`download`/`launch`, so
 //! a `Device` trait over cudarc and this emulator can drive the same engine.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 mod ffi {
@@ -52,18 +59,23 @@ mod ffi {
 
     extern "C" {
         pub fn ts_emu_kernel_count() -> i32;
-        pub fn ts_emu_kernel_name(i: i32) -> *const c_char;
-        pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
-        pub fn ts_emu_launch(
+        pub fn ts_emu_launch_begin(
             index: i32,
             grid: *const u32,
             block: *const u32,
             dyn_bytes: usize,
             args: *mut *mut c_void,
             res: *mut LaunchResult,
-        ) -> i32;
+        ) -> *mut c_void;
+        pub fn ts_emu_launch_run(h: *mut c_void, first: u64, end: u64);
+        pub fn ts_emu_launch_end(h: *mut c_void, res: *mut LaunchResult) -> i32;
+        pub fn ts_emu_launch_waited(h: *mut c_void) -> i32;
+        pub fn ts_emu_kernel_name(i: i32) -> *const c_char;
+        pub fn ts_emu_kernel_signature(i: i32) -> *const c_char;
         pub fn ts_emu_alloc_guarded(bytes: usize, out: *mut Alloc) -> i32;
         pub fn ts_emu_free_guarded(a: *const Alloc);
+        pub fn ts_emu_guarded_len(bytes: usize) -> usize;
+        pub fn ts_emu_reuse_guarded(bytes: usize, a: *mut Alloc);
         pub fn ts_emu_check_guarded(a: *const Alloc) -> i64;
         pub fn ts_emu_test_f32_to_f16(x: f32) -> u16;
         pub fn ts_emu_test_f16_to_f32(h: u16) -> f32;
@@ -83,7 +95,6 @@ emu_type!(f32 => "f32", f64 => "f64", i32 => "i32", u32 => "u32", i64 => "i64", 
 
 /// One live allocation, for naming the buffer an address falls in.
 struct Record {
-    id: u64,
     emu: u64,
     label: String,
     raw: ffi::Alloc,
@@ -92,9 +103,11 @@ struct Record {
 // registry only reads them (and the canary bytes, through the C check).
 unsafe impl Send for Record {}
 
-fn registry() -> &'static Mutex<Vec<Record>> {
-    static R: OnceLock<Mutex<Vec<Record>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(Vec::new()))
+/// Every live allocation by the start of its mapping (ordered, so the one an
+/// address falls in is found in O(log n)).
+fn registry() -> &'static Mutex<BTreeMap<u64, Record>> {
+    static R: OnceLock<Mutex<BTreeMap<u64, Record>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(BTreeMap::new()))
 }
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -103,7 +116,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct DevBuf<T: EmuType> {
     raw: ffi::Alloc,
     len: usize,
-    id: u64,
     _t: PhantomData<T>,
 }
 // SAFETY: the memory is a private mapping owned by this value; kernels write
@@ -161,6 +173,21 @@ impl<T: EmuType> DevBuf<T> {
         }
         v
     }
+    /// Elements `range`, read in place (the host GEMM's operands, which a
+    /// copy made the emulated engine spend its time in page faults).
+    ///
+    /// # Safety
+    /// Nothing writes the buffer (`write_at`, `copy_from`, a launch) while
+    /// the slice lives.
+    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &[T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "slice {range:?} of {} elements",
+            self.len
+        );
+        // SAFETY: in bounds (asserted), initialised; no writer (the caller's contract).
+        unsafe { std::slice::from_raw_parts((self.raw.ptr as *const T).add(range.start), range.len()) }
+    }
     /// Overwrites elements `offset..offset + data.len()`.
     pub fn write_at(&self, offset: usize, data: &[T]) {
         assert!(
@@ -182,10 +209,41 @@ impl<T: EmuType> DevBuf<T> {
 
 impl<T: EmuType> Drop for DevBuf<T> {
     fn drop(&mut self) {
-        registry().lock().unwrap().retain(|r| r.id != self.id);
-        // SAFETY: raw came from ts_emu_alloc_guarded and is freed once.
-        unsafe { ffi::ts_emu_free_guarded(&self.raw) }
+        registry().lock().unwrap().remove(&(self.raw.map as u64));
+        let mut pool = pool().lock().unwrap();
+        if pool.bytes + self.raw.map_len <= POOL_BYTES {
+            pool.bytes += self.raw.map_len;
+            pool.free.entry(self.raw.map_len).or_default().push(Mapping(self.raw));
+        } else {
+            // SAFETY: raw came from ts_emu_alloc_guarded and is freed once.
+            unsafe { ffi::ts_emu_free_guarded(&self.raw) }
+        }
     }
+}
+
+/// Mappings of freed buffers, by length, for the next allocation of that
+/// length: every step of the engine allocates its stage buffers afresh, and
+/// a new mapping each time (mmap, two mprotects, a page fault per page,
+/// munmap) doubled the emulated engine's system time.
+struct Pool {
+    free: HashMap<usize, Vec<Mapping>>,
+    bytes: usize,
+}
+/// A freed mapping (owned by the pool; no buffer refers to it).
+struct Mapping(ffi::Alloc);
+// SAFETY: the pool owns the mapping; it is only handed to one new buffer.
+unsafe impl Send for Mapping {}
+/// The most bytes of mappings the pool keeps (the rest are unmapped).
+const POOL_BYTES: usize = 256 << 20;
+
+fn pool() -> &'static Mutex<Pool> {
+    static P: OnceLock<Mutex<Pool>> = OnceLock::new();
+    P.get_or_init(|| {
+        Mutex::new(Pool {
+            free: HashMap::new(),
+            bytes: 0,
+        })
+    })
 }
 
 /// A kernel argument, in the order the kernel declares its parameters.
@@ -266,74 +324,13 @@ impl From<super::launch::Launch> for LaunchConfig {
     }
 }
 
-/// Read, write, or (off x86-64) either.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-    Unknown,
-}
-
-/// Where a bad address is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
-    /// In (the guard regions of) buffer `buffer` of `bytes` bytes, at byte
-    /// `offset` from its start (negative: before it; >= bytes: past its end).
-    Buffer { buffer: String, bytes: usize, offset: i64 },
-    /// Outside every emulator allocation (a wild pointer, or a fiber stack overflow).
-    Wild { addr: u64 },
-}
-
-impl std::fmt::Display for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Buffer { buffer, bytes, offset } => {
-                let rel = if *offset < 0 {
-                    format!("{} bytes before its start", -offset)
-                } else if *offset as usize == *bytes {
-                    "the first byte past its end".to_string()
-                } else if *offset as usize > *bytes {
-                    format!("{} bytes past its end", *offset as usize - bytes)
-                } else {
-                    "inside it".to_string()
-                };
-                write!(f, "byte offset {offset} of buffer `{buffer}` ({bytes} bytes; {rel})")
-            }
-            Location::Wild { addr } => write!(f, "address {addr:#x}, outside every emulator allocation"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum EmuError {
-    #[error("no emulated kernel `{0}` (build.rs compiles those listed in compile.rs, and the planted variants)")]
-    UnknownKernel(String),
-    #[error("kernel `{kernel}` takes ({signature}): {msg}")]
-    Arguments {
-        kernel: String,
-        signature: String,
-        msg: String,
-    },
-    #[error("kernel `{kernel}`: block ({},{},{}) thread ({},{},{}) {} out of bounds at {location}",
-            block.0, block.1, block.2, thread.0, thread.1, thread.2,
-            match access { Access::Read => "read", Access::Write => "wrote", Access::Unknown => "accessed" })]
-    Fault {
-        kernel: String,
-        block: (u32, u32, u32),
-        thread: (u32, u32, u32),
-        access: Access,
-        location: Location,
-    },
-    #[error("kernel `{kernel}` wrote out of bounds at {location} (found in the canary after the launch)")]
-    Guard { kernel: String, location: Location },
-    #[error("kernel `{kernel}`: {msg}")]
-    Kernel { kernel: String, msg: String },
-}
-
 struct KernelInfo {
     index: i32,
     params: Vec<String>,
     signature: String,
+    /// Whether its threads waited (barriers, shuffles) at its last launch:
+    /// such threads cost far more than plain calls (`grid::run`'s estimate).
+    waits: AtomicBool,
 }
 
 fn kernels() -> &'static HashMap<String, KernelInfo> {
@@ -357,6 +354,7 @@ fn kernels() -> &'static HashMap<String, KernelInfo> {
                         index: i,
                         params,
                         signature,
+                        waits: AtomicBool::new(true),
                     },
                 )
             })
@@ -375,9 +373,11 @@ pub fn kernel_names() -> Vec<(String, String)> {
     v
 }
 
-/// The emulated device: its allocations (checked after each of its launches).
+/// The emulated device: its allocations, and how many OS threads run the
+/// blocks of its launches.
 pub struct Emu {
     id: u64,
+    split: grid::Split,
 }
 
 impl Default for Emu {
@@ -387,9 +387,32 @@ impl Default for Emu {
 }
 
 impl Emu {
+    /// A device whose launches run their blocks on rayon's pool, or on the
+    /// calling thread only when `TOUCHSTONE_EMU_THREADS=1`.
     pub fn new() -> Emu {
+        let serial = std::env::var("TOUCHSTONE_EMU_THREADS").is_ok_and(|v| v.trim() == "1");
         Emu {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            split: if serial { grid::Split::Never } else { grid::Split::Auto },
+        }
+    }
+
+    /// A device whose launches run their blocks one after another on the
+    /// calling thread (the reference the parallel launches are tested against).
+    pub fn serial() -> Emu {
+        Emu {
+            split: grid::Split::Never,
+            ..Emu::new()
+        }
+    }
+
+    /// A device that splits every launch of two blocks or more over rayon's
+    /// pool, however small (for tests: a small faulting grid runs in parallel).
+    #[cfg(test)]
+    pub(crate) fn split_always() -> Emu {
+        Emu {
+            split: grid::Split::Always,
+            ..Emu::new()
         }
     }
 
@@ -404,20 +427,36 @@ impl Emu {
             bytes: 0,
             front: 0,
         };
-        // SAFETY: writes `raw`.
-        let rc = unsafe { ffi::ts_emu_alloc_guarded(bytes, &mut raw) };
-        assert_eq!(rc, 0, "emulator: cannot map {bytes} bytes for `{label}`");
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        registry().lock().unwrap().push(Record {
-            id,
-            emu: self.id,
-            label: label.to_string(),
-            raw,
-        });
+        // SAFETY: pure function.
+        let map_len = unsafe { ffi::ts_emu_guarded_len(bytes) };
+        let reused = {
+            let mut pool = pool().lock().unwrap();
+            let m = pool.free.get_mut(&map_len).and_then(Vec::pop);
+            if m.is_some() {
+                pool.bytes -= map_len;
+            }
+            m
+        };
+        if let Some(Mapping(m)) = reused {
+            raw = m;
+            // SAFETY: m is a pooled mapping of this length, owned by no buffer.
+            unsafe { ffi::ts_emu_reuse_guarded(bytes, &mut raw) };
+        } else {
+            // SAFETY: writes `raw`.
+            let rc = unsafe { ffi::ts_emu_alloc_guarded(bytes, &mut raw) };
+            assert_eq!(rc, 0, "emulator: cannot map {bytes} bytes for `{label}`");
+        }
+        registry().lock().unwrap().insert(
+            raw.map as u64,
+            Record {
+                emu: self.id,
+                label: label.to_string(),
+                raw,
+            },
+        );
         DevBuf {
             raw,
             len,
-            id,
             _t: PhantomData,
         }
     }
@@ -427,7 +466,7 @@ impl Emu {
         registry()
             .lock()
             .unwrap()
-            .iter()
+            .values()
             .filter(|r| r.emu == self.id)
             .map(|r| r.raw.bytes)
             .sum()
@@ -441,7 +480,7 @@ impl Emu {
     }
 
     /// Runs `kernel` over the grid, synchronously, then checks the canaries of
-    /// this device's allocations.
+    /// the buffers it was handed.
     pub fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[Arg<'_>]) -> Result<(), EmuError> {
         let info = kernels()
             .get(kernel)
@@ -465,30 +504,10 @@ impl Emu {
                     .ok_or_else(|| bad(format!("argument {i} is {}, declared `{p}`", a.describe())))?,
             );
         }
-        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
-        let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
-        let block = [cfg.block.0, cfg.block.1, cfg.block.2];
-        let mut res = ffi::LaunchResult {
-            code: 0,
-            fault_write: 0,
-            fault_addr: 0,
-            fault_block: [0; 3],
-            fault_thread: [0; 3],
-            msg: [0; 512],
-        };
         // SAFETY: the arguments match the kernel's parameter types (checked
         // above) and every pointer is a live DevBuf (borrowed by `args`) or null;
         // out-of-bounds accesses land in guards and are reported, not UB for us.
-        unsafe {
-            ffi::ts_emu_launch(
-                info.index,
-                grid.as_ptr(),
-                block.as_ptr(),
-                cfg.shared_bytes as usize,
-                ptrs.as_mut_ptr(),
-                &mut res,
-            )
-        };
+        let res = unsafe { grid::run(info.index, cfg, &mut slots, self.split, &info.waits) };
         match res.code {
             0 => {}
             1 => {
@@ -514,7 +533,17 @@ impl Emu {
                 });
             }
         }
-        for r in registry().lock().unwrap().iter().filter(|r| r.emu == self.id) {
+        // Only the buffers the kernel was handed: a pointer below a buffer
+        // lands in its own canary, then its leading guard page (a fault), so
+        // no other buffer's canary is reachable. Checking every live buffer
+        // (the weights included) after every launch was a tenth of the
+        // emulated engine's time.
+        let reg = registry().lock().unwrap();
+        for a in args {
+            let Arg::Ptr { addr, .. } = a else { continue };
+            let Some((_, r)) = reg.range(..=addr).next_back() else {
+                continue;
+            };
             // SAFETY: r.raw is live (records are removed before their buffer is freed).
             let off = unsafe { ffi::ts_emu_check_guarded(&r.raw) };
             if off != 0 {
@@ -534,9 +563,8 @@ impl Emu {
 
 /// The buffer (of any emulated device) whose mapping holds `addr`.
 fn locate(addr: u64) -> Location {
-    for r in registry().lock().unwrap().iter() {
-        let map = r.raw.map as u64;
-        if addr >= map && addr < map + r.raw.map_len as u64 {
+    if let Some((&map, r)) = registry().lock().unwrap().range(..=addr).next_back() {
+        if addr < map + r.raw.map_len as u64 {
             return Location::Buffer {
                 buffer: r.label.clone(),
                 bytes: r.raw.bytes,
@@ -557,6 +585,10 @@ pub fn emu_f16_to_f32(h: u16) -> f32 {
     // SAFETY: pure function.
     unsafe { ffi::ts_emu_test_f16_to_f32(h) }
 }
+
+mod grid;
+mod report;
+pub use report::{Access, EmuError, Location};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -31,8 +31,19 @@ pub(super) fn attn_inputs<S: Storage>(c: &AttnCase, seed: u64) -> [(Vec<S>, Vec<
 
 /// Runs `kernel` (prefill, or decode when T = 1 and the name says so).
 pub(super) fn run_attention<S: Storage + EmuType>(kernel: &str, c: &AttnCase, q: &[S], k: &[S], v: &[S]) -> AttnOut<S> {
+    run_attention_on(&Emu::new(), kernel, c, q, k, v)
+}
+
+/// `run_attention` on a given device (serial or parallel launches).
+pub(super) fn run_attention_on<S: Storage + EmuType>(
+    emu: &Emu,
+    kernel: &str,
+    c: &AttnCase,
+    q: &[S],
+    k: &[S],
+    v: &[S],
+) -> AttnOut<S> {
     let s = c.pos0 + c.t;
-    let emu = Emu::new();
     let (qb, kb, vb) = (emu.upload("q", q), emu.upload("k_cache", k), emu.upload("v_cache", v));
     let sb = emu.alloc::<f32>("scores", c.heads * c.t * s);
     let pb = emu.alloc::<f32>("probs", c.heads * c.t * s);

@@ -7,6 +7,7 @@
 
 mod attention;
 mod kernels;
+mod parallel;
 mod planted;
 mod sampling_kernels;
 
@@ -88,6 +89,7 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
         "planted_window_ignored",
         "planted_rope_pair",
         "planted_oob_store",
+        "planted_deadlock",
     ] {
         assert!(names.keys().any(|k| k.starts_with(&format!("{v}/"))), "{v}");
     }
