@@ -674,7 +674,7 @@ mod grouped {
     use std::collections::BTreeMap;
 
     use libtest_mimic::{Completion, Failed};
-    use touchstone::harness::unit::under_nextest;
+    use touchstone::harness::unit::{combined, under_nextest, Verdict};
 
     type Run = Box<dyn FnOnce() -> Result<Completion, Failed> + Send>;
 
@@ -726,31 +726,25 @@ mod grouped {
             .collect()
     }
 
-    /// Every member, in order: failed when any failed (each message under
-    /// its case's name), ignored when all were (each reason), else passed.
+    /// Every member, in order, judged as the conformance harness judges a
+    /// trial of several checks (`harness::unit::combined`).
     fn run_all(members: Vec<Trial>) -> Result<Completion, Failed> {
-        let n = members.len();
-        let (mut failed, mut ignored) = (Vec::new(), Vec::new());
-        for c in members {
-            match (c.run)() {
-                Ok(Completion::Completed) => {}
-                Ok(Completion::Ignored { reason }) => {
-                    ignored.push(format!("{}: {}", c.name, reason.unwrap_or_default()))
-                }
-                Err(e) => failed.push(format!(
-                    "--- {}: FAILED\n{}",
-                    c.name,
-                    e.message().unwrap_or("(no message)")
-                )),
-            }
+        let verdicts: Vec<(String, Verdict)> = members
+            .into_iter()
+            .map(|c| {
+                let v = match (c.run)() {
+                    Ok(Completion::Completed) => Verdict::Pass,
+                    Ok(Completion::Ignored { reason }) => Verdict::Ignored(reason.unwrap_or_default()),
+                    Err(e) => Verdict::Fail(e.message().unwrap_or("(no message)").to_string()),
+                };
+                (c.name, v)
+            })
+            .collect();
+        let refs: Vec<(&str, &Verdict)> = verdicts.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        match combined(&refs) {
+            Verdict::Pass => Ok(Completion::Completed),
+            Verdict::Ignored(why) => Ok(Completion::ignored_with(why)),
+            Verdict::Fail(msg) => Err(msg.into()),
         }
-        if !failed.is_empty() {
-            return Err(format!("{} of {n} cases failed\n{}", failed.len(), failed.join("\n")).into());
-        }
-        Ok(if ignored.len() == n {
-            Completion::ignored_with(ignored.join("; "))
-        } else {
-            Completion::Completed
-        })
     }
 }

@@ -15,6 +15,7 @@ use std::borrow::Cow;
 
 use super::facts::Facts;
 use super::measure::{floor_at, sci};
+use super::scaled;
 use crate::arithmetic::Arithmetic;
 use crate::compare::{compare, Tolerance};
 use crate::golden::GoldenSet;
@@ -132,15 +133,7 @@ pub fn worst_row<'s>(
             allowed: factor * reference_error.unwrap_or(0.0).max(floor),
         })
     });
-    let ratio = |j: &RowJudgement| {
-        if j.allowed > 0.0 {
-            j.error / j.allowed
-        } else if j.error == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
-    };
+    let ratio = |j: &RowJudgement| scaled::ratio(j.error, j.allowed);
     judged_rows.max_by(|a, b| ratio(a).total_cmp(&ratio(b)))
 }
 

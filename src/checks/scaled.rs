@@ -144,15 +144,20 @@ pub struct Judgement {
     pub factor: f64,
 }
 
+/// `error / base`: 0 for no error, infinite for an error against nothing.
+pub fn ratio(error: f64, base: f64) -> f64 {
+    if base > 0.0 {
+        error / base
+    } else if error == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    }
+}
+
 impl Judgement {
     pub fn ratio(&self) -> f64 {
-        if self.base > 0.0 {
-            self.error / self.base
-        } else if self.error == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
+        ratio(self.error, self.base)
     }
     pub fn passed(&self) -> bool {
         self.error <= self.allowed

@@ -101,7 +101,9 @@ pub fn combine(g: Granularity, checks: &[(String, Verdict)]) -> BTreeMap<String,
         .collect()
 }
 
-fn combined(members: &[(&str, &Verdict)]) -> Verdict {
+/// One verdict for several: failed when any failed (every failing message
+/// under its id), ignored when all were (every reason), else passed.
+pub fn combined(members: &[(&str, &Verdict)]) -> Verdict {
     let failed: Vec<String> = members
         .iter()
         .filter_map(|(id, v)| match v {
