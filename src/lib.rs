@@ -21,6 +21,7 @@ pub mod harness;
 pub mod isa;
 pub mod model;
 pub mod plan;
+pub mod processor;
 pub mod report;
 pub mod runner;
 pub mod sampling;

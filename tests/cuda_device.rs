@@ -81,6 +81,7 @@ fn request(sampling: Sampling, seed: u64, decode_steps: usize) -> RunRequest {
         sampling,
         seed,
         forced: None,
+        image: None,
     }
 }
 

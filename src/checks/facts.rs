@@ -29,6 +29,8 @@ pub struct Facts<'a> {
     /// The model file's tensors, read on first use (`rms_norm`, `linear`).
     pub file: &'a FileTensors,
     pub prompt: &'a [u32],
+    /// A VLM run's image (its grid shapes the vision stages).
+    pub image: Option<&'a std::sync::Arc<crate::engine::ImageInput>>,
     /// Decode steps of the main run.
     pub decode_steps: usize,
     /// Tokens fed at decode steps (teacher forcing), when the prompt comes from a golden.
@@ -96,7 +98,7 @@ impl<'a> Facts<'a> {
     /// The canonical shape of a stage at a step.
     pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
         let (t, s) = self.step_dims(step);
-        canonical_shape(self.config, stage, t, s)
+        canonical_shape(self.config, stage, t, s, self.image.map(|i| i.grid))
     }
 
     /// Tokens the engine was fed at `step`: the prompt, or the decode token

@@ -47,7 +47,7 @@
 use super::facts::Facts;
 use crate::arithmetic::{Activations, Arithmetic, U_ACC};
 use crate::golden::GoldenSet;
-use crate::stage::{BlockStage, Stage, Step};
+use crate::stage::{BlockStage, Stage, Step, VBlock, VisionStage};
 use crate::tensor::Tensor;
 
 /// A floor and how it was formed.
@@ -85,7 +85,8 @@ type Source<'s> = dyn Fn(Stage) -> Option<&'s Tensor> + 's;
 pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) -> usize {
     let e = cfg.hidden;
     match stage {
-        Stage::Embed => 1,
+        Stage::Vision(v) => vision_reduction_len(cfg, v, s),
+        Stage::Embed | Stage::InputsEmbeds | Stage::Positions => 1,
         Stage::OutputNorm | Stage::Logits => e,
         Stage::SampleProbs => cfg.vocab,
         Stage::Block(_, b) => match b {
@@ -98,7 +99,82 @@ pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) ->
             BlockStage::AttnOut | BlockStage::FfnInp => cfg.heads * cfg.head_dim,
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => e,
             BlockStage::FfnOut | BlockStage::Out => cfg.ffn,
+            BlockStage::Deepstack => 1,
         },
+    }
+}
+
+/// `reduction_len` of a vision stage; `n` stands for the image's patch count
+/// at the attention (the caller's `s`).
+fn vision_reduction_len(cfg: &crate::model::ModelConfig, v: VisionStage, n: usize) -> usize {
+    let Some(vc) = &cfg.vision else { return 1 };
+    let m2 = vc.merge * vc.merge;
+    match v {
+        VisionStage::Pixels => 1,
+        VisionStage::PatchEmbed | VisionStage::PosEmbed => vc.patch_width(),
+        VisionStage::MergerNorm => vc.hidden,
+        VisionStage::Merger | VisionStage::Deepstack(_) => m2 * vc.hidden,
+        VisionStage::Block(_, b) => match b {
+            VBlock::Norm1 | VBlock::Norm2 | VBlock::Q | VBlock::K | VBlock::V | VBlock::QRope | VBlock::KRope => {
+                vc.hidden
+            }
+            VBlock::AttnProbs | VBlock::AttnCtx => n,
+            VBlock::AttnOut | VBlock::MlpInp | VBlock::MlpFc1 | VBlock::MlpAct => vc.hidden,
+            VBlock::MlpOut | VBlock::Out => vc.ffn,
+        },
+    }
+}
+
+/// The inputs of a vision stage (the block's residual stream enters from
+/// the previous block's `out`, or the (position-)embedded patches).
+fn vision_inputs(cfg: &crate::model::ModelConfig, v: VisionStage) -> Vec<Stage> {
+    let vs = Stage::Vision;
+    let Some(vc) = &cfg.vision else { return vec![] };
+    let embedded = if vc.pos_embeds.is_some() {
+        VisionStage::PosEmbed
+    } else {
+        VisionStage::PatchEmbed
+    };
+    let resid = |i: usize| {
+        if i == 0 {
+            vs(embedded)
+        } else {
+            vs(VisionStage::Block(i - 1, VBlock::Out))
+        }
+    };
+    let last = vs(if vc.depth == 0 {
+        embedded
+    } else {
+        VisionStage::Block(vc.depth - 1, VBlock::Out)
+    });
+    match v {
+        VisionStage::Pixels => vec![],
+        VisionStage::PatchEmbed => vec![vs(VisionStage::Pixels)],
+        VisionStage::PosEmbed => vec![vs(VisionStage::PatchEmbed)],
+        VisionStage::MergerNorm => vec![last],
+        VisionStage::Merger => vec![vs(VisionStage::MergerNorm)],
+        VisionStage::Deepstack(j) => match vc.deepstack.get(j) {
+            Some(&b) => vec![vs(VisionStage::Block(b, VBlock::Out))],
+            None => vec![],
+        },
+        VisionStage::Block(i, b) => {
+            let s = |b| vs(VisionStage::Block(i, b));
+            match b {
+                VBlock::Norm1 => vec![resid(i)],
+                VBlock::Q | VBlock::K | VBlock::V => vec![s(VBlock::Norm1)],
+                VBlock::QRope => vec![s(VBlock::Q)],
+                VBlock::KRope => vec![s(VBlock::K)],
+                VBlock::AttnProbs => vec![s(VBlock::QRope), s(VBlock::KRope)],
+                VBlock::AttnCtx => vec![s(VBlock::AttnProbs), s(VBlock::V)],
+                VBlock::AttnOut => vec![s(VBlock::AttnCtx)],
+                VBlock::MlpInp => vec![resid(i), s(VBlock::AttnOut)],
+                VBlock::Norm2 => vec![s(VBlock::MlpInp)],
+                VBlock::MlpFc1 => vec![s(VBlock::Norm2)],
+                VBlock::MlpAct => vec![s(VBlock::MlpFc1)],
+                VBlock::MlpOut => vec![s(VBlock::MlpAct)],
+                VBlock::Out => vec![s(VBlock::MlpInp), s(VBlock::MlpOut)],
+            }
+        }
     }
 }
 
@@ -106,9 +182,25 @@ pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) ->
 /// entering block l is `blk.{l-1}.out`, or `embed` for block 0).
 pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
     use BlockStage::*;
-    let resid = |l: usize| if l == 0 { Stage::Embed } else { Stage::Block(l - 1, Out) };
+    // A VLM's block 0 reads the fused embeddings, and a layer followed by a
+    // deepstack add hands on its result.
+    let deep = cfg.vision.as_ref().map_or(0, |v| v.deepstack.len());
+    let resid = |l: usize| match l {
+        0 if cfg.vision.is_some() => Stage::InputsEmbeds,
+        0 => Stage::Embed,
+        l if l - 1 < deep => Stage::Block(l - 1, Deepstack),
+        l => Stage::Block(l - 1, Out),
+    };
     match stage {
-        Stage::Embed => vec![],
+        Stage::Vision(v) => vision_inputs(cfg, v),
+        Stage::Embed | Stage::Positions => vec![],
+        Stage::InputsEmbeds => {
+            let mut v = vec![Stage::Embed];
+            if cfg.vision.is_some() {
+                v.push(Stage::Vision(VisionStage::Merger));
+            }
+            v
+        }
         Stage::SampleProbs => vec![Stage::Logits],
         Stage::OutputNorm => vec![resid(cfg.layers)],
         Stage::Logits => vec![Stage::OutputNorm],
@@ -133,6 +225,13 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
                 FfnOut => vec![s(FfnAct)],
                 FfnPostNorm => vec![s(FfnOut)],
                 Out => vec![s(FfnInp), s(if cfg.post_norms { FfnPostNorm } else { FfnOut })],
+                Deepstack => {
+                    let mut v = vec![s(Out)];
+                    if l < deep {
+                        v.push(Stage::Vision(VisionStage::Deepstack(l)));
+                    }
+                    v
+                }
             }
         }
     }

@@ -53,6 +53,14 @@ pub struct RuleEnv {
     pub post_norms: bool,
     /// The spec's folder: paths a rule names are relative to it.
     pub dir: std::path::PathBuf,
+    /// A vision-language model, once a plan knows the model: its deepstack
+    /// feature count (0 for Qwen2-VL). Block 0 then reads the fused
+    /// `inputs_embeds`, and a block followed by a deepstack add hands on
+    /// `blk.{i}.deepstack`.
+    pub vlm_deepstack: Option<usize>,
+    /// A VLM tower with learned position embeddings (Qwen3-VL): vision block 0
+    /// reads `vision.pos_embed`, else `vision.patch_embed`.
+    pub vision_pos_embed: bool,
 }
 
 /// A problem found in a spec, and the text to locate it by.
@@ -63,6 +71,16 @@ pub struct Located {
 }
 
 impl RuleEnv {
+    /// The residual stream entering block `l` (`l` = layers: the final norm's input).
+    pub fn block_input(&self, l: usize) -> Stage {
+        match (l, self.vlm_deepstack) {
+            (0, Some(_)) => Stage::InputsEmbeds,
+            (0, None) => Stage::Embed,
+            (l, Some(n)) if l - 1 < n => Stage::Block(l - 1, crate::stage::BlockStage::Deepstack),
+            (l, _) => Stage::Block(l - 1, crate::stage::BlockStage::Out),
+        }
+    }
+
     /// `source` must be declared; else the message names what named it and
     /// suggests the closest declared source.
     pub fn require_source(&self, what: &str, source: &str) -> Result<(), Located> {

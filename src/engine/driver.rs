@@ -158,6 +158,7 @@ mod tests {
             sampling: Sampling::Greedy,
             seed: 0,
             forced,
+            image: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub mod cuda;
 pub mod driver;
 pub mod dumps;
 pub mod exec;
+pub mod multimodal;
 pub mod names;
 pub mod output;
 pub mod registry;
@@ -56,6 +57,23 @@ pub struct RunRequest {
     /// reported). This keeps decode-step comparisons against a golden meaningful
     /// even when one sampled token differs.
     pub forced: Option<Vec<u32>>,
+    /// A vision-language model's image, processed (`ImageInput`): its
+    /// features replace the prompt's image-pad tokens. None for text.
+    pub image: Option<std::sync::Arc<ImageInput>>,
+}
+
+/// One processed image as a VLM engine receives it: the processor's flattened
+/// patches (the `vision.pixels` stage, `[N, C·T·P·P]` in merge-window
+/// order) and its grid (`image_grid_thw`). Where it came from (a PNG through
+/// touchstone's processor, or a golden's recorded pixels) is said by `origin`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageInput {
+    pub pixels: Tensor,
+    pub grid: crate::model::ImageGrid,
+    /// The image file, when there is one (external engines may read it).
+    pub path: Option<std::path::PathBuf>,
+    /// Where the pixels came from, for messages.
+    pub origin: String,
 }
 
 impl RunRequest {

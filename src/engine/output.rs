@@ -56,7 +56,7 @@ pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &Run
         let mut t = t.clone();
         if reshape {
             let (tt, s) = step_dims(req.prompt.len(), step);
-            let want = canonical_shape(cfg, stage, tt, s);
+            let want = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));
             if want.iter().product::<usize>() == t.numel() {
                 t = Tensor::new(want, t.data().to_vec()).with_dtype(t.dtype());
             }

@@ -33,6 +33,8 @@ pub struct GoldenSet {
     pub provenance: Value,
     /// Token rows kept of each step (`record.rows`), where only some were.
     rows: BTreeMap<Step, Vec<usize>>,
+    /// A VLM golden's image grid (`prefill/vision.grid`, `image_grid_thw`).
+    pub grid: Option<crate::model::ImageGrid>,
 }
 
 impl GoldenSet {
@@ -77,13 +79,14 @@ impl GoldenSet {
             tensors.insert((step, stage), t);
         }
         let mut tokens = BTreeMap::new();
-        for (key, (_shape, values)) in file.ints {
+        let mut grid = None;
+        for (key, (shape, values)) in file.ints {
             let (step, what) = key
                 .split_once('/')
                 .and_then(|(s, w)| Some((Step::parse(s)?, w)))
                 .ok_or_else(|| {
                     bad(format!(
-                        "integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"
+                        "integer tensor `{key}` is not `<step>/tokens`, `<step>/positions` or `prefill/vision.grid`"
                     ))
                 })?;
             match what {
@@ -94,10 +97,28 @@ impl GoldenSet {
                         .collect::<Result<Vec<u32>>>()?;
                     tokens.insert(step, ids);
                 }
+                // A VLM's M-RoPE positions [3, T] are the `positions` stage;
+                // a text golden's [T] are its steps' plain positions.
+                "positions" if shape.len() == 2 && shape[0] == 3 => {
+                    let t = Tensor::new(shape.clone(), values.iter().map(|&v| v as f32).collect());
+                    tensors.insert((step, Stage::Positions), t);
+                }
                 "positions" => {}
+                "vision.grid" if step == Step::Prefill => {
+                    if shape != [1, 3] || values.iter().any(|&v| v <= 0) {
+                        return Err(bad(format!(
+                            "`{key}` has shape {shape:?} and values {values:?}: expected one positive (t, h, w) row [1, 3]"
+                        )));
+                    }
+                    grid = Some(crate::model::ImageGrid {
+                        t: values[0] as usize,
+                        h: values[1] as usize,
+                        w: values[2] as usize,
+                    });
+                }
                 _ => {
                     return Err(bad(format!(
-                        "integer tensor `{key}` is not `<step>/tokens` or `<step>/positions`"
+                        "integer tensor `{key}` is not `<step>/tokens`, `<step>/positions` or `prefill/vision.grid`"
                     )))
                 }
             }
@@ -130,6 +151,7 @@ impl GoldenSet {
             tokens,
             provenance,
             rows,
+            grid,
         })
     }
 

@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use super::features::{Activation, LocalAttention};
+pub use super::vision::{ImageGrid, MRope, VisionConfig};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ModelConfig {
@@ -57,6 +58,11 @@ pub struct ModelConfig {
     /// its own RoPE base (Gemma 3): implemented by the engines, unlike
     /// `sliding_window`.
     pub local: Option<LocalAttention>,
+    /// A vision-language model's tower (Qwen2-VL, Qwen3-VL): the vision
+    /// stages, fusion and M-RoPE follow from it. None for a text model.
+    pub vision: Option<VisionConfig>,
+    /// The language model's multimodal RoPE sections (with `vision`).
+    pub mrope: Option<MRope>,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
@@ -101,6 +107,28 @@ impl ModelConfig {
                         decoder: give a `gemma3_text` model (Gemma3ForCausalLM)"
                     .into(),
             );
+        }
+        if arch == "qwen2_vl" || arch == "qwen3_vl" {
+            let (text, text_arch, vision, mrope) = super::vision::split_config(v)?;
+            let mut cfg = Self::from_json_llama(&text, text_arch.into()).map_err(|e| format!("text_config: {e}"))?;
+            if vision.out_hidden != cfg.hidden {
+                return Err(format!(
+                    "the vision merger gives rows of {} but the language model's hidden size is {}",
+                    vision.out_hidden, cfg.hidden
+                ));
+            }
+            if mrope.section.iter().sum::<usize>() != cfg.head_dim / 2 {
+                return Err(format!(
+                    "`mrope_section` {:?} sums to {}, not head_dim/2 = {}",
+                    mrope.section,
+                    mrope.section.iter().sum::<usize>(),
+                    cfg.head_dim / 2
+                ));
+            }
+            cfg.arch = arch;
+            cfg.vision = Some(vision);
+            cfg.mrope = Some(mrope);
+            return Ok(cfg);
         }
         Self::from_json_llama(v, arch)
     }
@@ -168,6 +196,8 @@ impl ModelConfig {
             post_norms: false,
             attn_scale: (head_dim as f64).powf(-0.5),
             local: None,
+            vision: None,
+            mrope: None,
             arch,
         };
         cfg.validate()?;

@@ -196,7 +196,16 @@ fn open(model: &Path) -> Result<Source> {
     files.sort();
     files
         .iter()
-        .map(|f| crate::tensor::io::read_safetensors(f))
+        .map(|f| {
+            // A VLM's names in the layout the engines hold them by (a text
+            // model has no name this changes).
+            let mut tf = crate::tensor::io::read_safetensors(f)?;
+            tf.floats = std::mem::take(&mut tf.floats)
+                .into_iter()
+                .map(|(k, v)| (super::vision::canonical_name(&k), v))
+                .collect();
+            Ok(tf)
+        })
         .collect::<Result<_>>()
         .map(Source::Dir)
 }

@@ -324,6 +324,7 @@ mod tests {
             sampling: crate::sampling::Sampling::Greedy,
             seed: 0,
             forced: None,
+            image: None,
         };
         let run = |p: &str| {
             let e = CpuEngine::load(&dir.join(p)).unwrap();

@@ -8,11 +8,13 @@ pub mod file_tensors;
 pub mod fused;
 pub mod gemma;
 pub mod gguf;
+pub mod vision;
 pub mod weights;
 
 use std::path::Path;
 
 pub use config::ModelConfig;
+pub use vision::ImageGrid;
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
@@ -118,7 +120,14 @@ pub fn read_config(path: &Path) -> Result<ModelConfig> {
 /// Fused projections (Phi-3) come back split into the Llama layout.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
     let (cfg, mut ws) = match format_of(path)? {
-        Format::HfDir => (ModelConfig::from_hf_dir(path)?, Weights::from_hf_dir(path)?),
+        Format::HfDir => {
+            let cfg = ModelConfig::from_hf_dir(path)?;
+            let mut ws = Weights::from_hf_dir(path)?;
+            if cfg.vision.is_some() {
+                ws.rename(vision::canonical_name);
+            }
+            (cfg, ws)
+        }
         Format::Gguf => {
             let f = GgufFile::open(path)?;
             let cfg = gguf::config(&f)?;

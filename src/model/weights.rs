@@ -52,6 +52,15 @@ impl Weights {
         Weights { dir, tensors }
     }
 
+    /// Renames every tensor by `f` (a VLM's names into the one layout the
+    /// engines read: `vision::canonical_name`).
+    pub fn rename(&mut self, f: impl Fn(&str) -> String) {
+        self.tensors = std::mem::take(&mut self.tensors)
+            .into_iter()
+            .map(|(k, v)| (f(&k), v))
+            .collect();
+    }
+
     /// Adds (or replaces) a tensor: loaders that reshape the file's tensors
     /// (fused projections split, GGUF renames) put the pieces back here.
     pub fn insert(&mut self, name: String, t: Tensor) {

@@ -89,6 +89,8 @@ pub struct Plan {
     pub decode_steps: usize,
     /// Tokens fed at decode steps (teacher forcing) when the prompt comes from a golden.
     pub forced: Option<Vec<u32>>,
+    /// A VLM prompt's image (`prompt.image`, or a golden's recorded pixels).
+    pub image: Option<Arc<crate::engine::ImageInput>>,
     pub checks: Vec<CheckInstance>,
 }
 
@@ -110,7 +112,7 @@ impl Plan {
             goldens.insert(source.clone(), Arc::new(GoldenSet::load(source, path)?));
         }
         let oracle = load_oracle(&spec)?;
-        let p = prompt::resolve(&spec, &model, &goldens)?;
+        let p = prompt::resolve(&spec, &model, &config, &goldens)?;
         prompt::check_references(&spec, &model, &config, &goldens, oracle.as_ref(), &p.ids)?;
 
         let env = spec.rule_env();
@@ -142,6 +144,7 @@ impl Plan {
             config: &config,
             file: &file,
             prompt: &p.ids,
+            image: p.image.as_ref(),
             decode_steps: p.decode_steps,
             forced: p.forced.as_deref(),
             seed: spec.seed,
@@ -179,6 +182,7 @@ impl Plan {
             prompt: p.ids,
             decode_steps: p.decode_steps,
             forced: p.forced,
+            image: p.image,
             checks,
         })
     }
@@ -190,6 +194,7 @@ impl Plan {
             config: &self.config,
             file: &self.file,
             prompt: &self.prompt,
+            image: self.image.as_ref(),
             decode_steps: self.decode_steps,
             forced: self.forced.as_deref(),
             seed: self.spec.seed,

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::engine::ImageInput;
 use crate::error::{Error, Result};
 use crate::golden::{GoldenSet, ORACLE};
 use crate::model::ModelConfig;
@@ -17,19 +18,38 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     pub decode_steps: usize,
     pub forced: Option<Vec<u32>>,
+    /// A VLM prompt's processed image: from `prompt.image` through
+    /// touchstone's processor, or the pixels a golden recorded.
+    pub image: Option<Arc<ImageInput>>,
 }
 
 /// Resolves the spec's prompt against its model and goldens.
-pub fn resolve(spec: &Spec, model: &Path, goldens: &BTreeMap<String, Arc<GoldenSet>>) -> Result<Prompt> {
+pub fn resolve(
+    spec: &Spec,
+    model: &Path,
+    config: &ModelConfig,
+    goldens: &BTreeMap<String, Arc<GoldenSet>>,
+) -> Result<Prompt> {
     let invalid = |msg: String| Error::SpecInvalid {
         path: spec.path.clone(),
         msg,
+    };
+    let mut image = match &spec.prompt.image {
+        Some(path) => Some(Arc::new(crate::processor::process(path, model, config)?)),
+        None => None,
     };
     // Text is tokenised with the model's own tokenizer; with a golden too,
     // it must give the golden's prompt (checked below), so the text is
     // what a reader sees and the ids are what is compared.
     let text_ids = match &spec.prompt.text {
-        Some(text) => Some(crate::tokenizer::encode_prompt(model, text, spec.prompt.chat)?),
+        Some(text) => {
+            let ids = crate::tokenizer::encode_prompt(model, text, spec.prompt.chat)?;
+            Some(match (&image, &config.vision) {
+                (Some(img), Some(vc)) => expand_image_pad(&ids, vc.image_token, img.grid.tokens(vc.merge))
+                    .map_err(|m| invalid(format!("prompt.text: {m}")))?,
+                _ => ids,
+            })
+        }
         None => None,
     };
     let explicit = spec.prompt.tokens.clone().or(text_ids.clone());
@@ -62,6 +82,10 @@ pub fn resolve(spec: &Spec, model: &Path, goldens: &BTreeMap<String, Arc<GoldenS
                     )));
                 }
             }
+            // A VLM golden's prompt comes with the pixels it was recorded with.
+            if image.is_none() && config.vision.is_some() {
+                image = golden_image(g);
+            }
             (g.prompt().to_vec(), n, Some(forced))
         }
         (None, None) => unreachable!("Spec::parse requires text, tokens or golden"),
@@ -70,7 +94,38 @@ pub fn resolve(spec: &Spec, model: &Path, goldens: &BTreeMap<String, Arc<GoldenS
         ids: prompt,
         decode_steps,
         forced,
+        image,
     })
+}
+
+/// The image a golden recorded (`prefill/vision.pixels` and `vision.grid`).
+fn golden_image(g: &GoldenSet) -> Option<Arc<ImageInput>> {
+    let pixels = g.get(
+        crate::stage::Step::Prefill,
+        crate::stage::Stage::Vision(crate::stage::VisionStage::Pixels),
+    )?;
+    Some(Arc::new(ImageInput {
+        pixels: pixels.clone(),
+        grid: g.grid?,
+        path: None,
+        origin: format!("the pixels golden `{}` recorded ({})", g.source, g.path.display()),
+    }))
+}
+
+/// The processor's expansion: the text's one `<|image_pad|>` becomes the
+/// image's `count` image tokens.
+pub fn expand_image_pad(ids: &[u32], pad: u32, count: usize) -> std::result::Result<Vec<u32>, String> {
+    let at: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == pad).collect();
+    if at.len() != 1 {
+        return Err(format!(
+            "the text has {} image placeholder(s) (token {pad}, `<|image_pad|>`) for one image: write              `<|vision_start|><|image_pad|><|vision_end|>` once where the image goes",
+            at.len()
+        ));
+    }
+    let mut out = ids[..at[0]].to_vec();
+    out.extend(std::iter::repeat_n(pad, count));
+    out.extend_from_slice(&ids[at[0] + 1..]);
+    Ok(out)
 }
 
 /// The references fit the run: recorded for this model and prompt, and the

@@ -43,6 +43,8 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
     let env = RuleEnv {
         layers: Some(config.layers),
         post_norms: config.post_norms,
+        vlm_deepstack: config.vision.as_ref().map(|v| v.deepstack.len()),
+        vision_pos_embed: config.vision.as_ref().is_some_and(|v| v.pos_embeds.is_some()),
         ..spec.rule_env()
     };
     // stage -> [(check id, check)]; a later rule replaces an earlier one.
@@ -74,6 +76,10 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
     let mut missing = Missing::default();
     for step in Step::sequence(facts.decode_steps) {
         for (stage, list) in &per_stage {
+            // The image is encoded once: a decode step has no vision stages.
+            if step != Step::Prefill && stage.prefill_only() {
+                continue;
+            }
             for (id, check) in list {
                 if !check.planned(step, *stage, facts) {
                     continue;

@@ -226,6 +226,7 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             sampling: plan.sampling(),
             seed: plan.spec.seed,
             forced: plan.forced.clone(),
+            image: plan.image.clone(),
         };
         engine.run(&req, &taps).map_err(|e| e.to_string())
     });

@@ -85,6 +85,14 @@ mod self_test {
             // Every stage check judges the tapped path: the run check that
             // compares it with a logits-only run is the one that can see it.
             UntappedAttnScale => ("qwen2-tiny.yaml", "run::tap_invariance"),
+            // Too few merger rows for the grid: the merger's shape, and the
+            // image-token count, fail at the merger.
+            MergeSizeOff => ("qwen2-vl-tiny.yaml", "prefill/vision.merger"),
+            FusionOneRowEarly => ("qwen2-vl-tiny.yaml", "prefill/inputs_embeds"),
+            MropeOneD => ("qwen2-vl-tiny.yaml", "prefill/positions"),
+            VisionAttnCausal => ("qwen2-vl-tiny.yaml", "prefill/vision.blk.0.attn_probs"),
+            // Qwen3-VL's language model rotates with base 1e6, its tower 1e4.
+            VisionRopeTextTheta => ("qwen3-vl-tiny.yaml", "prefill/vision.blk.0.q_rope"),
         }
     }
 
@@ -240,6 +248,7 @@ mod self_test {
             sampling: plan.sampling(),
             seed: plan.spec.seed,
             forced: plan.forced.clone(),
+            image: None,
         };
         let (step, stage) = crate::stage::parse_key(at).unwrap();
         let taps: TapSet = [stage].into_iter().collect();

@@ -125,6 +125,10 @@ pub struct PromptSpec {
     pub golden: Option<String>,
     /// Decode steps after the prefill (default: as many as the golden recorded).
     pub decode_steps: Option<usize>,
+    /// A vision-language model's image (a PNG, relative to the spec): its
+    /// features replace the `<|image_pad|>` of `text`, which the processor
+    /// expands to the image's token count.
+    pub image: Option<std::path::PathBuf>,
 }
 
 impl Spec {
@@ -155,6 +159,8 @@ impl Spec {
             has_oracle: self.oracle.is_some(),
             layers: None,
             post_norms: false,
+            vlm_deepstack: None,
+            vision_pos_embed: false,
             dir: self.path.parent().unwrap_or(Path::new("")).to_path_buf(),
         }
     }

@@ -149,7 +149,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
         goldens: raw.goldens.into_iter().map(|(k, v)| (k, dir.join(v))).collect(),
         oracle: raw.oracle.map(|o| dir.join(o)),
         scaled: raw.scaled.clone().unwrap_or_default(),
-        prompt: raw.prompt,
+        prompt: PromptSpec {
+            image: raw.prompt.image.as_ref().map(|i| dir.join(i)),
+            ..raw.prompt
+        },
         sampling: raw.sampling,
         seed: raw.seed,
         storage: match &raw.storage {

@@ -6,13 +6,15 @@
 pub mod pattern;
 mod rope;
 pub mod shape;
+pub mod vision;
 
 use std::fmt;
 
 pub use rope::RopeStyle;
+pub use vision::{VBlock, VisionStage};
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 21] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 22] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
@@ -34,6 +36,7 @@ pub const BLOCK_STAGES: [(&str, BlockStage); 21] = [
     ("ffn_out", BlockStage::FfnOut),
     ("ffn_post_norm", BlockStage::FfnPostNorm),
     ("out", BlockStage::Out),
+    ("deepstack", BlockStage::Deepstack),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +68,10 @@ pub enum BlockStage {
     /// Gemma: RMSNorm of ffn_out, the branch the residual adds.
     FfnPostNorm,
     Out,
+    /// Qwen3-VL: the hidden state after decoder layer i plus deepstack
+    /// feature i on the image rows (the next layer's input), for i below the
+    /// number of deepstack features.
+    Deepstack,
 }
 
 impl BlockStage {
@@ -84,7 +91,14 @@ impl BlockStage {
 /// block's stages layer by layer, then output_norm, then logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
+    /// A vision-language model's tower (prefill only).
+    Vision(VisionStage),
     Embed,
+    /// `[T, E]`: a VLM's embeddings after the image features replace the
+    /// image-pad rows (what block 0 reads).
+    InputsEmbeds,
+    /// `[3, T]`: a VLM's M-RoPE position ids (t, h, w) of the step's tokens.
+    Positions,
     Block(usize, BlockStage),
     OutputNorm,
     Logits,
@@ -102,6 +116,7 @@ impl Stage {
         match self {
             Stage::SampleProbs => None,
             Stage::Block(_, BlockStage::AttnScores | BlockStage::AttnProbs) => Some(1),
+            Stage::Vision(VisionStage::Block(_, VBlock::AttnProbs)) | Stage::Positions => Some(1),
             _ => Some(0),
         }
     }
@@ -111,7 +126,11 @@ impl Stage {
     /// `k_norm`, the post norms): what patterns are validated against. A model's own stages
     /// are [`Stage::of_model`].
     pub fn all(n_layers: usize) -> Vec<Stage> {
-        let mut v = vec![Stage::Embed];
+        let mut v: Vec<Stage> = VisionStage::all(n_layers, n_layers, true)
+            .into_iter()
+            .map(Stage::Vision)
+            .collect();
+        v.extend([Stage::Embed, Stage::InputsEmbeds, Stage::Positions]);
         for l in 0..n_layers {
             v.extend(BLOCK_STAGES.iter().map(|(_, b)| Stage::Block(l, *b)));
         }
@@ -125,8 +144,21 @@ impl Stage {
     /// the per-head q/k norms when the architecture has none, and less
     /// `sample_probs` unless the run samples at random.
     pub fn of_model(cfg: &crate::model::ModelConfig, random_sampling: bool) -> Vec<Stage> {
-        Stage::all(cfg.layers)
-            .into_iter()
+        let deepstack = cfg.vision.as_ref().map_or(0, |v| v.deepstack.len());
+        let mut v: Vec<Stage> = match &cfg.vision {
+            Some(vc) => VisionStage::all(vc.depth, deepstack, vc.pos_embeds.is_some())
+                .into_iter()
+                .map(Stage::Vision)
+                .collect(),
+            None => Vec::new(),
+        };
+        v.extend(Stage::all(cfg.layers).into_iter().filter(|s| match s {
+            Stage::Vision(_) => false,
+            Stage::InputsEmbeds | Stage::Positions => cfg.vision.is_some(),
+            Stage::Block(l, BlockStage::Deepstack) => *l < deepstack,
+            _ => true,
+        }));
+        v.into_iter()
             .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
             .filter(|s| {
                 cfg.post_norms || !matches!(s, Stage::Block(_, BlockStage::AttnPostNorm | BlockStage::FfnPostNorm))
@@ -141,7 +173,12 @@ impl Stage {
             "output_norm" => Some(Stage::OutputNorm),
             "logits" => Some(Stage::Logits),
             "sample_probs" => Some(Stage::SampleProbs),
+            "inputs_embeds" => Some(Stage::InputsEmbeds),
+            "positions" => Some(Stage::Positions),
             _ => {
+                if let Some(rest) = s.strip_prefix("vision.") {
+                    return VisionStage::parse(rest).map(Stage::Vision);
+                }
                 let rest = s.strip_prefix("blk.")?;
                 let (layer, name) = rest.split_once('.')?;
                 if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
@@ -150,6 +187,12 @@ impl Stage {
                 Some(Stage::Block(layer.parse().ok()?, BlockStage::parse(name)?))
             }
         }
+    }
+
+    /// Stages that exist at the prefill only (a VLM's tower encodes the
+    /// image once).
+    pub fn prefill_only(self) -> bool {
+        matches!(self, Stage::Vision(_))
     }
 
     pub fn layer(self) -> Option<usize> {
@@ -164,6 +207,8 @@ impl Stage {
     pub fn generic_name(self) -> String {
         match self {
             Stage::Block(_, b) => format!("blk.*.{}", b.name()),
+            Stage::Vision(VisionStage::Block(_, b)) => format!("vision.blk.*.{}", b.name()),
+            Stage::Vision(VisionStage::Deepstack(_)) => "vision.deepstack.*".into(),
             other => other.to_string(),
         }
     }
@@ -172,7 +217,10 @@ impl Stage {
 impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Stage::Vision(v) => v.fmt(f),
             Stage::Embed => f.write_str("embed"),
+            Stage::InputsEmbeds => f.write_str("inputs_embeds"),
+            Stage::Positions => f.write_str("positions"),
             Stage::Block(l, b) => write!(f, "blk.{l}.{}", b.name()),
             Stage::OutputNorm => f.write_str("output_norm"),
             Stage::Logits => f.write_str("logits"),
@@ -183,7 +231,8 @@ impl fmt::Display for Stage {
 
 /// Every generic stage name (`embed`, `blk.*.q`, ..., `logits`).
 pub fn generic_stage_names() -> Vec<String> {
-    let mut v = vec!["embed".to_string()];
+    let mut v = VisionStage::generic_names();
+    v.extend(["embed", "inputs_embeds", "positions"].map(String::from));
     v.extend(BLOCK_STAGES.iter().map(|(n, _)| format!("blk.*.{n}")));
     v.push("output_norm".into());
     v.push("logits".into());
@@ -255,7 +304,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), 1 + 2 * 21 + 3);
+        assert_eq!(all.len(), (3 + 2 * 15 + 2 + 2) + 3 + 2 * 22 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

@@ -16,7 +16,7 @@ impl StagePattern {
         let p = StagePattern { text: text.to_string() };
         // A pattern must be able to match something: try it against a model deep
         // enough to contain any layer index the pattern names.
-        let layers = p.named_layer().map_or(1, |l| l + 1);
+        let layers = p.named_layer().max(p.named_vision_index()).map_or(1, |l| l + 1);
         if Stage::all(layers).into_iter().any(|s| p.matches(s)) {
             return Ok(p);
         }
@@ -43,6 +43,15 @@ impl StagePattern {
         let pat: Vec<&str> = self.text.split('.').collect();
         let parts: Vec<&str> = name.split('.').collect();
         pat.len() == parts.len() && pat.iter().zip(&parts).all(|(p, s)| *p == "*" || p == s)
+    }
+
+    /// The vision block or deepstack index the pattern names explicitly
+    /// (`vision.blk.3.q`, `vision.deepstack.1`).
+    pub fn named_vision_index(&self) -> Option<usize> {
+        let mut it = self.text.split('.');
+        (it.next() == Some("vision")).then_some(())?;
+        matches!(it.next(), Some("blk" | "deepstack")).then_some(())?;
+        it.next()?.parse().ok()
     }
 
     /// The layer index the pattern names explicitly (`blk.3.q` → 3).

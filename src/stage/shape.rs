@@ -2,14 +2,43 @@
 //! engine owes each tapped stage, what the `shape` check expects, and how
 //! dumps and protocol output are validated. Row-major, no batch dimension.
 
-use super::{BlockStage, Stage};
-use crate::model::ModelConfig;
+use super::{BlockStage, Stage, VBlock, VisionStage};
+use crate::model::{ImageGrid, ModelConfig};
 
 /// The canonical shape of `stage` for a step of `t` tokens after which the KV
-/// cache holds `s` positions.
-pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec<usize> {
+/// cache holds `s` positions; a vision stage's for the image of `grid` (None
+/// for a vision stage of a text model or a run without an image: an empty
+/// shape, which no tensor has).
+pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: Option<ImageGrid>) -> Vec<usize> {
     match stage {
-        Stage::Embed | Stage::OutputNorm => vec![t, c.hidden],
+        Stage::Vision(v) => match (c.vision.as_ref(), grid) {
+            (Some(vc), Some(g)) => {
+                let n = g.patches();
+                let (ev, hv, dv) = (vc.hidden, vc.heads, vc.head_dim());
+                match v {
+                    VisionStage::Pixels => vec![n, vc.patch_width()],
+                    VisionStage::Merger | VisionStage::Deepstack(_) => vec![g.tokens(vc.merge), vc.out_hidden],
+                    VisionStage::PatchEmbed | VisionStage::PosEmbed | VisionStage::MergerNorm => vec![n, ev],
+                    VisionStage::Block(_, b) => match b {
+                        VBlock::Q | VBlock::K | VBlock::V | VBlock::QRope | VBlock::KRope => vec![n, hv, dv],
+                        VBlock::AttnProbs => vec![hv, n, n],
+                        VBlock::AttnCtx => vec![n, hv * dv],
+                        VBlock::MlpFc1 | VBlock::MlpAct => vec![n, vc.ffn],
+                        VBlock::Norm1
+                        | VBlock::AttnOut
+                        | VBlock::MlpInp
+                        | VBlock::Norm2
+                        | VBlock::MlpOut
+                        | VBlock::Out => {
+                            vec![n, ev]
+                        }
+                    },
+                }
+            }
+            _ => Vec::new(),
+        },
+        Stage::Positions => vec![3, t],
+        Stage::Embed | Stage::InputsEmbeds | Stage::OutputNorm => vec![t, c.hidden],
         Stage::Logits => vec![t, c.vocab],
         Stage::SampleProbs => vec![1, c.vocab],
         Stage::Block(_, b) => match b {
@@ -27,7 +56,8 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize) -> Vec
             | BlockStage::FfnInp
             | BlockStage::FfnNorm
             | BlockStage::FfnOut
-            | BlockStage::Out => vec![t, c.hidden],
+            | BlockStage::Out
+            | BlockStage::Deepstack => vec![t, c.hidden],
         },
     }
 }

@@ -124,6 +124,7 @@ fn evaluate(d: &Determinism, facts: &Facts, engine: &dyn Engine) -> Result<Verdi
         sampling: d.sampling.clone(),
         seed,
         forced: None,
+        image: facts.image.cloned(),
     };
     // Every stage the model has (no q_norm on a model without it) that the
     // engine can tap, so any engine is asked for exactly what it computes.

@@ -126,6 +126,7 @@ fn evaluate(facts: &Facts, engine: &dyn Engine, source: &str) -> Result<Verdict,
             sampling: Sampling::Greedy,
             seed: facts.seed,
             forced: None,
+            image: facts.image.cloned(),
         },
         &taps,
     )?;

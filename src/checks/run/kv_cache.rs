@@ -117,6 +117,7 @@ fn evaluate(k: &KvCache, facts: &Facts, engine: &dyn Engine) -> Result<Verdict, 
         sampling: Sampling::Greedy,
         seed: facts.seed,
         forced: None,
+        image: facts.image.cloned(),
     };
     let incremental = run_engine(engine, &greedy(facts.prompt.to_vec(), steps), &taps)?;
     // The tokens decode steps were fed, then one prefill over all of them.

@@ -102,6 +102,7 @@ fn evaluate(k: &TapInvariance, facts: &Facts, engine: &dyn Engine) -> Result<Ver
         sampling: Sampling::Greedy,
         seed: facts.seed,
         forced: None,
+        image: facts.image.cloned(),
     };
     let caps = engine.capabilities();
     if let Some(why) = caps.why_not(Stage::Logits) {

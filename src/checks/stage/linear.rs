@@ -268,6 +268,7 @@ mod tests {
             sampling: Sampling::Greedy,
             seed: 0,
             forced: None,
+            image: None,
         };
         let out = engine.run(&req, &TapSet::all(cfg.layers)).unwrap();
         let mut v = Vec::new();

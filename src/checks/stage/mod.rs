@@ -15,6 +15,10 @@ super::registry::table!(StageRule;
     swiglu::Swiglu,
     linear::Linear,
     sampler::Sampler,
+    image_tokens::ImageTokens,
+    fusion::Fusion,
+    mrope::Mrope,
+    bidirectional::Bidirectional,
 );
 
 // The golden check at one stage, which `greedy_tokens` asks for the logits' allowance.

@@ -34,8 +34,8 @@ pub struct Residual;
 impl Kind for Residual {
     const NAME: &'static str = "residual";
     const PARAMS: &'static str = "none";
-    const ABOUT: &'static str = "blk.*.ffn_inp and blk.*.out only: the stage is the sum of its two inputs (the block \
-                                 input + attn_out; ffn_inp + ffn_out) within one rounding of the sum and of each \
+    const ABOUT: &'static str = "blk.*.ffn_inp, blk.*.out, vision.blk.*.mlp_inp and vision.blk.*.out only: the stage is \
+                                 the sum of its two inputs (the block input + attn_out; ffn_inp + ffn_out) within one rounding of the sum and of each \
                                  input at the captured dtype";
     fn bare() -> Self {
         Residual
@@ -50,24 +50,37 @@ impl StageRule for Residual {
         Self::NAME
     }
     fn expand(&self, stage: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
-        let (a, b) = inputs(stage, env.post_norms)
-            .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp and blk.*.out, not `{stage}`"))?;
+        let (a, b) = inputs(stage, env)
+            .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp, blk.*.out, vision.blk.*.mlp_inp and vision.blk.*.out, not `{stage}`"))?;
         Ok(vec![Arc::new(ResidualCheck { a, b })])
     }
 }
 
 /// The two stages a residual stage sums (with post norms, the normed
 /// branches: Gemma's `attn_post_norm` and `ffn_post_norm`).
-fn inputs(stage: Stage, post_norms: bool) -> Option<(Stage, Stage)> {
+fn inputs(stage: Stage, env: &RuleEnv) -> Option<(Stage, Stage)> {
+    use crate::stage::{VBlock, VisionStage as VS};
     use BlockStage::{AttnOut, AttnPostNorm, FfnInp, FfnOut, FfnPostNorm, Out};
-    let (attn, ffn) = if post_norms {
+    let (attn, ffn) = if env.post_norms {
         (AttnPostNorm, FfnPostNorm)
     } else {
         (AttnOut, FfnOut)
     };
     Some(match stage {
-        Stage::Block(0, FfnInp) => (Stage::Embed, Stage::Block(0, attn)),
-        Stage::Block(l, FfnInp) => (Stage::Block(l - 1, Out), Stage::Block(l, attn)),
+        Stage::Block(l, FfnInp) => (env.block_input(l), Stage::Block(l, attn)),
+        // A vision block: block input + attn_out, then mlp_inp + mlp_out.
+        Stage::Vision(VS::Block(i, VBlock::MlpInp)) => (
+            Stage::Vision(match i {
+                0 if env.vision_pos_embed => VS::PosEmbed,
+                0 => VS::PatchEmbed,
+                i => VS::Block(i - 1, VBlock::Out),
+            }),
+            Stage::Vision(VS::Block(i, VBlock::AttnOut)),
+        ),
+        Stage::Vision(VS::Block(i, VBlock::Out)) => (
+            Stage::Vision(VS::Block(i, VBlock::MlpInp)),
+            Stage::Vision(VS::Block(i, VBlock::MlpOut)),
+        ),
         Stage::Block(l, Out) => (Stage::Block(l, FfnInp), Stage::Block(l, ffn)),
         _ => return None,
     })
@@ -196,6 +209,7 @@ mod tests {
             sampling: Sampling::Greedy,
             seed: 0,
             forced: None,
+            image: None,
         };
         let layers = CpuEngine::load(&model).unwrap().config().layers;
         let verdicts = |engine: &CpuEngine| {

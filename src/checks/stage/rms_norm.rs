@@ -73,7 +73,7 @@ impl StageRule for RmsNorm {
                  blk.*.k_norm, blk.*.attn_post_norm and blk.*.ffn_post_norm, not `{stage}`"
             )
         };
-        let (input, weight) = norm_of(stage, env.layers, env.post_norms).ok_or_else(refuse)?;
+        let (input, weight) = norm_of(stage, env).ok_or_else(refuse)?;
         Ok(vec![Arc::new(RmsNormCheck { input, weight })])
     }
 }
@@ -83,19 +83,19 @@ impl StageRule for RmsNorm {
 /// unknown). With post norms (Gemma) HF's `post_attention_layernorm` is the
 /// attention output's norm and the MLP's input norm is
 /// `pre_feedforward_layernorm`.
-fn norm_of(stage: Stage, layers: Option<usize>, post_norms: bool) -> Option<(Stage, String)> {
-    use BlockStage::{AttnNorm, AttnOut, AttnPostNorm, FfnInp, FfnNorm, FfnOut, FfnPostNorm, KNorm, Out, QNorm, K, Q};
+fn norm_of(stage: Stage, env: &RuleEnv) -> Option<(Stage, String)> {
+    let (layers, post_norms) = (env.layers, env.post_norms);
+    use BlockStage::{AttnNorm, AttnOut, AttnPostNorm, FfnInp, FfnNorm, FfnOut, FfnPostNorm, KNorm, QNorm, K, Q};
     let p = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
     let ffn_norm = crate::model::features::ffn_norm_name(post_norms);
     Some(match stage {
-        Stage::Block(0, AttnNorm) => (Stage::Embed, p(0, "input_layernorm")),
-        Stage::Block(l, AttnNorm) => (Stage::Block(l - 1, Out), p(l, "input_layernorm")),
+        Stage::Block(l, AttnNorm) => (env.block_input(l), p(l, "input_layernorm")),
         Stage::Block(l, FfnNorm) => (Stage::Block(l, FfnInp), p(l, ffn_norm)),
         Stage::Block(l, AttnPostNorm) => (Stage::Block(l, AttnOut), p(l, "post_attention_layernorm")),
         Stage::Block(l, FfnPostNorm) => (Stage::Block(l, FfnOut), p(l, "post_feedforward_layernorm")),
         Stage::Block(l, QNorm) => (Stage::Block(l, Q), p(l, "self_attn.q_norm")),
         Stage::Block(l, KNorm) => (Stage::Block(l, K), p(l, "self_attn.k_norm")),
-        Stage::OutputNorm => (Stage::Block(layers?.checked_sub(1)?, Out), "model.norm.weight".into()),
+        Stage::OutputNorm => (env.block_input(layers.filter(|&l| l > 0)?), "model.norm.weight".into()),
         _ => return None,
     })
 }
@@ -301,12 +301,13 @@ mod tests {
             sampling: Sampling::Greedy,
             seed: 0,
             forced: None,
+            image: None,
         };
         let out = engine.run(&req, &TapSet::all(cfg.layers)).unwrap();
         let mut v = Vec::new();
         for step in Step::sequence(2) {
             for stage in Stage::of_model(&cfg, false) {
-                let Some((input, weight)) = norm_of(stage, Some(cfg.layers), cfg.post_norms) else { continue };
+                let Some((input, weight)) = norm_of(stage, &RuleEnv { layers: Some(cfg.layers), post_norms: cfg.post_norms, ..RuleEnv::default() }) else { continue };
                 let Some(y) = out.captures.get(step, stage) else { continue };
                 let x = out.captures.get(step, input).unwrap();
                 let w = norms.norm(&weight).unwrap();

@@ -263,6 +263,7 @@ mod tests {
             sampling: Sampling::Greedy,
             seed: 0,
             forced: None,
+            image: None,
         };
         let verdicts = |engine: &CpuEngine, d: DType| {
             let layers = engine.config().layers;

@@ -37,6 +37,7 @@ fn request(prompt: &[u32], decode_steps: usize) -> RunRequest {
         sampling: Sampling::Greedy,
         seed: 0,
         forced: None,
+        image: None,
     }
 }
 

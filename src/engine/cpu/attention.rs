@@ -19,6 +19,9 @@ pub struct AttnShape {
     pub scale: f64,
     /// A local layer's sliding window: query at p sees keys p − window < j ≤ p.
     pub window: Option<usize>,
+    /// Key j is visible to query row t only if j ≤ pos0 + t (a decoder);
+    /// false: every key is visible (a vision tower, bidirectional).
+    pub causal: bool,
     /// Planted bugs (test builds only).
     pub mutants: Mutants,
 }
@@ -65,13 +68,14 @@ pub fn attend(
         head_dim: d,
         scale,
         window,
+        causal,
         mutants,
     } = shape;
     let kv_row = kv_heads * d;
     let s = keys.len() / kv_row;
     assert_eq!(q.len(), t * heads * d, "attend: q is not [T,H,D]");
     assert_eq!(values.len(), keys.len(), "attend: keys and values differ in length");
-    assert!(pos0 + t <= s, "attend: queries past the cache");
+    assert!(!causal || pos0 + t <= s, "attend: queries past the cache");
     // HF's `scaling = head_dim ** -0.5` (Gemma: query_pre_attn_scalar ** -0.5),
     // a Python float rounded to f32 when it multiplies the f32 scores.
     let mut scale = scale as f32;
@@ -114,7 +118,7 @@ pub fn attend(
                 );
             }
             for (row_i, row) in p.chunks_exact_mut(s).enumerate() {
-                let mut visible = pos0 + row_i + 1;
+                let mut visible = if causal { pos0 + row_i + 1 } else { s };
                 if mutants.is(Mutant::CausalOffByOne) {
                     visible += 1;
                 }
@@ -207,6 +211,7 @@ mod tests {
     #[test]
     fn probs_rows_sum_to_one_and_future_is_exactly_zero() {
         let shape = AttnShape {
+            causal: true,
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
@@ -236,6 +241,7 @@ mod tests {
     #[test]
     fn gqa_maps_query_heads_to_their_group() {
         let shape = AttnShape {
+            causal: true,
             heads: 6,
             kv_heads: 2,
             head_dim: 4,
@@ -257,6 +263,7 @@ mod tests {
     #[test]
     fn a_window_masks_keys_older_than_it_in_scores_and_probs() {
         let shape = AttnShape {
+            causal: true,
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
@@ -286,6 +293,7 @@ mod tests {
     #[test]
     fn decode_row_equals_last_prefill_row() {
         let shape = AttnShape {
+            causal: true,
             heads: 2,
             kv_heads: 1,
             head_dim: 4,

@@ -36,17 +36,17 @@ pub struct Tap<'a> {
 }
 
 impl Tap<'_> {
-    fn wants(&self, s: Stage) -> bool {
+    pub(super) fn wants(&self, s: Stage) -> bool {
         self.taps.contains(s)
     }
     /// Captures a copy of `data` if `s` is tapped.
-    fn copy(&mut self, s: Stage, shape: &[usize], data: &[f32]) {
+    pub(super) fn copy(&mut self, s: Stage, shape: &[usize], data: &[f32]) {
         if self.wants(s) {
             self.keep(s, shape, data.to_vec());
         }
     }
     /// Captures `data` itself (no copy) if `s` is tapped.
-    fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
+    pub(super) fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
         if self.wants(s) {
             let t = self.tag(Tensor::new(shape.to_vec(), data));
             self.caps.insert(self.step, s, t);
@@ -63,9 +63,20 @@ impl Tap<'_> {
     }
 }
 
+/// A vision-language model's share of a step: the image features to fuse
+/// (prefill) and the step's M-RoPE positions.
+pub struct Multimodal<'a> {
+    pub features: Option<&'a super::vision::ImageFeatures>,
+    /// `[3][T]` (t, h, w) positions of the step's tokens.
+    pub positions: [Vec<i64>; 3],
+    pub image_token: u32,
+}
+
 /// Runs `tokens` (already checked < vocab) at positions `pos0..pos0+T`,
 /// appending their keys and values to `cache` (which must hold exactly `pos0`
-/// positions). Returns the last row's logits.
+/// positions). Returns the last row's logits. A VLM's step (`mm`) fuses its
+/// image features into the image-pad rows and rotates by M-RoPE positions.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     cfg: &ModelConfig,
     w: &ModelWeights,
@@ -74,11 +85,13 @@ pub fn forward(
     pos0: usize,
     cache: &mut KvCache,
     tap: &mut Tap,
+    mm: Option<&Multimodal>,
 ) -> Vec<f32> {
     let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
     let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
     let mx = tap.mutants;
     let shape = AttnShape {
+        causal: true,
         heads: h,
         kv_heads: kv,
         head_dim: d,
@@ -142,6 +155,25 @@ pub fn forward(
         sd.round_slice(&mut x);
     }
     tap.copy(Stage::Embed, &[t, e], &x);
+    // The image-pad rows, in order: where the image features go.
+    let pads: Vec<usize> = match mm {
+        Some(m) => (0..t).filter(|&i| tokens[i] == m.image_token).collect(),
+        None => Vec::new(),
+    };
+    let axes: Option<Vec<usize>> = cfg.mrope.as_ref().map(|mr| (0..d / 2).map(|j| mr.axis_of(j)).collect());
+    if let Some(m) = mm {
+        if let Some(f) = m.features {
+            // Feature row r replaces image-pad row r (HF's masked_scatter).
+            let early = usize::from(mx.is(Mutant::FusionOneRowEarly));
+            for (r, &row) in pads.iter().enumerate().take(f.rows) {
+                let dst = row.saturating_sub(early);
+                x[dst * e..][..e].copy_from_slice(&f.merger[r * e..][..e]);
+            }
+        }
+        tap.copy(Stage::InputsEmbeds, &[t, e], &x);
+        let p: Vec<f32> = m.positions.iter().flat_map(|a| a.iter().map(|&v| v as f32)).collect();
+        tap.keep(Stage::Positions, &[3, t], p);
+    }
 
     for (l, b) in w.blocks.iter().enumerate() {
         let st = |s: B| Stage::Block(l, s);
@@ -167,8 +199,16 @@ pub fn forward(
         } else {
             ropes.of(l)
         };
-        rope.apply(&mut q, h, &rope_positions);
-        rope.apply(&mut k, kv, &rope_positions);
+        match (mm, &axes) {
+            (Some(m), Some(axes)) => {
+                rope.apply_axes(&mut q, h, &m.positions, axes);
+                rope.apply_axes(&mut k, kv, &m.positions, axes);
+            }
+            _ => {
+                rope.apply(&mut q, h, &rope_positions);
+                rope.apply(&mut k, kv, &rope_positions);
+            }
+        }
         sd.round_slice(&mut q);
         sd.round_slice(&mut k);
         tap.copy(st(B::QRope), &[t, h, d], &q);
@@ -182,6 +222,7 @@ pub fn forward(
         let s = lc.len();
         let untapped = !(tap.wants(st(B::AttnScores)) || tap.wants(st(B::AttnProbs)));
         let shape = AttnShape {
+            causal: true,
             window: cfg.window_of(l),
             scale: if untapped && mx.is(Mutant::UntappedAttnScale) {
                 1.0 / d as f64
@@ -248,6 +289,20 @@ pub fn forward(
         };
         x = stored(add(&ffn_inp, &ffn_out));
         tap.copy(st(B::Out), &[t, e], &x);
+        // Qwen3-VL: deepstack feature l is added to the image rows after layer l.
+        // The stage exists at every step of a VLM run (a decode step has no
+        // image rows: it equals `out` there).
+        let n_deep = cfg.vision.as_ref().map_or(0, |v| v.deepstack.len());
+        if mm.is_some() && l < n_deep {
+            if let Some(ds) = mm.and_then(|m| m.features).and_then(|f| f.deepstack.get(l)) {
+                for (r, &row) in pads.iter().enumerate().take(ds.len() / e) {
+                    for (xv, &dv) in x[row * e..][..e].iter_mut().zip(&ds[r * e..][..e]) {
+                        *xv = sd.round(*xv + dv);
+                    }
+                }
+            }
+            tap.copy(st(B::Deepstack), &[t, e], &x);
+        }
     }
 
     // Only sampling needs a row when neither tail stage is tapped: norm and

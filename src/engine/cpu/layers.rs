@@ -54,7 +54,18 @@ pub fn quantise_q8(x: &[f32], in_f: usize, block: usize) -> Vec<f32> {
 }
 
 impl Linear {
-    fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
+    /// A linear from its parts (a reshaped kernel: the vision patch embedding).
+    pub(crate) fn from_parts(w: Tensor, bias: Option<Vec<f32>>, out_f: usize, in_f: usize) -> Linear {
+        Linear {
+            w,
+            bias,
+            out_f,
+            in_f,
+            q8_block: None,
+        }
+    }
+
+    pub(crate) fn load(ws: &mut Weights, prefix: &str, out_f: usize, in_f: usize) -> Result<Linear> {
         let w = ws.take(&format!("{prefix}.weight"), &[out_f, in_f])?;
         let bias = ws.take_opt(&format!("{prefix}.bias"), &[out_f])?.map(|t| t.into_data());
         Ok(Linear {
@@ -114,7 +125,7 @@ impl Linear {
         y
     }
 
-    fn round_to(&mut self, storage: DType) {
+    pub(crate) fn round_to(&mut self, storage: DType) {
         storage.round_slice(self.w.data_mut());
         if let Some(b) = &mut self.bias {
             storage.round_slice(b);

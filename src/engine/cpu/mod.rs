@@ -20,6 +20,7 @@ pub(crate) mod ops;
 pub(crate) mod test_model;
 #[cfg(test)]
 mod tests;
+pub(crate) mod vision;
 
 use std::path::Path;
 
@@ -49,6 +50,8 @@ pub struct CpuEngine {
     /// What it declares (`Engine::arithmetic`): None for plain arithmetic at
     /// its storage.
     declared: Option<Arithmetic>,
+    /// A VLM's vision tower.
+    vision: Option<vision::VisionWeights>,
 }
 
 impl CpuEngine {
@@ -84,8 +87,15 @@ impl CpuEngine {
     /// `from_weights` with f16/bf16 storage emulated: every weight is rounded
     /// to `storage` here, and every stage output in `forward`.
     pub fn from_weights_stored(cfg: ModelConfig, ws: &mut Weights, storage: DType) -> Result<CpuEngine> {
+        let mut vision = match &cfg.vision {
+            Some(vc) => Some(vision::VisionWeights::load(&cfg, vc, ws)?),
+            None => None,
+        };
         let mut weights = ModelWeights::load(&cfg, ws)?;
         weights.round_to(storage);
+        if let Some(v) = &mut vision {
+            v.linears_mut().into_iter().for_each(|l| l.round_to(storage));
+        }
         let ropes = LayerRopes::new(&cfg);
         Ok(CpuEngine {
             cfg,
@@ -94,6 +104,7 @@ impl CpuEngine {
             storage,
             mutants: mutants::Mutants::default(),
             declared: None,
+            vision,
         })
     }
 
@@ -132,6 +143,9 @@ impl Engine for CpuEngine {
 
     fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
         self.weights.visit(&self.cfg, f);
+        if let (Some(v), Some(vc)) = (&self.vision, &self.cfg.vision) {
+            v.visit(vc, f);
+        }
         Ok(())
     }
 
@@ -145,6 +159,9 @@ pub struct CpuRun {
     cache: KvCache,
     sampler: Sampler,
     greedy: bool,
+    /// A VLM run's image, and its M-RoPE delta once the prefill set it.
+    image: Option<std::sync::Arc<super::ImageInput>>,
+    rope_delta: i64,
 }
 
 impl Forward for CpuEngine {
@@ -179,11 +196,55 @@ impl Forward for CpuEngine {
             ),
             sampler: Sampler::new(sampling.clone(), seed),
             greedy: req.sampling == Sampling::Greedy,
+            image: req.image.clone(),
+            rope_delta: 0,
         };
+        if let Some(img) = &req.image {
+            super::multimodal::check_image(cfg, img, "cpu")?;
+        }
         Ok((run, sampling))
     }
 
     fn step(&self, run: &mut CpuRun, s: StepIn) -> Result<StepOut> {
+        debug_assert_eq!(run.cache.len(), s.pos0, "the driver's positions are the cache's");
+        // A VLM: the prefill encodes the image; every step rotates by M-RoPE.
+        let mut features = None;
+        let mm = match &self.cfg.vision {
+            Some(vc) => {
+                let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
+                let positions = if s.pos0 == 0 {
+                    let (p, delta) = if self.mutants.is(Mutant::MropeOneD) {
+                        let p: Vec<i64> = (0..s.tokens.len() as i64).collect();
+                        ([p.clone(), p.clone(), p], 0)
+                    } else {
+                        crate::model::vision::mrope_positions(s.tokens, vc.image_token, &grids, vc.merge)
+                            .map_err(|m| crate::Error::engine("cpu", m))?
+                    };
+                    run.rope_delta = delta;
+                    p
+                } else {
+                    let p = vec![s.pos0 as i64 + run.rope_delta];
+                    [p.clone(), p.clone(), p]
+                };
+                if let (0, Some(img), Some(vw)) = (s.pos0, &run.image, &self.vision) {
+                    let mut tap = Tap {
+                        taps: s.taps,
+                        step: s.step,
+                        caps: &mut *s.caps,
+                        dtype: self.storage,
+                        mutants: self.mutants,
+                    };
+                    features = Some(vision::encode(&self.cfg, vc, vw, img, &mut tap));
+                }
+                Some((positions, vc.image_token))
+            }
+            None => None,
+        };
+        let mm = mm.map(|(positions, image_token)| forward::Multimodal {
+            features: features.as_ref(),
+            positions,
+            image_token,
+        });
         let mut tap = Tap {
             taps: s.taps,
             step: s.step,
@@ -191,7 +252,6 @@ impl Forward for CpuEngine {
             dtype: self.storage,
             mutants: self.mutants,
         };
-        debug_assert_eq!(run.cache.len(), s.pos0, "the driver's positions are the cache's");
         let logits = forward(
             &self.cfg,
             &self.weights,
@@ -200,6 +260,7 @@ impl Forward for CpuEngine {
             s.pos0,
             &mut run.cache,
             &mut tap,
+            mm.as_ref(),
         );
         let token = if self.mutants.is(Mutant::ArgmaxTieLast) && run.greedy {
             mutants::argmax_last(&logits)

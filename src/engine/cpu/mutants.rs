@@ -60,13 +60,26 @@ pub enum Mutant {
     /// kernel differs from the one its taps run): every stage check sees the
     /// tapped path, so only `tap_invariance` can catch it.
     UntappedAttnScale,
+    /// VLM: image tokens counted with merge size m + 1 (the merger's rows cut
+    /// to that count, the rest of the image-pad rows left as text embeddings).
+    MergeSizeOff,
+    /// VLM: the image features written one row early (over `<|vision_start|>`
+    /// and all but the last image-pad row).
+    FusionOneRowEarly,
+    /// VLM: M-RoPE fed 1-D positions (0..T on every axis) for image tokens too.
+    MropeOneD,
+    /// VLM: vision attention masked causally.
+    VisionAttnCausal,
+    /// VLM: the vision rotary built with the language model's RoPE base.
+    VisionRopeTextTheta,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
-    /// Gemma spec, where they change the model).
-    pub const ALL: [Mutant; 25] = [
+    /// Gemma spec, the vision-language ones on the VLM specs, where they
+    /// change the model).
+    pub const ALL: [Mutant; 30] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -92,6 +105,11 @@ impl Mutant {
         Mutant::LocalRopeGlobalBase,
         Mutant::NormWithoutPlusOne,
         Mutant::UntappedAttnScale,
+        Mutant::MergeSizeOff,
+        Mutant::FusionOneRowEarly,
+        Mutant::MropeOneD,
+        Mutant::VisionAttnCausal,
+        Mutant::VisionRopeTextTheta,
     ];
 }
 

@@ -172,6 +172,33 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// M-RoPE: rotates `x` `[T, heads, D]` in place where row t's frequency j
+    /// turns by `pos[axes[j]][t]` (HF's `recomposition_frequencies`: the t, h
+    /// and w position ids share the D/2 frequencies by `MRope::axis_of`).
+    pub fn apply_axes(&self, x: &mut [f32], heads: usize, pos: &[Vec<i64>; 3], axes: &[usize]) {
+        let d = self.head_dim();
+        let half = d / 2;
+        assert_eq!(axes.len(), half);
+        assert_eq!(x.len(), pos[0].len() * heads * d);
+        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let (cos, sin): (Vec<f32>, Vec<f32>) = (0..half)
+                .map(|j| {
+                    let a = self.inv_freq[j] * pos[axes[j]][t] as f32;
+                    ((a as f64).cos() as f32, (a as f64).sin() as f32)
+                })
+                .unzip();
+            for head in row.chunks_exact_mut(d) {
+                for j in 0..half {
+                    let (a, b) = (head[j], head[j + half]);
+                    head[j] = a * cos[j] - b * sin[j];
+                    head[j + half] = b * cos[j] + a * sin[j];
+                }
+            }
+        }
+    }
+}
+
 /// torch's f32 SiLU: `x / (1 + exp(-x))`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

@@ -20,6 +20,7 @@ fn req(prompt: Vec<u32>, decode_steps: usize, forced: Option<Vec<u32>>) -> RunRe
         sampling: Sampling::Greedy,
         seed: 0,
         forced,
+        image: None,
     }
 }
 
@@ -127,6 +128,7 @@ fn two_runs_are_bitwise_identical() {
         },
         seed: 42,
         forced: None,
+        image: None,
     };
     let a = eng.run(&r, &TapSet::all(L)).unwrap();
     let b = eng.run(&r, &TapSet::all(L)).unwrap();

@@ -176,6 +176,8 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         post_norms: gemma,
         attn_scale,
         local,
+        vision: None,
+        mrope: None,
         arch,
         vocab,
         hidden,

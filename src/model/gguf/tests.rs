@@ -133,6 +133,7 @@ fn the_cpu_engine_computes_the_same_model_from_hf_and_gguf() {
         sampling: Sampling::Greedy,
         seed: 0,
         forced: None,
+        image: None,
     };
     let taps = TapSet::all(cfg.layers);
     let hf = CpuEngine::load(&hf_dir).unwrap().run(&req, &taps).unwrap();

@@ -385,6 +385,7 @@ fn engine_rows(
             sampling: Sampling::Greedy,
             seed: facts.seed,
             forced: Some(o.tokens[split..].to_vec()),
+            image: None,
         },
         taps,
     )?;

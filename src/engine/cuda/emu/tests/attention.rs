@@ -89,6 +89,7 @@ pub(super) fn compare_attention<S: Storage>(
 ) -> Vec<(usize, usize)> {
     let s = c.pos0 + c.t;
     let shape = AttnShape {
+        causal: true,
         heads: c.heads,
         kv_heads: c.kv,
         head_dim: c.d,
@@ -215,6 +216,7 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
             );
             {
                 let shape = AttnShape {
+                    causal: true,
                     heads: c.heads,
                     kv_heads: c.kv,
                     head_dim: c.d,
