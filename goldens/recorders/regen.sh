@@ -17,8 +17,16 @@
 #     oracle, hf, hf-bf16, hf-f16 and llamacpp .safetensors into the item's
 #     `goldens:` folder (goldens/<model>/next-token/), from its `prompts:` set;
 #     skipped with a message for a spec without the item.
+#   goldens/images/grid-112x168.png, grid-224x320.png (make_test_image.py) and
+#     the vision-language models goldens/{qwen2-vl,qwen3-vl}-tiny/: model/
+#     (make_vlm_model.py, preprocessor_config.json included), hf.safetensors
+#     and oracle.safetensors (record_vlm.py, --dtype float64), on the prompt
+#     VLM_PROMPT below with --chat, 4 decode steps, each with its image.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
+#        REGEN_ONLY=vlm goldens/recorders/regen.sh [OUT_DIR]
+#            only the images and the vision-language models (no libllama
+#            build, no text model), compared the same way
 #
 #   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
 #            per model; a relative path is taken from the current directory.
@@ -42,7 +50,7 @@ die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -112,9 +120,20 @@ export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYBIN="$VENV/bin/python"
 
-say "libllama from the pinned llama-cpp-python sdist (build_llamacpp.py; cached builds are reused)"
-LIBDIR="$("$PYBIN" "$HERE/build_llamacpp.py")" || die "build_llamacpp.py failed"
-say "libllama in $LIBDIR"
+# REGEN_ONLY=vlm: the images and the vision-language models only.
+ONLY="${REGEN_ONLY:-}"
+case "$ONLY" in
+    "") ;;
+    vlm) say "REGEN_ONLY=vlm: the test images and the vision-language models only"
+         MODELS="";;  # REALS is emptied where it is set, below
+    *) die "REGEN_ONLY=$ONLY: the only value is 'vlm'";;
+esac
+
+if [ -z "$ONLY" ]; then
+    say "libllama from the pinned llama-cpp-python sdist (build_llamacpp.py; cached builds are reused)"
+    LIBDIR="$("$PYBIN" "$HERE/build_llamacpp.py")" || die "build_llamacpp.py failed"
+    say "libllama in $LIBDIR"
+fi
 
 FILES="model/config.json model/generation_config.json model/model.safetensors model/tokenizer.json model/tokenizer_config.json hf.safetensors model.gguf llamacpp.safetensors oracle.safetensors"
 # Extra goldens per model folder (compared like FILES).
@@ -122,6 +141,7 @@ EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safete
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
 REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
+[ -z "$ONLY" ] || REALS=""  # REGEN_ONLY=vlm
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 # A spec's next-token goldens (record_next_token.py), in its next_token folder.
 NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetensors llamacpp.safetensors"
@@ -250,6 +270,7 @@ for m in $MODELS; do
         --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py failed"
 done
 
+if [ -z "$ONLY" ]; then
 # qwen2-tiny, long prompt (specs/qwen2-tiny-long.yaml's text): compact, and
 # the [H,T,S] scores at decode2 only (the prefill's, 348x348 per head, would
 # make the file about 4 MB).
@@ -286,6 +307,7 @@ say "[qwen2-tiny] recording the token-prompt llama.cpp golden into $dir/tokens-l
 # qwen2-tiny's next-token goldens (specs/qwen2-tiny.yaml's next_token check),
 # from the model and GGUF built above.
 record_next_token "$ROOT/specs/qwen2-tiny.yaml" "$dir/model" "$dir/model.gguf"
+fi
 
 # The real models (specs/qwen2.5-0.5b.yaml, specs/gemma3-270m.yaml), each when
 # its GGUF is cached.
@@ -319,6 +341,33 @@ for r in $REALS; do
     REALS_DONE="$REALS_DONE $REAL"
 done
 
+# ---- vision-language models (issue 24) -------------------------------------
+# The test images (make_test_image.py), then per model: the tiny model
+# (make_vlm_model.py), the HF golden and the float64 oracle (record_vlm.py)
+# on VLM_PROMPT with --chat and 4 decode steps, fed the regenerated image.
+# model folder name : make_vlm_model.py --family : image
+VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-224x320.png"
+VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
+VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors"
+IMAGES="grid-112x168.png grid-224x320.png"
+say "[images] writing the test images into $OUT/images"
+rm -rf "$OUT/images"
+"$PYBIN" "$HERE/make_test_image.py" "$OUT/images" >/dev/null || die "make_test_image.py failed"
+for m in $VLM_MODELS; do
+    IFS=: read -r name family image <<<"$m"
+    dir="$OUT/$name"
+    mkdir -p "$dir" || die "cannot create $dir"
+    rm -rf "$dir/model" "$dir"/*.safetensors
+    say "[$name] building the model into $dir/model"
+    "$PYBIN" "$HERE/make_vlm_model.py" "$dir/model" --family "$family" >/dev/null || die "make_vlm_model.py failed"
+    for kind in hf oracle; do
+        dt=float32; [ "$kind" = oracle ] && dt=float64
+        say "[$name] recording $dir/$kind.safetensors ($dt, image $image)"
+        "$PYBIN" "$HERE/record_vlm.py" "$dir/model" "$dir/$kind.safetensors" --prompt "$VLM_PROMPT" --chat \
+            --image "$OUT/images/$image" --decode-steps 4 --dtype "$dt" >/dev/null || die "record_vlm.py ($name, $dt) failed"
+    done
+done
+
 # ---- compare with the committed files ---------------------------------------
 sha() { if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo "(missing)"; fi; }
 differ=0
@@ -348,6 +397,12 @@ for rel in $NT_DONE; do
     # shellcheck disable=SC2086
     compare_list "$rel" $NT_FILES
 done
+# shellcheck disable=SC2086
+compare_list images $IMAGES
+for m in $VLM_MODELS; do
+    # shellcheck disable=SC2086
+    compare_list "${m%%:*}" $VLM_FILES
+done
 echo
 if [ "$differ" = 0 ]; then
     say "IDENTICAL: the regenerated files match goldens/ byte for byte"
@@ -361,6 +416,11 @@ else
     done
     for REAL in $REALS_DONE; do
         say "  cp '$OUT/$REAL/'*.safetensors '$GOLDENS/$REAL/'"
+    done
+    say "  mkdir -p '$GOLDENS/images' && cp '$OUT/images/'*.png '$GOLDENS/images/'"
+    for m in $VLM_MODELS; do
+        name="${m%%:*}"
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
     done
     for rel in $NT_DONE; do
         say "  mkdir -p '$GOLDENS/$rel' && cp '$OUT/$rel/'*.safetensors '$GOLDENS/$rel/'"
