@@ -189,10 +189,15 @@ impl Stage {
         }
     }
 
-    /// Stages that exist at the prefill only (a VLM's tower encodes the
-    /// image once).
+    /// Stages that exist at the prefill only: a VLM's tower encodes the
+    /// image once, and its features are fused into the prompt's rows (and
+    /// Qwen3-VL's deepstack features added to them) in the prefill; a decode
+    /// step's single text token has none of them.
     pub fn prefill_only(self) -> bool {
-        matches!(self, Stage::Vision(_))
+        matches!(
+            self,
+            Stage::Vision(_) | Stage::InputsEmbeds | Stage::Block(_, BlockStage::Deepstack)
+        )
     }
 
     pub fn layer(self) -> Option<usize> {
