@@ -18,6 +18,10 @@ pub struct Capabilities {
     pub cannot_tap: Vec<StagePattern>,
     /// Why, in the engine's words (e.g. "flash attention").
     pub why: Option<String>,
+    /// Why the engine cannot take an image (a text-only engine given a
+    /// vision-language spec): None when it can. A VLM run on such an engine
+    /// is skipped once with this reason, not failed check by check.
+    pub no_images: Option<String>,
 }
 
 impl Capabilities {
@@ -77,10 +81,20 @@ impl Capabilities {
                     .to_string(),
             ),
         };
+        // `"images": false`: the engine takes no image (a text-only engine).
+        let no_images = match answer.get("images") {
+            None | Some(serde_json::Value::Bool(true)) => None,
+            Some(serde_json::Value::Bool(false)) => Some(format!(
+                "the engine answered `\"images\": false`: it runs text-only models{}",
+                why.as_deref().map(|w| format!(" ({w})")).unwrap_or_default()
+            )),
+            Some(v) => return Err(format!("`images` is {v}, expected true or false")),
+        };
         Ok(Capabilities {
             taps: patterns("taps")?,
             cannot_tap: patterns("cannot_tap")?.unwrap_or_default(),
             why,
+            no_images,
         })
     }
 }

@@ -148,6 +148,7 @@ impl Engine for DumpsEngine {
             taps: Some(taps),
             cannot_tap: Vec::new(),
             why: Some("the dumps hold no tensor for it at any step".into()),
+            no_images: None,
         }
     }
     fn config(&self) -> &ModelConfig {

@@ -399,9 +399,22 @@ impl Engine for ExecEngine {
         let out = self.work.path().join(format!("run-{n}.safetensors"));
         let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
         let forced = req.forced.as_ref().map(|f| f[..req.decode_steps.min(f.len())].to_vec());
+        // A VLM run's image: its file (when it has one), and the processed
+        // pixels as touchstone feeds its own engines (`pixels` [N, C·T·P·P]
+        // in a safetensors file) with the grid, so an engine may use either.
+        let image = match &req.image {
+            Some(img) => {
+                let px = self.work.path().join(format!("run-{n}-pixels.safetensors"));
+                let floats = [("pixels".to_string(), img.pixels.clone())].into_iter().collect();
+                crate::tensor::io::write_safetensors(&px, &floats, &Default::default(), &Default::default())?;
+                json!({"path": img.path, "pixels": px, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]})
+            }
+            None => serde_json::Value::Null,
+        };
         self.request(
             "run",
             json!({
+                "image": image,
                 "op": "run",
                 "prompt": req.prompt,
                 "decode_steps": req.decode_steps,

@@ -191,6 +191,21 @@ fn outcome(plan: &Plan, engine: &str, c: &CheckInstance, verdict: Verdict, opts:
 /// result of saving the main run (Ok when nothing was to be saved).
 fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun, Result<()>) {
     let selected = select(plan, engine.name(), opts);
+    // A vision-language spec on an engine that takes no image: said once.
+    if let (Some(_), Some(why)) = (&plan.image, engine.capabilities().no_images) {
+        let reason = format!(
+            "the {} engine cannot run this vision-language spec: {why}",
+            engine.name()
+        );
+        let outcomes = selected
+            .iter()
+            .map(|c| outcome(plan, engine.name(), c, Verdict::skip(&reason), opts))
+            .collect();
+        let run = SuiteRun::new(&plan.spec.name, &spec_path(plan), engine.name(), outcomes, Some(reason))
+            .with_storage(plan.load_options.storage)
+            .with_text(texts(plan, None).0, None);
+        return (run, Ok(()));
+    }
     let mut facts = plan.facts();
     // The engine's arithmetic: what it declares, else plain at its storage.
     if let Some(a) = engine.arithmetic() {

@@ -89,6 +89,8 @@ pub struct RecordArgs {
     pub chat: bool,
     /// `prompt.decode_steps`; without it the current golden's count.
     pub decode_steps: Option<usize>,
+    /// `prompt.image`: a vision-language spec, recorded by record_vlm.py.
+    pub image: Option<PathBuf>,
     /// `record.steps` (default: every step).
     pub steps: Option<Vec<String>>,
     /// `record.stages` patterns (default: every stage).

@@ -114,6 +114,7 @@ fn record_args(spec: &Spec) -> RecordArgs {
         prompt: spec.prompt.text.clone(),
         chat: spec.prompt.chat,
         decode_steps: spec.prompt.decode_steps,
+        image: spec.prompt.image.clone(),
         steps: spec.record.steps.clone(),
         stages: spec.record.stages.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,

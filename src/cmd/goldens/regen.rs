@@ -183,6 +183,44 @@ fn prompt_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<Vec<Strin
     Ok(out)
 }
 
+/// record_vlm.py's arguments: the spec's text (with its one
+/// `<|image_pad|>`), image, chat flag and decode steps. A VLM spec records
+/// every stage of every step; a `record:` subset is refused, not ignored.
+fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<Vec<String>> {
+    let (Some(text), Some(image)) = (&args.prompt, &args.image) else {
+        return Err(Error::Usage(format!(
+            "spec `{spec}` has `prompt.image` but no `prompt.text`: a vision-language golden is recorded from the text \
+             (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
+        )));
+    };
+    if args.steps.is_some() || args.stages.is_some() || args.rows.is_some() || args.logits_last {
+        return Err(Error::Usage(format!(
+            "spec `{spec}`: `record:` subsets are not supported for vision-language goldens (record_vlm.py records \
+             every stage)"
+        )));
+    }
+    let mut out = vec![
+        "--prompt".to_string(),
+        text.clone(),
+        "--image".to_string(),
+        image.display().to_string(),
+    ];
+    if args.chat {
+        out.push("--chat".into());
+    }
+    // Without `prompt.decode_steps`, the current golden's count (as text specs).
+    let current = GoldenSet::load("current", golden).ok();
+    let steps = args.decode_steps.map(|n| n as u64).or_else(|| {
+        current
+            .as_ref()
+            .and_then(|g| g.provenance.get("decode_steps").and_then(|v| v.as_u64()))
+    });
+    if let Some(n) = steps {
+        out.extend(["--decode-steps".to_string(), n.to_string()]);
+    }
+    Ok(out)
+}
+
 /// The subset arguments (`record:`), the same for both recorders.
 fn subset_args(args: &RecordArgs) -> Vec<String> {
     let mut out = Vec::new();
@@ -209,6 +247,7 @@ fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
         let l = line.trim();
         if [
             "record_hf.py:",
+            "record_vlm.py:",
             "record_llamacpp.py:",
             "record_next_token.py:",
             "build_llamacpp.py:",
@@ -367,6 +406,20 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                     .arg(hf)
                     .args(subset_args(&j.args));
                 run_recorder(c, "record_hf.py", &progress)?
+            }
+            // A vision-language spec: HF's processor and model from the
+            // spec's text and image (record_vlm.py records every stage).
+            Recorder::Hf | Recorder::Oracle if j.args.image.is_some() => {
+                let mut c = recorder_cmd(&py, &recorders.join("record_vlm.py"));
+                c.arg(&j.model).arg(&out).args(vlm_args(&g.spec, &g.golden, &j.args)?);
+                if j.recorder == Recorder::Oracle {
+                    c.arg("--dtype").arg("float64");
+                }
+                let memory = run_recorder(c, "record_vlm.py", &progress)?;
+                if j.recorder == Recorder::Hf {
+                    fresh_hf.insert(g.spec.clone(), g.pending());
+                }
+                memory
             }
             Recorder::Hf | Recorder::Oracle => {
                 let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
