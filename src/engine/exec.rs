@@ -407,24 +407,24 @@ impl Engine for ExecEngine {
                 let px = self.work.path().join(format!("run-{n}-pixels.safetensors"));
                 let floats = [("pixels".to_string(), img.pixels.clone())].into_iter().collect();
                 crate::tensor::io::write_safetensors(&px, &floats, &Default::default(), &Default::default())?;
-                json!({"path": img.path, "pixels": px, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]})
+                Some(json!({"path": img.path, "pixels": px, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
             }
-            None => serde_json::Value::Null,
+            None => None,
         };
-        self.request(
-            "run",
-            json!({
-                "image": image,
-                "op": "run",
-                "prompt": req.prompt,
-                "decode_steps": req.decode_steps,
-                "sampling": sampling_json(&req.sampling),
-                "seed": req.seed,
-                "forced": forced,
-                "taps": taps,
-                "out": out,
-            }),
-        )?;
+        let mut request = json!({
+            "op": "run",
+            "prompt": req.prompt,
+            "decode_steps": req.decode_steps,
+            "sampling": sampling_json(&req.sampling),
+            "seed": req.seed,
+            "forced": forced,
+            "taps": taps,
+            "out": out,
+        });
+        if let Some(image) = image {
+            request["image"] = image;
+        }
+        self.request("run", request)?;
         let file = crate::tensor::io::read_safetensors(&out).map_err(|e| {
             Error::engine(
                 &self.spec.name,

@@ -149,6 +149,37 @@ pub fn check_references(
         recorded.insert(ORACLE.to_string(), Arc::clone(o));
     }
     crate::golden::provenance::check_fresh(model, config, &recorded, spec.prompt.tokens.as_deref())?;
+    // A VLM golden recorded from another image, or with other processor
+    // settings, describes another input: one clear error, not a wall of
+    // mismatches from vision.pixels on.
+    if let Some(image) = &spec.prompt.image {
+        let sha = crate::golden::provenance::sha256_file(image)?;
+        let pre = model.join("preprocessor_config.json");
+        let pre_sha = crate::golden::provenance::sha256_file(&pre).ok();
+        for (src, g) in &recorded {
+            let stale = |what: &str, recorded: &str, now: &str| {
+                invalid(format!(
+                    "golden `{src}` ({}) was recorded with {what} of sha256 {recorded}, the spec's is {now}: it \
+                     describes another input (regenerate it: touchstone goldens regen {})",
+                    g.path.display(),
+                    spec.path.display()
+                ))
+            };
+            if let Some(r) = g.provenance.pointer("/image/sha256").and_then(|v| v.as_str()) {
+                if r != sha {
+                    return Err(stale(&format!("an image ({})", image.display()), r, &sha));
+                }
+            }
+            if let (Some(r), Some(now)) = (
+                g.provenance.get("preprocessor_sha256").and_then(|v| v.as_str()),
+                &pre_sha,
+            ) {
+                if r != now {
+                    return Err(stale("a preprocessor_config.json", r, now));
+                }
+            }
+        }
+    }
     // ... and it must have been fed the tokens the references were.
     if let Some(o) = &oracle {
         for (src, g) in goldens {

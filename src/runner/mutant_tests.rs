@@ -385,4 +385,44 @@ mod families {
         assert_eq!(fd.as_deref(), Some("prefill/blk.0.q"));
         assert!(runs.contains(&"weights".to_string()), "{runs:?}");
     }
+
+    /// Each VLM invariant fails on its planted bug without any golden: the
+    /// checks judge the engine's own captures (and pass on the correct engine).
+    #[test]
+    fn each_vlm_invariant_fails_on_its_planted_bug() {
+        use crate::checks::Status;
+        use crate::engine::cpu::CpuEngine;
+        use crate::runner::{run_on, Filter};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let plan = Plan::build(Spec::load(&root.join("specs/qwen2-vl-tiny.yaml")).unwrap(), None).unwrap();
+        let status = |m: Option<Mutant>, id: &str| {
+            let eng = CpuEngine::load(&plan.model).unwrap();
+            let eng = match m {
+                Some(m) => eng.mutated(m),
+                None => eng,
+            };
+            let r = run_on(&plan, &eng, &Filter::default(), &|id| id.to_string());
+            let o = r
+                .outcomes
+                .iter()
+                .find(|o| o.id == id)
+                .unwrap_or_else(|| panic!("no check {id}"));
+            (o.status, o.message.clone())
+        };
+        for (m, id) in [
+            (Mutant::MergeSizeOff, "prefill/vision.merger::image_tokens"),
+            (Mutant::FusionOneRowEarly, "prefill/inputs_embeds::fusion"),
+            (Mutant::MropeOneD, "prefill/positions::mrope"),
+            (
+                Mutant::VisionAttnCausal,
+                "prefill/vision.blk.0.attn_probs::bidirectional",
+            ),
+        ] {
+            let (ok, _) = status(None, id);
+            assert_eq!(ok, Status::Pass, "{id} on the correct engine");
+            let (bad, msg) = status(Some(m), id);
+            assert_eq!(bad, Status::Fail, "{m:?} must fail {id}: {msg}");
+            println!("{m:?}: {id}: {msg}");
+        }
+    }
 }

@@ -1,0 +1,155 @@
+//! Vision-language specs as a user runs them: the shipped ones pass with
+//! their VLM invariants in the report, and every bad image input — missing,
+//! not a PNG, a size the processor would resample, another image than the
+//! goldens were recorded with, a text without its placeholder, an image for
+//! a text model — is one typed error naming the file and exit 2, never a
+//! panic and never a wall of mismatches.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// specs/qwen2-vl-tiny.yaml with absolute paths, after `edit`, in `dir`.
+fn vlm_spec(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("specs/qwen2-vl-tiny.yaml")).unwrap();
+    let text = text.replace("../goldens", &root().join("goldens").display().to_string());
+    write(dir, "vlm.yaml", &edit(text))
+}
+
+/// An 8-bit RGB PNG of `h × w` whose pixels are `f(y, x)`.
+fn png(path: &Path, h: u32, w: u32, f: impl Fn(u32, u32) -> [u8; 3]) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let data: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| f(y, x))).collect();
+    enc.write_header().unwrap().write_image_data(&data).unwrap();
+}
+
+fn expect_exit2(spec: &Path, needles: &[&str]) {
+    let o = touchstone(&["run", &spec.display().to_string()]);
+    assert_eq!(o.code, 2, "expected exit 2:\n{}", o.all());
+    for n in needles {
+        assert!(o.stderr.contains(n), "stderr lacks {n:?}:\n{}", o.stderr);
+    }
+}
+
+#[test]
+fn the_vlm_specs_pass_with_their_invariants_in_the_report() {
+    for spec in ["qwen2-vl-tiny", "qwen3-vl-tiny"] {
+        let o = touchstone(&["run", &format!("specs/{spec}.yaml"), "-v"]);
+        assert_eq!(o.code, 0, "{spec}:\n{}", o.all());
+        assert!(o.stdout.contains("PASSED"), "{}", o.stdout);
+        // The stage table runs from the processor's pixels to the logits.
+        for stage in [
+            "vision.pixels",
+            "vision.patch_embed",
+            "vision.merger",
+            "inputs_embeds",
+            "positions",
+            "logits",
+        ] {
+            assert!(
+                o.stdout.contains(&format!("prefill  {stage} ")),
+                "{spec}: no row for {stage}:\n{}",
+                o.stdout
+            );
+        }
+        let json = tempfile::NamedTempFile::new().unwrap();
+        let o = touchstone(&[
+            "run",
+            &format!("specs/{spec}.yaml"),
+            "--json",
+            &json.path().display().to_string(),
+        ]);
+        assert_eq!(o.code, 0, "{}", o.all());
+        let report = std::fs::read_to_string(json.path()).unwrap();
+        for id in [
+            "prefill/vision.merger::image_tokens",
+            "prefill/inputs_embeds::fusion",
+            "prefill/positions::mrope",
+            "decode1/positions::mrope",
+            "prefill/vision.blk.0.attn_probs::bidirectional",
+        ] {
+            assert!(report.contains(id), "{spec}: the report lacks {id}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_image_names_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("nope.png");
+    let s = vlm_spec(d.path(), |t| {
+        t.replace(
+            &root().join("goldens/images/grid-112x168.png").display().to_string(),
+            &missing.display().to_string(),
+        )
+    });
+    expect_exit2(&s, &[&missing.display().to_string()]);
+}
+
+#[test]
+fn an_image_that_is_not_a_png_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let bad = write(d.path(), "bad.png", "this is not an image");
+    let s = vlm_spec(d.path(), |t| {
+        t.replace(
+            &root().join("goldens/images/grid-112x168.png").display().to_string(),
+            &bad.display().to_string(),
+        )
+    });
+    expect_exit2(&s, &[&bad.display().to_string(), "not a readable PNG"]);
+}
+
+#[test]
+fn an_image_the_processor_would_resample_says_the_size_to_give() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("small.png");
+    png(&img, 100, 100, |y, x| [y as u8, x as u8, 7]);
+    let s = vlm_spec(d.path(), |t| {
+        t.replace(
+            &root().join("goldens/images/grid-112x168.png").display().to_string(),
+            &img.display().to_string(),
+        )
+    });
+    expect_exit2(&s, &["100×100", "resize it to 112×112", "does not resample"]);
+}
+
+#[test]
+fn another_image_than_the_goldens_is_a_stale_golden() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("other.png");
+    png(&img, 112, 168, |y, x| [(x * 3) as u8, (y * 2) as u8, 200]);
+    let s = vlm_spec(d.path(), |t| {
+        t.replace(
+            &root().join("goldens/images/grid-112x168.png").display().to_string(),
+            &img.display().to_string(),
+        )
+    });
+    expect_exit2(&s, &["was recorded with an image", "goldens regen"]);
+}
+
+#[test]
+fn a_text_without_its_image_placeholder_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = vlm_spec(d.path(), |t| {
+        t.replace("<|vision_start|><|image_pad|><|vision_end|>", "")
+    });
+    expect_exit2(&s, &["prompt.text", "0 image placeholder(s)"]);
+}
+
+#[test]
+fn an_image_for_a_text_model_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let image = root().join("goldens/images/grid-112x168.png");
+    let text = std::fs::read_to_string(root().join("specs/qwen2-tiny.yaml"))
+        .unwrap()
+        .replace("../goldens", &root().join("goldens").display().to_string())
+        .replace(
+            "prompt: {golden: hf}",
+            &format!("prompt: {{golden: hf, image: {}}}", image.display()),
+        );
+    let s = write(d.path(), "text.yaml", &text);
+    expect_exit2(&s, &["has no vision tower"]);
+}
