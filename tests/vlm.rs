@@ -22,6 +22,7 @@ fn png(path: &Path, h: u32, w: u32, f: impl Fn(u32, u32) -> [u8; 3]) {
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
+    let f = &f;
     let data: Vec<u8> = (0..h).flat_map(|y| (0..w).flat_map(move |x| f(y, x))).collect();
     enc.write_header().unwrap().write_image_data(&data).unwrap();
 }
