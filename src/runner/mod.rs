@@ -9,6 +9,8 @@
 pub mod filter;
 #[cfg(test)]
 mod mutant_tests;
+#[cfg(test)]
+mod vlm_tests;
 
 use std::path::Path;
 

@@ -1,0 +1,58 @@
+//! A vision-language spec on an engine that takes no image: the run is
+//! skipped once with the engine's reason (every check skipped with it, none
+//! failed), and the same engine still runs a text spec.
+
+use crate::checks::Status;
+use crate::engine::capabilities::Capabilities;
+use crate::engine::cpu::CpuEngine;
+use crate::engine::{Engine, RunOutput, RunRequest, TapSet};
+use crate::model::ModelConfig;
+use crate::plan::Plan;
+use crate::runner::{run_on, Filter};
+use crate::spec::Spec;
+
+/// The CPU engine, saying it runs text-only models.
+struct TextOnly(CpuEngine);
+
+impl Engine for TextOnly {
+    fn name(&self) -> &str {
+        "text-only"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            no_images: Some("it has no vision tower".into()),
+            ..Capabilities::all()
+        }
+    }
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn run(&self, req: &RunRequest, taps: &TapSet) -> crate::error::Result<RunOutput> {
+        self.0.run(req, taps)
+    }
+}
+
+fn plan(spec: &str) -> Plan {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    Plan::build(Spec::load(&root.join("specs").join(spec)).unwrap(), None).unwrap()
+}
+
+#[test]
+fn a_vlm_spec_on_a_text_only_engine_is_skipped_once_with_its_reason() {
+    let p = plan("qwen2-vl-tiny.yaml");
+    let eng = TextOnly(CpuEngine::load(&p.model).unwrap());
+    let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
+    let why = r.skipped.clone().expect("the run is skipped as a whole");
+    assert!(why.contains("cannot run this vision-language spec") && why.contains("no vision tower"), "{why}");
+    assert!(!r.outcomes.is_empty());
+    assert!(r.outcomes.iter().all(|o| o.status == Status::Skip && o.message == why));
+}
+
+#[test]
+fn a_text_spec_on_a_text_only_engine_runs() {
+    let p = plan("qwen2-tiny.yaml");
+    let eng = TextOnly(CpuEngine::load(&p.model).unwrap());
+    let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
+    assert!(r.skipped.is_none());
+    assert!(r.outcomes.iter().any(|o| o.status == Status::Pass));
+}
