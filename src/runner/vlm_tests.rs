@@ -43,7 +43,10 @@ fn a_vlm_spec_on_a_text_only_engine_is_skipped_once_with_its_reason() {
     let eng = TextOnly(CpuEngine::load(&p.model).unwrap());
     let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
     let why = r.skipped.clone().expect("the run is skipped as a whole");
-    assert!(why.contains("cannot run this vision-language spec") && why.contains("no vision tower"), "{why}");
+    assert!(
+        why.contains("cannot run this vision-language spec") && why.contains("no vision tower"),
+        "{why}"
+    );
     assert!(!r.outcomes.is_empty());
     assert!(r.outcomes.iter().all(|o| o.status == Status::Skip && o.message == why));
 }

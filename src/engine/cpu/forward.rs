@@ -12,56 +12,16 @@
 //! The KV cache therefore holds the rounded k_rope and v, and sampling reads
 //! the rounded logits. With f32 storage every rounding is the identity.
 
-use crate::engine::{Captures, TapSet};
-use crate::stage::{BlockStage as B, Stage, Step};
-use crate::tensor::{DType, Tensor};
+use crate::stage::{BlockStage as B, Stage};
 
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
 use super::layers::{Linear, ModelWeights};
 use super::matmul::matmul_wt;
-use super::mutants::{Mutant, Mutants};
+use super::mutants::Mutant;
 use super::ops::{act_mul, add, rmsnorm_over, LayerRopes};
+pub use super::tap::Tap;
 use crate::model::ModelConfig;
-
-/// Where a step's tapped tensors go.
-pub struct Tap<'a> {
-    pub taps: &'a TapSet,
-    pub step: Step,
-    pub caps: &'a mut Captures,
-    /// The run's storage dtype: every capture is tagged with it (see `tag`).
-    pub dtype: DType,
-    /// Planted bugs (test builds only).
-    pub mutants: Mutants,
-}
-
-impl Tap<'_> {
-    pub(super) fn wants(&self, s: Stage) -> bool {
-        self.taps.contains(s)
-    }
-    /// Captures a copy of `data` if `s` is tapped.
-    pub(super) fn copy(&mut self, s: Stage, shape: &[usize], data: &[f32]) {
-        if self.wants(s) {
-            self.keep(s, shape, data.to_vec());
-        }
-    }
-    /// Captures `data` itself (no copy) if `s` is tapped.
-    pub(super) fn keep(&mut self, s: Stage, shape: &[usize], data: Vec<f32>) {
-        if self.wants(s) {
-            let t = self.tag(Tensor::new(shape.to_vec(), data));
-            self.caps.insert(self.step, s, t);
-        }
-    }
-    /// Every capture of a run carries the run's storage dtype, attn_probs
-    /// included although its values are f32: a capture's dtype is the
-    /// precision of the run that produced it (its inputs were rounded to
-    /// storage), and the runner's golden tolerance lookup (`runner::tolerance`,
-    /// by the coarser dtype of the two sides, then the spec's `tolerance:`
-    /// table) picks the storage dtype's tolerance from it.
-    fn tag(&self, t: Tensor) -> Tensor {
-        t.with_dtype(self.dtype)
-    }
-}
 
 /// A vision-language model's share of a step: the image features to fuse
 /// (prefill) and the step's M-RoPE positions.

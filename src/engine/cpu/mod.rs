@@ -16,6 +16,7 @@ pub(crate) mod layers;
 pub mod matmul;
 pub(crate) mod mutants;
 pub(crate) mod ops;
+mod tap;
 #[cfg(test)]
 pub(crate) mod test_model;
 #[cfg(test)]

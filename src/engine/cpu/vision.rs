@@ -15,10 +15,10 @@ use crate::stage::{Stage, VBlock, VisionStage as VS};
 use crate::tensor::DType;
 
 use super::attention::{attend, AttnShape};
-use super::forward::Tap;
 use super::layers::Linear;
 use super::mutants::Mutant;
 use super::ops::{add, gelu_tanh};
+use super::tap::Tap;
 
 /// An `nn.LayerNorm`'s weight and bias.
 #[derive(Clone, Debug)]

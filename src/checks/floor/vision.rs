@@ -1,0 +1,80 @@
+//! The floor's view of a vision-language model's tower: how many terms each
+//! vision stage sums (its own rounding) and which stages it is computed from
+//! (what it inherits), as `reduction_len` and `inputs` give them for the
+//! language model.
+
+use crate::stage::{Stage, VBlock, VisionStage};
+
+/// `reduction_len` of a vision stage; `n` stands for the image's patch count
+/// at the attention (the caller's `s`).
+pub(super) fn vision_reduction_len(cfg: &crate::model::ModelConfig, v: VisionStage, n: usize) -> usize {
+    let Some(vc) = &cfg.vision else { return 1 };
+    let m2 = vc.merge * vc.merge;
+    match v {
+        VisionStage::Pixels => 1,
+        VisionStage::PatchEmbed | VisionStage::PosEmbed => vc.patch_width(),
+        VisionStage::MergerNorm => vc.hidden,
+        VisionStage::Merger | VisionStage::Deepstack(_) => m2 * vc.hidden,
+        VisionStage::Block(_, b) => match b {
+            VBlock::Norm1 | VBlock::Norm2 | VBlock::Q | VBlock::K | VBlock::V | VBlock::QRope | VBlock::KRope => {
+                vc.hidden
+            }
+            VBlock::AttnProbs | VBlock::AttnCtx => n,
+            VBlock::AttnOut | VBlock::MlpInp | VBlock::MlpFc1 | VBlock::MlpAct => vc.hidden,
+            VBlock::MlpOut | VBlock::Out => vc.ffn,
+        },
+    }
+}
+
+/// The inputs of a vision stage (the block's residual stream enters from
+/// the previous block's `out`, or the (position-)embedded patches).
+pub(super) fn vision_inputs(cfg: &crate::model::ModelConfig, v: VisionStage) -> Vec<Stage> {
+    let vs = Stage::Vision;
+    let Some(vc) = &cfg.vision else { return vec![] };
+    let embedded = if vc.pos_embeds.is_some() {
+        VisionStage::PosEmbed
+    } else {
+        VisionStage::PatchEmbed
+    };
+    let resid = |i: usize| {
+        if i == 0 {
+            vs(embedded)
+        } else {
+            vs(VisionStage::Block(i - 1, VBlock::Out))
+        }
+    };
+    let last = vs(if vc.depth == 0 {
+        embedded
+    } else {
+        VisionStage::Block(vc.depth - 1, VBlock::Out)
+    });
+    match v {
+        VisionStage::Pixels => vec![],
+        VisionStage::PatchEmbed => vec![vs(VisionStage::Pixels)],
+        VisionStage::PosEmbed => vec![vs(VisionStage::PatchEmbed)],
+        VisionStage::MergerNorm => vec![last],
+        VisionStage::Merger => vec![vs(VisionStage::MergerNorm)],
+        VisionStage::Deepstack(j) => match vc.deepstack.get(j) {
+            Some(&b) => vec![vs(VisionStage::Block(b, VBlock::Out))],
+            None => vec![],
+        },
+        VisionStage::Block(i, b) => {
+            let s = |b| vs(VisionStage::Block(i, b));
+            match b {
+                VBlock::Norm1 => vec![resid(i)],
+                VBlock::Q | VBlock::K | VBlock::V => vec![s(VBlock::Norm1)],
+                VBlock::QRope => vec![s(VBlock::Q)],
+                VBlock::KRope => vec![s(VBlock::K)],
+                VBlock::AttnProbs => vec![s(VBlock::QRope), s(VBlock::KRope)],
+                VBlock::AttnCtx => vec![s(VBlock::AttnProbs), s(VBlock::V)],
+                VBlock::AttnOut => vec![s(VBlock::AttnCtx)],
+                VBlock::MlpInp => vec![resid(i), s(VBlock::AttnOut)],
+                VBlock::Norm2 => vec![s(VBlock::MlpInp)],
+                VBlock::MlpFc1 => vec![s(VBlock::Norm2)],
+                VBlock::MlpAct => vec![s(VBlock::MlpFc1)],
+                VBlock::MlpOut => vec![s(VBlock::MlpAct)],
+                VBlock::Out => vec![s(VBlock::MlpInp), s(VBlock::MlpOut)],
+            }
+        }
+    }
+}
