@@ -218,7 +218,7 @@ mod tests {
             for step in Step::sequence(2) {
                 for l in 0..layers {
                     for stage in [Stage::Block(l, BlockStage::FfnInp), Stage::Block(l, BlockStage::Out)] {
-                        let (a, b) = inputs(stage, false).unwrap();
+                        let (a, b) = inputs(stage, &RuleEnv::default()).unwrap();
                         let got = |s| out.captures.get(step, s).unwrap();
                         v.push((format!("{step}/{stage}"), judge(got(stage), got(a), got(b), stage, a, b)));
                     }

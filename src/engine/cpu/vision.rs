@@ -373,7 +373,7 @@ fn merge(mg: &Merger, x: &[f32], ev: usize, m: usize, eps: f64, sd: DType) -> (V
 
 /// cos and sin `[N, D/2]` of the 2-D rotary for patches at `hw`: angles
 /// h·f_i then w·f_i with f_i = 1/θ^(2i/(D/2)), i < D/4 (HF's axial rope, in f32).
-fn vision_rotary(d: usize, theta: f32, hw: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn vision_rotary(d: usize, theta: f32, hw: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
     let spatial = d / 2;
     let inv = vision_inv_freq(d, theta);
     let mut cos = Vec::with_capacity(hw.len() * spatial);
@@ -400,7 +400,7 @@ pub(crate) fn vision_inv_freq(d: usize, theta: f32) -> Vec<f32> {
 }
 
 /// Rotate-half rotary of `x` `[N, H, D]` with per-row cos/sin `[N, D/2]`.
-fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
+pub(crate) fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     let half = d / 2;
     for ((row, c), s) in x
         .chunks_exact_mut(heads * d)

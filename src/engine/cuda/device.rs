@@ -182,10 +182,7 @@ where
         let f = load_funcs::<T>(&dev)?;
         let up = |v: &[f32]| upload::<T>(&dev, v);
         let lin = |l: &Linear| upload_linear::<T>(&dev, l);
-        let vision = host_vision
-            .as_ref()
-            .map(|v| DevVision::upload(&dev, v))
-            .transpose()?;
+        let vision = host_vision.as_ref().map(|v| DevVision::upload(&dev, v)).transpose()?;
         let mut blocks = Vec::with_capacity(host.blocks.len());
         for b in &host.blocks {
             blocks.push(DevBlock {

@@ -124,7 +124,14 @@ where
     }
 
     /// M-RoPE of `x` `[T, heads, D]` at the step's positions.
-    pub(super) fn mrope(&self, run: &VlmRun, vs: &VlmStep<T>, x: &GBuf<T>, out: &mut GBuf<T>, heads: usize) -> Result<()> {
+    pub(super) fn mrope(
+        &self,
+        run: &VlmRun,
+        vs: &VlmStep<T>,
+        x: &GBuf<T>,
+        out: &mut GBuf<T>,
+        heads: usize,
+    ) -> Result<()> {
         let rows = vs.pos.len() / 3;
         self.rope_axes(
             x.view(),
