@@ -34,15 +34,8 @@ use super::guard::Guarded;
 use super::launch;
 use super::seam::{as_f32, DBuf, Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
-use super::vision::{upload, upload_linear, DevVision};
+use super::weights::{upload, upload_linear, DevLinear, DevVision};
 use crate::engine::cpu::vision::VisionWeights;
-
-pub(super) struct DevLinear<T: Storage> {
-    pub(super) w: DBuf<T>,
-    pub(super) bias: Option<DBuf<T>>,
-    pub(super) out_f: usize,
-    pub(super) in_f: usize,
-}
 
 pub(super) struct DevBlock<T: Storage> {
     pub(super) attn_norm: DBuf<T>,

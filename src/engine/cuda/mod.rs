@@ -16,6 +16,7 @@
 //!   or the emulated one (engine `cuda-emu`).
 //! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
 //! - `vision`: the VLM vision tower (Qwen2-VL, Qwen3-VL) on the device.
+//! - `weights`: device copies of linear layers and of the vision tower.
 
 pub mod compile;
 mod device;
@@ -28,6 +29,7 @@ pub mod seam;
 mod step;
 pub mod storage;
 mod vision;
+mod weights;
 
 use std::sync::{Arc, OnceLock};
 

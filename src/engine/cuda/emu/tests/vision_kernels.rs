@@ -63,7 +63,8 @@ fn vision_activations_are_the_cpu_engines() {
     let x: Vec<f32> = data(4096, 43, 8.0);
     let emu = Emu::new();
     let xb = emu.upload("x", &x);
-    let cases: [(i32, fn(f32) -> f32); 3] = [(0, quick_gelu), (1, ops::gelu_tanh), (2, gelu_erf)];
+    type Act = fn(f32) -> f32;
+    let cases: [(i32, Act); 3] = [(0, quick_gelu), (1, ops::gelu_tanh), (2, gelu_erf)];
     for (kind, f) in cases {
         let ob = emu.alloc::<f32>("out", x.len());
         let args = [xb.arg(), ob.arg(), (x.len() as i64).into(), kind.into()];
