@@ -69,6 +69,26 @@ const PLANTED: &[Planted] = &[
             "if (blockIdx.x >= 5 && threadIdx.x == 40) return;\n    float acc = 0.0f;",
         )],
     ),
+    // The causal flag ignored: the vision tower's bidirectional attention
+    // masked as the LM's causal one (each patch sees only those before it).
+    (
+        "planted_attention_causal_ignored",
+        "attention.cu",
+        &[(
+            "const int visible = causal ? pos0 + t + 1 : s;",
+            "const int visible = pos0 + t + 1;",
+        )],
+    ),
+    // M-RoPE collapsed to 1-D: every frequency turns by the first axis's
+    // position (t), whatever axis `axes[j]` names.
+    (
+        "planted_mrope_one_axis",
+        "rope.cu",
+        &[(
+            "inv_freq[j] * (float)pos[(long long)axes[j] * rows + t]",
+            "inv_freq[j] * (float)pos[t]",
+        )],
+    ),
     // Off by one on the store: element i is written to out[i + 1], so the
     // last thread writes one element past the end of the output.
     (

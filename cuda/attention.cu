@@ -14,6 +14,8 @@
 // masked entries (j < first or j >= visible) are written as exact zeros. scores (the
 // `attn_scores` stage: the scaled scores, the softmax input) likewise: NULL
 // unless tapped, masked entries exact zeros.
+// causal = 0 (the vision tower's bidirectional attention): every row sees all
+// S keys (visible = s, no window); the LM passes causal = 1.
 // Launch: grid (T, H) for prefill, (H) for decode; blockDim a multiple of 32;
 // dynamic shared memory (D + S) floats (q row, then the S scores).
 
@@ -22,7 +24,7 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
                                            float* scores, float* probs, T* ctx, int rows,
                                            int heads,
                                            int kv_heads, int head_dim, int pos0, int s, float scale,
-                                           int window, int t, int h) {
+                                           int window, int causal, int t, int h) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
     float* qs = smem;
@@ -33,7 +35,7 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qs[i] = to_f32(qrow[i]);
     __syncthreads();
 
-    const int visible = pos0 + t + 1;  // <= s, checked on the host
+    const int visible = causal ? pos0 + t + 1 : s;  // <= s, checked on the host
     const int first = window > 0 && visible > window ? visible - window : 0;
     float mx = -TS_INF;
     for (int j = first + threadIdx.x; j < visible; j += blockDim.x) {
@@ -82,15 +84,16 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
     extern "C" __global__ void attention_prefill_##SUFFIX(                                    \
         const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
         int rows, int heads, int kv_heads, int head_dim, int pos0, int s, float scale,         \
-        int window) {                                                                         \
+        int window, int causal) {                                                             \
         attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, rows, heads, kv_heads, head_dim, \
-                      pos0, s, scale, window, blockIdx.x, blockIdx.y);                         \
+                      pos0, s, scale, window, causal, blockIdx.x, blockIdx.y);                 \
     }                                                                                         \
     extern "C" __global__ void attention_decode_##SUFFIX(                                     \
         const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
-        int heads, int kv_heads, int head_dim, int pos0, int s, float scale, int window) {     \
+        int heads, int kv_heads, int head_dim, int pos0, int s, float scale, int window,       \
+        int causal) {                                                                         \
         attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, 1, heads, kv_heads, head_dim,   \
-                      pos0, s, scale, window, 0, blockIdx.x);                                  \
+                      pos0, s, scale, window, causal, 0, blockIdx.x);                          \
     }
 ATTENTION_OPS(f32, float)
 ATTENTION_OPS(f16, f16_t)

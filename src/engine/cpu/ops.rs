@@ -138,6 +138,11 @@ impl Rope {
         self.inv_freq.len() * 2
     }
 
+    /// The D/2 f32 frequencies (the CUDA engine's M-RoPE kernel reads them).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     /// cos and sin (each D/2 wide; HF's second half repeats the first) at `pos`.
     pub(crate) fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;

@@ -230,12 +230,12 @@ pub struct ImageFeatures {
 }
 
 /// HF `quick_gelu`: `x·σ(1.702·x)`.
-fn quick_gelu(x: f32) -> f32 {
+pub(crate) fn quick_gelu(x: f32) -> f32 {
     x * (1.0 / (1.0 + (-(1.702f32 * x)).exp()))
 }
 
 /// torch's exact `nn.GELU`: `x·½·(1 + erf(x/√2))`.
-fn gelu_erf(x: f32) -> f32 {
+pub(crate) fn gelu_erf(x: f32) -> f32 {
     x * 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
@@ -373,11 +373,9 @@ fn merge(mg: &Merger, x: &[f32], ev: usize, m: usize, eps: f64, sd: DType) -> (V
 
 /// cos and sin `[N, D/2]` of the 2-D rotary for patches at `hw`: angles
 /// h·f_i then w·f_i with f_i = 1/θ^(2i/(D/2)), i < D/4 (HF's axial rope, in f32).
-fn vision_rotary(d: usize, theta: f32, hw: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn vision_rotary(d: usize, theta: f32, hw: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
     let spatial = d / 2;
-    let inv: Vec<f32> = (0..spatial / 2)
-        .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / spatial as f32))
-        .collect();
+    let inv = vision_inv_freq(d, theta);
     let mut cos = Vec::with_capacity(hw.len() * spatial);
     let mut sin = Vec::with_capacity(hw.len() * spatial);
     for &(h, w) in hw {
@@ -392,8 +390,17 @@ fn vision_rotary(d: usize, theta: f32, hw: &[(usize, usize)]) -> (Vec<f32>, Vec<
     (cos, sin)
 }
 
+/// The 2-D rotary's D/4 frequencies f_i = 1/θ^(2i/(D/2)) in f32 (shared
+/// with the CUDA engine, which computes the angles on the device).
+pub(crate) fn vision_inv_freq(d: usize, theta: f32) -> Vec<f32> {
+    let spatial = d / 2;
+    (0..spatial / 2)
+        .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / spatial as f32))
+        .collect()
+}
+
 /// Rotate-half rotary of `x` `[N, H, D]` with per-row cos/sin `[N, D/2]`.
-fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
+pub(crate) fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     let half = d / 2;
     for ((row, c), s) in x
         .chunks_exact_mut(heads * d)
@@ -413,7 +420,7 @@ fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
 /// Qwen3-VL's learned `side × side` position table resampled to the grid's
 /// h × w (bilinear, align_corners, in f32 as HF's
 /// `get_vision_interpolation_indices_and_weights`), rows in patch order.
-fn interpolate_pos(table: &[f32], ev: usize, g: crate::model::ImageGrid, m: usize) -> Vec<f32> {
+pub(crate) fn interpolate_pos(table: &[f32], ev: usize, g: crate::model::ImageGrid, m: usize) -> Vec<f32> {
     let side = ((table.len() / ev) as f64).sqrt() as usize;
     let taps = |idx: usize, size: usize| -> [(usize, f32); 2] {
         let src = idx as f32 * (side - 1) as f32 / (size.max(2) - 1) as f32;

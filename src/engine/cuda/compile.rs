@@ -34,6 +34,7 @@ macro_rules! kernel_file {
 pub const FILES: &[KernelFile] = &[
     kernel_file!("embedding.cu", ["embedding_f32", "embedding_f16", "embedding_bf16"]),
     kernel_file!("rmsnorm.cu", ["rmsnorm_f32", "rmsnorm_f16", "rmsnorm_bf16"]),
+    kernel_file!("layernorm.cu", ["layernorm_f32", "layernorm_f16", "layernorm_bf16"]),
     kernel_file!(
         "rope.cu",
         [
@@ -43,6 +44,9 @@ pub const FILES: &[KernelFile] = &[
             "rope_interleaved_f32",
             "rope_interleaved_f16",
             "rope_interleaved_bf16",
+            "rope_axes_f32",
+            "rope_axes_f16",
+            "rope_axes_bf16",
         ]
     ),
     kernel_file!(
@@ -64,16 +68,25 @@ pub const FILES: &[KernelFile] = &[
             "gelu_mul_f32",
             "scale_f32",
             "add_f32",
+            "act_f32",
+            "copy_cols_f32",
+            "scatter_rows_f32",
             "bias_add_f16",
             "silu_mul_f16",
             "gelu_mul_f16",
             "scale_f16",
             "add_f16",
+            "act_f16",
+            "copy_cols_f16",
+            "scatter_rows_f16",
             "bias_add_bf16",
             "silu_mul_bf16",
             "gelu_mul_bf16",
             "scale_bf16",
             "add_bf16",
+            "act_bf16",
+            "copy_cols_bf16",
+            "scatter_rows_bf16",
             "fill_u32",
             "fill_u16",
         ]

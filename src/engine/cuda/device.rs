@@ -34,13 +34,8 @@ use super::guard::Guarded;
 use super::launch;
 use super::seam::{as_f32, DBuf, Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
-
-pub(super) struct DevLinear<T: Storage> {
-    pub(super) w: DBuf<T>,
-    pub(super) bias: Option<DBuf<T>>,
-    pub(super) out_f: usize,
-    pub(super) in_f: usize,
-}
+use super::weights::{upload, upload_linear, DevLinear, DevVision};
+use crate::engine::cpu::vision::VisionWeights;
 
 pub(super) struct DevBlock<T: Storage> {
     pub(super) attn_norm: DBuf<T>,
@@ -78,6 +73,13 @@ pub(super) struct Funcs {
     pub(super) scale: Kernel,
     pub(super) add: Kernel,
     pub(super) fill_u32: Kernel,
+    /// Vision-language models: the tower's LayerNorm and activations, the
+    /// qkv split, the M-RoPE / 2-D rotary, the image-row fusion.
+    pub(super) layernorm: Kernel,
+    pub(super) act: Kernel,
+    pub(super) copy_cols: Kernel,
+    pub(super) rope_axes: Kernel,
+    pub(super) scatter_rows: Kernel,
     pub(super) fill_u16: Kernel,
     pub(super) argmax: Kernel,
     pub(super) sample: Kernel,
@@ -139,6 +141,8 @@ pub struct CudaEngine<T: Storage> {
     pub(super) w: DevWeights<T>,
     /// The CPU engine's RoPE tables (per layer: Gemma 3's local layers have their own base).
     pub(super) ropes: LayerRopes,
+    /// A VLM's vision tower.
+    pub(super) vision: Option<DevVision<T>>,
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     pub(super) run_lock: Mutex<()>,
 }
@@ -161,21 +165,17 @@ where
     /// `load` on `dev`.
     pub fn load_on(dev: Dev, model: &Path, opts: &crate::model::LoadOptions) -> Result<CudaEngine<T>> {
         let (cfg, mut ws) = crate::model::load(model, opts)?;
+        // The tower's weights first (as the CPU engine): the LM's loader
+        // refuses any weight left unused.
+        let host_vision = match &cfg.vision {
+            Some(vc) => Some(VisionWeights::load(&cfg, vc, &mut ws)?),
+            None => None,
+        };
         let host = ModelWeights::load(&cfg, &mut ws)?;
         let f = load_funcs::<T>(&dev)?;
-        let up = |v: &[f32]| {
-            let h: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-            dev.upload("weight", &h)
-                .map_err(|e| dev.err(format!("weight upload: {e}")))
-        };
-        let lin = |l: &Linear| -> Result<DevLinear<T>> {
-            Ok(DevLinear {
-                w: up(l.w.data())?,
-                bias: l.bias.as_deref().map(up).transpose()?,
-                out_f: l.out_f,
-                in_f: l.in_f,
-            })
-        };
+        let up = |v: &[f32]| upload::<T>(&dev, v);
+        let lin = |l: &Linear| upload_linear::<T>(&dev, l);
+        let vision = host_vision.as_ref().map(|v| DevVision::upload(&dev, v)).transpose()?;
         let mut blocks = Vec::with_capacity(host.blocks.len());
         for b in &host.blocks {
             blocks.push(DevBlock {
@@ -211,6 +211,7 @@ where
             f,
             w,
             ropes,
+            vision,
             run_lock: Mutex::new(()),
         })
     }
@@ -393,6 +394,11 @@ fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
         scale: typed("scale")?,
         add: typed("add")?,
         fill_u32: get("fill_u32")?,
+        layernorm: typed("layernorm")?,
+        act: typed("act")?,
+        copy_cols: typed("copy_cols")?,
+        rope_axes: typed("rope_axes")?,
+        scatter_rows: typed("scatter_rows")?,
         fill_u16: get("fill_u16")?,
         argmax: typed("argmax")?,
         sample: typed("sample")?,
@@ -456,6 +462,9 @@ where
         back(f, "model.norm.weight", &[e], &w.norm)?;
         if let Some(h) = &w.lm_head {
             lin(f, "lm_head", h)?;
+        }
+        if let (Some(v), Some(vc)) = (&self.vision, &self.cfg.vision) {
+            v.visit(&self.dev, vc, f)?;
         }
         Ok(())
     }

@@ -10,20 +10,26 @@
 //!   (fibers, guarded memory), so they execute in CI without a GPU.
 //! - `guard`: guard regions around device outputs (host-side checking).
 //! - `launch`: launch configurations and cuBLAS argument mapping.
+//! - `multimodal`: a VLM's step: image fusion, M-RoPE positions, deepstack.
 //! - `reference`: host mirrors of device-side decisions, for tests.
 //! - `seam`: the device interface `device` drives: the real device (cudarc)
 //!   or the emulated one (engine `cuda-emu`).
 //! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
+//! - `vision`: the VLM vision tower (Qwen2-VL, Qwen3-VL) on the device.
+//! - `weights`: device copies of linear layers and of the vision tower.
 
 pub mod compile;
 mod device;
 pub mod emu;
 pub mod guard;
 pub mod launch;
+mod multimodal;
 pub mod reference;
 pub mod seam;
 mod step;
 pub mod storage;
+mod vision;
+mod weights;
 
 use std::sync::{Arc, OnceLock};
 

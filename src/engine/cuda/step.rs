@@ -11,6 +11,7 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, GBuf, RopeTables, TapCtx};
 use super::launch::{self, Launch};
+use super::multimodal::VlmRun;
 use super::seam::{DBuf, KArg};
 use super::storage::Storage;
 use crate::engine::driver::{Forward, StepIn, StepOut};
@@ -30,6 +31,8 @@ pub struct RunState<T: Storage> {
     local_tabs: Option<RopeTables>,
     /// Seeded random sampling (None: greedy).
     random: Option<DevSampler>,
+    /// A vision-language model's image and M-RoPE state.
+    vlm: Option<VlmRun>,
 }
 
 /// What the `sample` kernel needs across a run: the parameters, the ChaCha8
@@ -106,6 +109,7 @@ where
             tabs: tables(&self.ropes.global)?,
             local_tabs: self.ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?,
             random,
+            vlm: self.vlm_begin(req)?,
         };
         for _ in 0..cfg.layers {
             st.k_cache.push(self.dev.alloc_zeros::<T>("k_cache", total * kvd)?);
@@ -178,6 +182,11 @@ where
             }?;
         }
         self.tap(tc, Stage::Embed, &[t, e], &embed)?;
+        // A VLM: the image fused into the embeddings, the M-RoPE positions.
+        let vstep = match st.vlm.as_mut() {
+            Some(run) => Some(self.vlm_prologue(run, tokens, pos0, &mut embed, tc)?),
+            None => None,
+        };
 
         let mut attn_norm = self.gbuf("attn_norm", t * e)?;
         let mut q = self.gbuf("q", t * qd)?;
@@ -240,8 +249,16 @@ where
                 (Some(lt), Some((_, local))) if local.get(l) == Some(&true) => lt,
                 _ => &st.tabs,
             };
-            self.rope(q_in, q_out, tabs, t, h, pos0)?;
-            self.rope(k_in, k_out, tabs, t, kv, pos0)?;
+            match (st.vlm.as_ref(), vstep.as_ref()) {
+                (Some(run), Some(vs)) => {
+                    self.mrope(run, vs, q_in, q_out, h)?;
+                    self.mrope(run, vs, k_in, k_out, kv)?;
+                }
+                _ => {
+                    self.rope(q_in, q_out, tabs, t, h, pos0)?;
+                    self.rope(k_in, k_out, tabs, t, kv, pos0)?;
+                }
+            }
             let (q_rope, k_rope) = (&*q_out, &*k_out);
             self.tap(tc, stg(B::QRope), &[t, h, d], q_rope)?;
             self.tap(tc, stg(B::KRope), &[t, kv, d], k_rope)?;
@@ -285,6 +302,8 @@ where
                     ss.into(),
                     scale.into(),
                     window.into(),
+                    // Causal: the LM's attention (the vision tower's is not).
+                    1i32.into(),
                 ]);
                 let lc = if decode {
                     Launch {
@@ -357,6 +376,9 @@ where
             };
             self.add(ffn_inp.view(), ffn_branch.view(), &mut out)?;
             self.tap(tc, stg(B::Out), &[t, e], &out)?;
+            if let Some(vs) = &vstep {
+                self.deepstack(vs, l, &mut out, tc)?;
+            }
         }
 
         // As the CPU engine: only the last row is normed and projected unless

@@ -256,6 +256,7 @@ pub enum KArg<'a> {
     U32(u32),
     U64(u64),
     F32(f32),
+    F64(f64),
 }
 
 impl<'a> KArg<'a> {
@@ -284,7 +285,7 @@ impl<'a> KArg<'a> {
 macro_rules! karg_from {
     ($($t:ty => $v:ident),*) => { $(impl From<$t> for KArg<'_> { fn from(x: $t) -> Self { KArg::$v(x) } })* };
 }
-karg_from!(i32 => I32, i64 => I64, u16 => U16, u32 => U32, u64 => U64, f32 => F32);
+karg_from!(i32 => I32, i64 => I64, u16 => U16, u32 => U32, u64 => U64, f32 => F32, f64 => F64);
 
 fn cfg(l: Launch) -> LaunchConfig {
     LaunchConfig {
@@ -491,6 +492,9 @@ impl Dev {
                         KArg::F32(v) => {
                             b.arg(&*v);
                         }
+                        KArg::F64(v) => {
+                            b.arg(&*v);
+                        }
                     }
                 }
                 // SAFETY: the caller's contract.
@@ -511,6 +515,7 @@ impl Dev {
                         KArg::U32(v) => emu::Arg::U32(*v),
                         KArg::U64(v) => emu::Arg::U64(*v),
                         KArg::F32(v) => emu::Arg::F32(*v),
+                        KArg::F64(v) => emu::Arg::F64(*v),
                     })
                     .collect();
                 m.launch(&k.name, l.into(), &a).map_err(|e| self.err(e))

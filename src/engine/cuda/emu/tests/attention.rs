@@ -43,6 +43,19 @@ pub(super) fn run_attention_on<S: Storage + EmuType>(
     k: &[S],
     v: &[S],
 ) -> AttnOut<S> {
+    run_attention_mask(emu, kernel, c, q, k, v, true)
+}
+
+/// `run_attention_on`, causal or bidirectional (the vision tower's).
+pub(super) fn run_attention_mask<S: Storage + EmuType>(
+    emu: &Emu,
+    kernel: &str,
+    c: &AttnCase,
+    q: &[S],
+    k: &[S],
+    v: &[S],
+    causal: bool,
+) -> AttnOut<S> {
     let s = c.pos0 + c.t;
     let (qb, kb, vb) = (emu.upload("q", q), emu.upload("k_cache", k), emu.upload("v_cache", v));
     let sb = emu.alloc::<f32>("scores", c.heads * c.t * s);
@@ -59,6 +72,7 @@ pub(super) fn run_attention_on<S: Storage + EmuType>(
     }
     args.push(scale.into());
     args.push((c.window as i32).into());
+    args.push((causal as i32).into());
     let mut cfg: LaunchConfig = launch::attention(c.t, c.heads, c.d, s).unwrap().into();
     if decode {
         cfg.grid = (c.heads as u32, 1, 1);

@@ -10,6 +10,7 @@ mod kernels;
 mod parallel;
 mod planted;
 mod sampling_kernels;
+mod vision_kernels;
 
 use super::*;
 use crate::engine::cpu::attention::{attend, AttnShape};
@@ -81,7 +82,11 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
     );
     assert_eq!(
         names["attention_decode_f16"],
-        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32, i32"
+        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32, i32, i32"
+    );
+    assert_eq!(
+        names["layernorm_f32"],
+        "*const f32, *const f32, *const f32, *mut f32, i32, f64"
     );
     for v in [
         "planted_softmax_max",
@@ -90,6 +95,8 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
         "planted_rope_pair",
         "planted_oob_store",
         "planted_deadlock",
+        "planted_attention_causal_ignored",
+        "planted_mrope_one_axis",
     ] {
         assert!(names.keys().any(|k| k.starts_with(&format!("{v}/"))), "{v}");
     }
