@@ -121,6 +121,16 @@ def idx(nodes, n):
     return next(i for i, m in enumerate(nodes) if m is n)
 
 
+def down_bias(nodes, name, k):
+    """The bias add right after the k-th (0: only) MUL_MAT called `name`."""
+    hits = [i for i, n in enumerate(nodes) if n["name"] == name and n["op"] == "MUL_MAT"]
+    assert len(hits) == k + 1, f"{len(hits)} {name} nodes, expected {k + 1}"
+    i = hits[k]
+    nxt = nodes[i + 1]
+    assert nxt["op"] == "ADD" and nodes[i]["ptr"] in nxt["srcs"], f"{name}: no bias add after it"
+    return nxt
+
+
 def vision_stages(nodes, family, depth, ds_idx, N, M, Ev, Hv, Dv, Fv, E):
     """The vision graph's nodes -> canonical vision stages (contract layouts)."""
     out = {}
@@ -166,16 +176,13 @@ def vision_stages(nodes, family, depth, ds_idx, N, M, Ev, Hv, Dv, Fv, E):
         out[p + "out"] = arr(node(nodes, f"layer_out-{i}", "ADD"), (N, Ev))
     # merger_norm: the post-layernorm (build_norm(..., il = depth) -> norm_b-<depth>)
     out["vision.merger_norm"] = arr(node(nodes, f"norm_b-{depth}"), (N, Ev))
-    # merger: the last node of the projector FFN (il = -1: unsuffixed names).
-    mo = [n for n in nodes if n["name"] in ("ffn_out", "ffn_down_b", "ffn_down")]
-    assert mo, "no merger output"
-    out["vision.merger"] = arr(mo[-1], (M, E))
+    # merger: the projector FFN (build_ffn with il = -1: unsuffixed names)
+    # ends in `ffn_down` (MUL_MAT) and its bias add (an unnamed ADD).
+    out["vision.merger"] = arr(down_bias(nodes, "ffn_down", 0), (M, E))
     for j, li in enumerate(ds_idx):
-        # the deepstack merger after block li: its FFN output is the second
-        # ffn_out-<li> (the first is the block's own MLP).
-        hits = [n for n in nodes if n["name"] == f"ffn_out-{li}"]
-        assert len(hits) == 2, f"deepstack {j}: {len(hits)} ffn_out-{li} nodes"
-        out[f"vision.deepstack.{j}"] = arr(hits[1], (M, E))
+        # the deepstack merger after block li: the second ffn_down-<li> (the
+        # first is the block's own MLP) and its bias add.
+        out[f"vision.deepstack.{j}"] = arr(down_bias(nodes, f"ffn_down-{li}", 1), (M, E))
     return out
 
 
@@ -291,7 +298,9 @@ def main():
     bm_nx, bm_ny = mt.mtmd_bitmap_get_nx(bitmap), mt.mtmd_bitmap_get_ny(bitmap)
     chunks = mt.mtmd_input_chunks_init()
     itext = mt.mtmd_input_text()
-    itext.text = text.encode()
+    tb = text.encode()
+    itext.text = tb
+    itext.text_len = len(tb)
     itext.add_special = False
     itext.parse_special = True
     bms = (mt.mtmd_bitmap_p_ctypes * 1)(bitmap)
@@ -402,7 +411,7 @@ def main():
             pos4 = pos  # a token batch: llama.cpp repeats the position over the M-RoPE sections
             st, ex, api, nodes = decode(toks=p[1], pos4=pos4, cell0=cell)
             pos_rows.append(np.array([pos] * 3, dtype=np.int64))
-            inp = ex["inp"]
+            inp = ex["inp"][:, :E]
         else:
             n = p[2]
             rel = (mt.mtmd_decoder_pos * n)()
@@ -451,6 +460,7 @@ def main():
         api_vs_graph = max(api_vs_graph, float(np.abs(api - st["logits"]).max()))
         cell += 1
         greedy_ids.append(int(st["logits"][-1].argmax()))
+        st["embed"] = np.ascontiguousarray(ex["inp"][:, :E], dtype=np.float32)
         st["tokens"] = np.array(tok, dtype=np.int64)
         st["positions"] = p.astype(np.int64)
         for k, v in st.items():
