@@ -391,8 +391,14 @@ def main():
                           list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
                                                          "windows": [None] * n_layer, "rope_bases": None})
         extra = {}
-        emb_nodes = [x for x in nodes if x["name"] == "embd" and x["op"] == "GET_ROWS"]
-        extra["inp"] = emb_nodes[-1]["data"].reshape(n, -1) if emb_nodes else None
+        # token rows: the embedding lookup, the graph's first GET_ROWS
+        # (`embd` in the qwen2vl graph; unnamed in qwen3vl's, whose
+        # build_inp_embd then pads it with zeros to n_embd_inp for the
+        # deepstack slots).
+        if toks is not None:
+            gr = [x for x in nodes if x["op"] == "GET_ROWS"]
+            assert gr and gr[0]["ne"][:2] == [E, n], "no embedding lookup"
+            extra["inp"] = gr[0]["data"].reshape(n, E)
         if lm_arch == "qwen3":
             for L in range(len(ds_idx)):
                 extra[f"blk.{L}.deepstack"] = np.ascontiguousarray(
