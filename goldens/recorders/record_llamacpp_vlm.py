@@ -34,8 +34,19 @@ The prefill is three llama.cpp graphs (text, image, text); each LM stage is
 the three chunks' rows concatenated (attention probabilities/scores padded
 with the exact zeros of the causal mask to the prompt's length).
 
-Stages recorded and not recorded: see STAGE_NOTES below (the provenance's
-`record.stages` lists them).
+Stages: every key of the HF golden except STAGE_NOTES' (prefill/embed: the
+image rows never exist in llama.cpp; prefill/vision.grid: not a graph
+tensor, asserted equal). vision.pixels is the image the patch Conv2Ds read
+(IM2COL's input, a graph input copied in the eval callback) in HF's patch
+layout; it equals HF's processor output bit for bit on both test images.
+
+llama.cpp's arithmetic, recorded as it is: ggml_conv_2d (the patch
+embedding) runs im2col into FLOAT16 for an F32 kernel (ggml.c: `a->type ==
+GGML_TYPE_BF16 ? GGML_TYPE_F32 : GGML_TYPE_F16`), so the pixels are rounded
+to f16 before the patch matmul: vision.patch_embed is ~6e-3 from the
+oracle (HF 1.8e-5), and every later stage, vision and language model,
+inherits an error a few hundred times HF's. The merger's GELU is ggml_gelu
+(tanh form) where HF's PatchMerger uses the exact erf GELU.
 """
 import argparse
 import ctypes
@@ -168,8 +179,9 @@ def vision_stages(nodes, family, depth, ds_idx, N, M, Ev, Hv, Dv, Fv, E):
         out[p + "attn_out"] = arr(node(nodes, f"attn_out-{i}"), (N, Ev))
         out[p + "mlp_inp"] = arr(node(nodes, f"ffn_inp-{i}", "ADD"), (N, Ev))
         out[p + "norm2"] = arr(node(nodes, f"ffn_inp_normed-{i}"), (N, Ev))
-        up = [n for n in nodes if n["name"] in (f"ffn_up_b-{i}", f"ffn_up-{i}")]
-        out[p + "mlp_fc1"] = arr(up[0] if family else up[0], (N, Fv))  # the first: the block's (deepstack's come later)
+        # fc1 with its bias: the first ffn_up_b-<i> (a deepstack merger after
+        # block i has a later one)
+        out[p + "mlp_fc1"] = arr(node(nodes, f"ffn_up_b-{i}", "ADD", last=False), (N, Fv))
         act = "ffn_gelu_quick" if family == "qwen2_vl" else "ffn_gelu"
         out[p + "mlp_act"] = arr(node(nodes, f"{act}-{i}", last=False), (N, Fv))
         out[p + "mlp_out"] = arr(node(nodes, f"ffn_out-{i}", last=False), (N, Ev))
