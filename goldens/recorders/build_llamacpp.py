@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch the pinned llama-cpp-python sdist and build libllama from it.
 
-usage: build_llamacpp.py [--cache-dir DIR] [--json] [--native]
+usage: build_llamacpp.py [--cache-dir DIR] [--json] [--native | --mtmd]
 
 The version comes from ONE line of requirements.txt (the single source of
 truth; nothing else names it):
@@ -87,6 +87,17 @@ CMAKE_FLAGS = [
 NATIVE_OVERRIDES = {"-DGGML_NATIVE=OFF": "-DGGML_NATIVE=ON", "-DGGML_OPENMP=OFF": "-DGGML_OPENMP=ON"}
 TARGET = "llama"
 LIBS = ["libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"]
+# --mtmd: llama.cpp's multimodal library (tools/mtmd: clip + mtmd + helper)
+# for the vision-language goldens (record_llamacpp_vlm.py). Its own build
+# folder build-X.Y.Z-mtmd/, configured with CMAKE_FLAGS plus these (the
+# standalone libmtmd hook of llama.cpp's CMakeLists, no video: MTMD_VIDEO
+# would shell out to ffmpeg), target `mtmd` (which builds ggml and llama
+# too). libllama's build above is left exactly as it was; the libllama and
+# ggml of the mtmd folder are compiled from the same source with the same
+# flags (ensure_built(mtmd=True) can compare them byte for byte).
+MTMD_FLAGS = ["-DLLAMA_BUILD_MTMD=ON", "-DMTMD_VIDEO=OFF"]
+MTMD_TARGET = "mtmd"
+MTMD_LIBS = LIBS + ["libmtmd.so"]
 
 
 def pinned_version(reqs=REQS):
@@ -185,23 +196,25 @@ def cmake_version(cmake):
     return out.split()[2]
 
 
-def flags(src, native=False):
+def flags(src, native=False, mtmd=False):
     # The vendored tree has no .git, so llama.cpp's build-info would ask git
     # about the enclosing repository (touchstone's own commit). Pin it.
     base = [NATIVE_OVERRIDES.get(f, f) for f in CMAKE_FLAGS] if native else CMAKE_FLAGS
-    return base + [f"-DLLAMA_BUILD_COMMIT={llama_cpp_commit(src)}", "-DLLAMA_BUILD_NUMBER=0"]
+    return base + [f"-DLLAMA_BUILD_COMMIT={llama_cpp_commit(src)}", "-DLLAMA_BUILD_NUMBER=0"] + \
+        (MTMD_FLAGS if mtmd else [])
 
 
-def build_dir(cache=DEFAULT_CACHE, version=None, native=False):
+def build_dir(cache=DEFAULT_CACHE, version=None, native=False, mtmd=False):
     """Where ensure_built puts a build (a separate folder per variant, so the
-    goldens' portable build and the benchmark's native one coexist)."""
+    goldens' portable build, the benchmark's native one and the multimodal
+    one coexist)."""
     version = version or pinned_version()
-    return os.path.join(cache, f"build-{version}" + ("-native" if native else ""))
+    return os.path.join(cache, f"build-{version}" + ("-native" if native else "") + ("-mtmd" if mtmd else ""))
 
 
-def _cached(lib_dir, stamp, want):
+def _cached(lib_dir, stamp, want, libs=LIBS):
     """(lib_dir, stamp dict) when a finished build with exactly `want` is there."""
-    if os.path.isfile(stamp) and all(os.path.isfile(os.path.join(lib_dir, l)) for l in LIBS):
+    if os.path.isfile(stamp) and all(os.path.isfile(os.path.join(lib_dir, l)) for l in libs):
         with open(stamp) as f:
             have = json.load(f)
         if {k: have.get(k) for k in want} == want:
@@ -222,17 +235,21 @@ def find_built(cache=DEFAULT_CACHE, version=None, native=False):
     return _cached(os.path.join(build, "bin"), os.path.join(build, "touchstone-build.json"), want)
 
 
-def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None, native=False):
+def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None, native=False, mtmd=False):
     """Build libllama once; return (lib_dir, info dict). native: the
-    benchmark variant (NATIVE_OVERRIDES), in its own folder."""
+    benchmark variant (NATIVE_OVERRIDES), in its own folder. mtmd: the
+    multimodal variant (MTMD_FLAGS, target mtmd: libmtmd.so next to its
+    libllama and ggml), in its own folder."""
+    assert not (native and mtmd), "no native multimodal build"
     version = version or pinned_version()
     src = source_dir(cache, version)
-    build = build_dir(cache, version, native)
+    build = build_dir(cache, version, native, mtmd)
     lib_dir = os.path.join(build, "bin")
     stamp = os.path.join(build, "touchstone-build.json")
     cmake = cmake_exe()
-    want = {"flags": flags(src, native), "target": TARGET, "cmake": cmake_version(cmake), **info(src)}
-    found = _cached(lib_dir, stamp, want)
+    target, libs = (MTMD_TARGET, MTMD_LIBS) if mtmd else (TARGET, LIBS)
+    want = {"flags": flags(src, native, mtmd), "target": target, "cmake": cmake_version(cmake), **info(src)}
+    found = _cached(lib_dir, stamp, want, libs)
     if found:
         return found
     if os.path.isfile(stamp):
@@ -246,11 +263,11 @@ def ensure_built(cache=DEFAULT_CACHE, version=None, jobs=None, native=False):
     subprocess.run([cmake, "-S", llama_dir, "-B", build, *want["flags"]], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     t1 = time.time()
-    log(f"building target '{TARGET}' with {jobs} jobs")
-    subprocess.run([cmake, "--build", build, "--target", TARGET, "-j", str(jobs)], check=True, env=env,
+    log(f"building target '{target}' with {jobs} jobs")
+    subprocess.run([cmake, "--build", build, "--target", target, "-j", str(jobs)], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     t2 = time.time()
-    missing = [l for l in LIBS if not os.path.isfile(os.path.join(lib_dir, l))]
+    missing = [l for l in libs if not os.path.isfile(os.path.join(lib_dir, l))]
     if missing:
         sys.exit(f"build_llamacpp.py: build finished without {missing} in {lib_dir}")
     cc = subprocess.run(["cc", "--version"], capture_output=True, text=True).stdout.splitlines()
@@ -270,9 +287,14 @@ def main():
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--native", action="store_true",
                     help="the benchmark build: GGML_NATIVE=ON and OpenMP, into build-X.Y.Z-native/ (never for goldens)")
+    ap.add_argument("--mtmd", action="store_true",
+                    help="the multimodal build: also libmtmd.so (LLAMA_BUILD_MTMD=ON, MTMD_VIDEO=OFF, target mtmd), "
+                         "into build-X.Y.Z-mtmd/ (for record_llamacpp_vlm.py)")
     args = ap.parse_args()
+    if args.native and args.mtmd:
+        ap.error("--native and --mtmd do not go together")
     cache = os.path.abspath(args.cache_dir)
-    lib_dir, have = ensure_built(cache, jobs=args.jobs, native=args.native)
+    lib_dir, have = ensure_built(cache, jobs=args.jobs, native=args.native, mtmd=args.mtmd)
     if args.json:
         print(json.dumps({"lib_dir": lib_dir, "source_dir": source_dir(cache), **have}, sort_keys=True))
     else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert an HF model folder to an F32 GGUF with llama.cpp's own converter.
 
-usage: convert_gguf.py MODEL_DIR OUT.gguf [--model-name NAME]
+usage: convert_gguf.py MODEL_DIR OUT.gguf [--model-name NAME] [--mmproj]
 
 Runs vendor/llama.cpp/convert_hf_to_gguf.py from the pinned llama-cpp-python
 sdist (fetched and extracted by build_llamacpp.py; no library build needed)
@@ -22,6 +22,17 @@ tensors are converted by the unpatched code):
      qwen3 ("qwen2"), Llama 3's for llama and phi3 ("llama-bpe"), Qwen2's
      for gemma3_text ("qwen2"). A real model's known hash is answered by the
      converter itself.
+
+Vision-language models (Qwen2-VL, Qwen3-VL: model_type qwen2_vl, qwen3_vl;
+make_vlm_model.py's tiny ones): without --mmproj the converter writes the
+language model (GGUF architecture qwen2vl / qwen3vl, the vision tensors
+dropped), with --mmproj the vision tower and merger (a CLIP GGUF, projector
+type qwen2vl_merger / qwen3vl_merger, with the processor's image mean/std
+from preprocessor_config.json), as llama.cpp's mtmd loads them. The same two
+tokenizer patches apply to the language model (Qwen2VLModel.set_vocab also
+tries sentencepiece first; make_vlm_model.py's tokenizer is make_model.py's
+Qwen2 byte-level BPE, so the pre-tokenizer answered is "qwen2"); the mmproj
+has no vocabulary. Tensors are the unpatched converter's.
 
 Gemma 3 (model_type gemma3_text -> GGUF architecture gemma3) needs no
 vocabulary patch: the converter's Gemma3Model.set_vocab reads a
@@ -61,7 +72,8 @@ sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
 
 # model_type -> llama.cpp pre-tokenizer name of make_model.py's tokenizers
-PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe", "gemma3_text": "qwen2"}
+PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe", "gemma3_text": "qwen2",
+                 "qwen2_vl": "qwen2", "qwen3_vl": "qwen2"}
 
 
 def default_name(model_dir, cfg):
@@ -83,6 +95,8 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--model-name", default=None, help="GGUF general.name (default: see the module docstring)")
+    ap.add_argument("--mmproj", action="store_true",
+                    help="a vision-language model's vision tower and projector (the converter's --mmproj)")
     args = ap.parse_args()
     model_dir, out = os.path.abspath(args.model_dir), os.path.abspath(args.out)
     cfg_path = os.path.join(model_dir, "config.json")
@@ -105,11 +119,21 @@ def main():
     import conversion.llama as llama  # noqa: E402
     import conversion.phi as phi  # noqa: E402
     import conversion.qwen as qwen  # noqa: E402
+    import conversion.qwenvl as qwenvl  # noqa: E402
 
     # Patch 1: byte-level BPE vocab directly, when there is no sentencepiece model.
     if not os.path.isfile(os.path.join(model_dir, "tokenizer.model")):
-        for cls in (qwen.Qwen2Model, qwen.Qwen3Model, llama.LlamaModel, phi.Phi3MiniModel):
+        for cls in (qwen.Qwen2Model, qwen.Qwen3Model, llama.LlamaModel, phi.Phi3MiniModel, qwenvl.Qwen2VLModel):
             cls.set_vocab = lambda self: self._set_vocab_gpt2()
+    # Patch 3: the Qwen2-VL merger's mlp.2 in the name table of a shallow tower.
+    if args.mmproj:
+        orig_init = qwenvl.Qwen2VLVisionModel.__init__
+
+        def init(self, *a, **kw):
+            orig_init(self, *a, **kw)
+            if self.block_count < 3:
+                self.tensor_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, 3)
+        qwenvl.Qwen2VLVisionModel.__init__ = init
     # Patch 2: the pre-tokenizer make_model.py trained with, for a vocabulary
     # whose hash the converter does not know.
     orig_pre = base.TextModel.get_vocab_base_pre
@@ -125,7 +149,8 @@ def main():
 
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = out + ".tmp"
-    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", tmp, "--model-name", name]
+    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", tmp, "--model-name", name] + \
+        (["--mmproj"] if args.mmproj else [])
     runpy.run_path(os.path.join(llama_dir, "convert_hf_to_gguf.py"), run_name="__main__")
     os.replace(tmp, out)
     if model_type == "gemma3_text":

@@ -25,8 +25,8 @@
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #        REGEN_ONLY=vlm goldens/recorders/regen.sh [OUT_DIR]
-#            only the images and the vision-language models (no libllama
-#            build, no text model), compared the same way
+#            only the images and the vision-language models (no text
+#            model; libmtmd is built if missing), compared the same way
 #
 #   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
 #            per model; a relative path is taken from the current directory.
@@ -348,7 +348,7 @@ done
 # model folder name : make_vlm_model.py --family : image
 VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-224x320.png"
 VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
-VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors"
+VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
 IMAGES="grid-112x168.png grid-224x320.png"
 say "[images] writing the test images into $OUT/images"
 rm -rf "$OUT/images"
@@ -357,7 +357,7 @@ for m in $VLM_MODELS; do
     IFS=: read -r name family image <<<"$m"
     dir="$OUT/$name"
     mkdir -p "$dir" || die "cannot create $dir"
-    rm -rf "$dir/model" "$dir"/*.safetensors
+    rm -rf "$dir/model" "$dir"/*.safetensors "$dir"/*.gguf
     say "[$name] building the model into $dir/model"
     "$PYBIN" "$HERE/make_vlm_model.py" "$dir/model" --family "$family" >/dev/null || die "make_vlm_model.py failed"
     for kind in hf oracle; do
@@ -366,6 +366,17 @@ for m in $VLM_MODELS; do
         "$PYBIN" "$HERE/record_vlm.py" "$dir/model" "$dir/$kind.safetensors" --prompt "$VLM_PROMPT" --chat \
             --image "$OUT/images/$image" --decode-steps 4 --dtype "$dt" >/dev/null || die "record_vlm.py ($name, $dt) failed"
     done
+    # llama.cpp (libmtmd, build_llamacpp.py --mtmd): the language model and the
+    # mmproj GGUF (convert_gguf.py, --mmproj), then record_llamacpp_vlm.py fed
+    # the HF golden's tokens.
+    say "[$name] converting to $dir/model.gguf and $dir/mmproj.gguf"
+    "$PYBIN" "$HERE/convert_gguf.py" "$dir/model" "$dir/model.gguf" >/dev/null 2>&1 || die "convert_gguf.py ($name) failed"
+    "$PYBIN" "$HERE/convert_gguf.py" "$dir/model" "$dir/mmproj.gguf" --mmproj >/dev/null 2>&1 \
+        || die "convert_gguf.py --mmproj ($name) failed"
+    say "[$name] recording llama.cpp goldens into $dir/llamacpp.safetensors"
+    "$PYBIN" "$HERE/record_llamacpp_vlm.py" "$dir/model.gguf" "$dir/mmproj.gguf" "$dir/llamacpp.safetensors" \
+        --hf-golden "$dir/hf.safetensors" --image "$OUT/images/$image" >/dev/null \
+        || die "record_llamacpp_vlm.py ($name) failed"
 done
 
 # ---- compare with the committed files ---------------------------------------
@@ -420,7 +431,7 @@ else
     say "  mkdir -p '$GOLDENS/images' && cp '$OUT/images/'*.png '$GOLDENS/images/'"
     for m in $VLM_MODELS; do
         name="${m%%:*}"
-        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$OUT/$name/'*.gguf '$GOLDENS/$name/'"
     done
     for rel in $NT_DONE; do
         say "  mkdir -p '$GOLDENS/$rel' && cp '$OUT/$rel/'*.safetensors '$GOLDENS/$rel/'"
