@@ -10,7 +10,9 @@
 //! `{storage: f32, activations: q8_k, kv: f16}` (llama.cpp's defaults on a
 //! K-quant model: its KV cache is f16), with `act: f16` where the gated
 //! activation is evaluated at a coarser precision than the storage
-//! (llama.cpp's CPU GELU rounds its input to f16 and reads an f16 table).
+//! (llama.cpp's CPU GELU rounds its input to f16 and reads an f16 table),
+//! and `patch: f16` where a VLM's patch embedding reads its pixels rounded
+//! coarser than storage (ggml's im2col holds them in f16 for an f32 kernel).
 
 use std::fmt;
 
@@ -43,6 +45,9 @@ pub struct Arithmetic {
     /// and its result rounded to it (the storage's, unless a source says
     /// otherwise).
     pub act: DType,
+    /// The precision a VLM's patch embedding reads its pixels at (the
+    /// storage's, unless a source says otherwise).
+    pub patch: DType,
 }
 
 /// f32's unit roundoff: the accumulation's.
@@ -56,6 +61,7 @@ impl Arithmetic {
             activations: Activations::Exact,
             kv: storage,
             act: storage,
+            patch: storage,
         }
     }
 
@@ -64,6 +70,7 @@ impl Arithmetic {
         activations: Activations::Exact,
         kv: DType::F32,
         act: DType::F32,
+        patch: DType::F32,
     };
 
     /// Unit roundoff of a stored stage output.
@@ -100,12 +107,44 @@ impl Arithmetic {
         }
     }
 
+    /// Unit roundoff of the patch embedding's input beyond storage (0 when
+    /// the pixels are read at the storage's precision).
+    pub fn u_patch(&self) -> f64 {
+        if self.patch == self.storage {
+            0.0
+        } else {
+            self.patch.unit_roundoff()
+        }
+    }
+
     pub fn quantises(&self) -> bool {
         matches!(self.activations, Activations::Q8 { .. })
     }
 
     /// A name as a spec writes it: `f32`, `q8_k`, or the map form.
     pub fn name(&self) -> String {
+        let base = Arithmetic {
+            patch: self.storage,
+            ..*self
+        }
+        .name_without_patch();
+        if self.patch == self.storage {
+            return base;
+        }
+        let map = if base.starts_with('{') {
+            base.trim_end_matches('}').to_string()
+        } else {
+            format!(
+                "{{storage: {}, activations: {}, kv: {}",
+                self.storage,
+                activations_name(self.activations),
+                self.kv
+            )
+        };
+        format!("{map}, patch: {}}}", self.patch)
+    }
+
+    fn name_without_patch(&self) -> String {
         let plain = self.kv == self.storage && self.act == self.storage;
         match (self.activations, plain) {
             (Activations::Exact, true) => self.storage.to_string(),
@@ -178,7 +217,7 @@ fn parse_activations(s: &str) -> Option<Activations> {
     }
 }
 
-const NAMES: &str = "f32, f16, bf16, q8_0, q8_k, or {storage, activations, kv, act}";
+const NAMES: &str = "f32, f16, bf16, q8_0, q8_k, or {storage, activations, kv, act, patch}";
 
 /// A name: a storage dtype, or f32 storage with 8-bit activations.
 fn parse_name(s: &str) -> Option<Arithmetic> {
@@ -204,6 +243,8 @@ struct Full {
     kv: Option<String>,
     #[serde(default)]
     act: Option<String>,
+    #[serde(default)]
+    patch: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for Arithmetic {
@@ -233,11 +274,16 @@ impl<'de> Deserialize<'de> for Arithmetic {
                     None => storage,
                     Some(k) => parse_dtype(k).ok_or_else(|| bad("act", k, "f32, f16 or bf16"))?,
                 };
+                let patch = match f.patch.as_deref() {
+                    None => storage,
+                    Some(k) => parse_dtype(k).ok_or_else(|| bad("patch", k, "f32, f16 or bf16"))?,
+                };
                 Ok(Arithmetic {
                     storage,
                     activations,
                     kv,
                     act,
+                    patch,
                 })
             }
         }

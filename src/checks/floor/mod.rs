@@ -310,6 +310,12 @@ impl<'a> FloorAt<'a> {
             own += self.c * rho;
             notes.push(format!("q8 ρ {rho:.2e}"));
         }
+        // Pixels read coarser than storage (ggml's f16 im2col): each input of
+        // the patch embedding's dot products is off by u_patch relatively.
+        if stage == Stage::Vision(VisionStage::PatchEmbed) && a.u_patch() > 0.0 {
+            own += self.c * a.u_patch();
+            notes.push(format!("patch input {}", a.patch));
+        }
         if let Stage::Block(_, b) = stage {
             match b {
                 BlockStage::QRope | BlockStage::KRope => {

@@ -248,6 +248,7 @@ fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
         if [
             "record_hf.py:",
             "record_vlm.py:",
+            "record_llamacpp_vlm.py:",
             "record_llamacpp.py:",
             "record_next_token.py:",
             "build_llamacpp.py:",
@@ -448,6 +449,35 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
                 let mut c = recorder_cmd(&py, &recorders.join("record_next_token.py"));
                 c.args(next_token::args(j, src, &model, &out, &fresh_nt)?);
                 run_recorder(c, "record_next_token.py", &progress)?
+            }
+            // A vision-language spec: the text GGUF and the vision tower's
+            // mmproj GGUF converted from the HF folder, then mtmd fed the
+            // image and the HF golden's tokens (record_llamacpp_vlm.py).
+            Recorder::LlamaCpp if j.args.image.is_some() => {
+                let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
+                let mmproj = gguf.with_file_name("mmproj.gguf");
+                if !mmproj.exists() {
+                    let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
+                    c.arg(&j.model).arg(&mmproj).arg("--mmproj");
+                    run_recorder(c, "convert_gguf.py", &progress)?;
+                }
+                let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "spec `{}`: llama.cpp's vision-language golden is fed the `hf` golden's tokens, and the spec \
+                         has no `hf` golden",
+                        g.spec
+                    ))
+                })?;
+                let image = j.args.image.as_ref().expect("matched on an image");
+                let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp_vlm.py"));
+                c.arg(&gguf)
+                    .arg(&mmproj)
+                    .arg(&out)
+                    .arg("--hf-golden")
+                    .arg(hf)
+                    .arg("--image")
+                    .arg(image);
+                run_recorder(c, "record_llamacpp_vlm.py", &progress)?
             }
             Recorder::LlamaCpp => {
                 let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
