@@ -80,6 +80,8 @@ impl StageCheck for Mrope {
             return Verdict::fail(format!("positions have shape {:?}, expected [3, {run_t}]", got.shape()));
         }
         let axis = ["t", "h", "w"];
+        // `r` indexes three axes of both tensors and the prompt at once.
+        #[allow(clippy::needless_range_loop)]
         for r in 0..run_t {
             let g: Vec<i64> = (0..3).map(|a| got.data()[a * run_t + r] as i64).collect();
             let w: Vec<i64> = (0..3).map(|a| want[a][r]).collect();
