@@ -160,8 +160,17 @@ class Engine:
         if not os.path.exists(model):
             raise EngineError(f"model {model} does not exist")
         storage = req.get("storage", "f32")
-        t0 = time.monotonic()
         self.loaded = False
+        # A vision-language model (an HF folder whose config has a vision
+        # tower): these engines run text decoders only, so they say so once
+        # (`"images": false`, touchstone then skips a VLM spec with the
+        # reason) instead of failing to load or running the prompt without
+        # its image.
+        why = vision_model(model)
+        if why is not None:
+            self.log(f"{model}: {why}; answering images: false")
+            return {"ok": True, "engine": self.name, "images": False, "why": why}
+        t0 = time.monotonic()
         answer = self.load_model(model, storage)
         self.loaded = True
         self.log(f"loaded {model} ({time.monotonic() - t0:.1f} s): {json.dumps(answer)}")
@@ -195,6 +204,20 @@ class Engine:
 
     def tokenize(self, text, chat):
         raise EngineError("this engine has no tokenizer")
+
+
+def vision_model(model):
+    """Why `model` is a vision-language model these text engines do not run
+    (its config.json has a `vision_config`), or None."""
+    cfg = os.path.join(model, "config.json")
+    if not os.path.isdir(model) or not os.path.exists(cfg):
+        return None
+    with open(cfg) as f:
+        c = json.load(f)
+    if "vision_config" not in c:
+        return None
+    return (f"{c.get('model_type', 'the model')} is a vision-language model; this engine runs text decoders "
+            "only (no vision tower, no image in its run requests)")
 
 
 def serve(engine, log):

@@ -342,6 +342,16 @@ fn clip(s: &str, n: usize) -> String {
     }
 }
 
+/// A VLM run request's `image`: its file (when it has one), and the
+/// processed pixels as touchstone feeds its own engines (tensor `pixels`
+/// [N, C·T·P·P] written to `pixels_file`) with the grid, so an engine may run
+/// its own processor or take these pixels.
+fn image_json(img: &super::ImageInput, pixels_file: &std::path::Path) -> Result<Value> {
+    let floats = [("pixels".to_string(), img.pixels.clone())].into_iter().collect();
+    crate::tensor::io::write_safetensors(pixels_file, &floats, &Default::default(), &Default::default())?;
+    Ok(json!({"path": img.path, "pixels": pixels_file, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
+}
+
 fn sampling_json(s: &Sampling) -> Value {
     match s {
         Sampling::Greedy => json!("greedy"),
@@ -399,16 +409,8 @@ impl Engine for ExecEngine {
         let out = self.work.path().join(format!("run-{n}.safetensors"));
         let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
         let forced = req.forced.as_ref().map(|f| f[..req.decode_steps.min(f.len())].to_vec());
-        // A VLM run's image: its file (when it has one), and the processed
-        // pixels as touchstone feeds its own engines (`pixels` [N, C·T·P·P]
-        // in a safetensors file) with the grid, so an engine may use either.
         let image = match &req.image {
-            Some(img) => {
-                let px = self.work.path().join(format!("run-{n}-pixels.safetensors"));
-                let floats = [("pixels".to_string(), img.pixels.clone())].into_iter().collect();
-                crate::tensor::io::write_safetensors(&px, &floats, &Default::default(), &Default::default())?;
-                Some(json!({"path": img.path, "pixels": px, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
-            }
+            Some(img) => Some(image_json(img, &self.work.path().join(format!("run-{n}-pixels.safetensors")))?),
             None => None,
         };
         let mut request = json!({
@@ -485,5 +487,32 @@ mod tests {
         assert_eq!(e.command_line(), "python3 'my engine.py' --flag x");
         assert!(ExecSpec::parse_cli("python3 'open").is_err());
         assert!(ExecSpec::parse_cli("   ").is_err());
+    }
+
+    #[test]
+    fn a_vlm_request_carries_the_image_file_the_pixels_and_the_grid() {
+        let d = tempfile::tempdir().unwrap();
+        let img = crate::engine::ImageInput {
+            pixels: crate::tensor::Tensor::new(vec![4, 3], (0..12).map(|i| i as f32 * 0.5).collect()),
+            grid: crate::model::ImageGrid { t: 1, h: 2, w: 2 },
+            path: Some("/images/cat.png".into()),
+            origin: "test".into(),
+        };
+        let file = d.path().join("px.safetensors");
+        let j = image_json(&img, &file).unwrap();
+        assert_eq!(j["path"], "/images/cat.png");
+        assert_eq!(j["grid_thw"], json!([1, 2, 2]));
+        assert_eq!(j["pixels"], json!(file));
+        let back = crate::tensor::io::read_safetensors(&file).unwrap();
+        assert_eq!(back.floats["pixels"], img.pixels);
+    }
+
+    #[test]
+    fn a_load_answer_can_say_the_engine_takes_no_images() {
+        use super::super::capabilities::Capabilities;
+        let c = Capabilities::from_answer(&json!({"ok": true, "images": false, "why": "text only"})).unwrap();
+        assert!(c.no_images.unwrap().contains("text only"));
+        assert!(Capabilities::from_answer(&json!({"ok": true})).unwrap().no_images.is_none());
+        assert!(Capabilities::from_answer(&json!({"images": "no"})).unwrap_err().contains("`images`"));
     }
 }
