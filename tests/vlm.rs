@@ -154,3 +154,40 @@ fn an_image_for_a_text_model_is_refused() {
     let s = write(d.path(), "text.yaml", &text);
     expect_exit2(&s, &["has no vision tower"]);
 }
+
+#[test]
+fn a_vlm_runs_a_text_prompt_without_vision_stages() {
+    let d = tempfile::tempdir().unwrap();
+    let model = root().join("goldens/qwen2-vl-tiny/model");
+    let s = write(
+        d.path(),
+        "text.yaml",
+        &format!(
+            "model: {}\nprompt: {{text: \"Describe the picture in one word.\", chat: true, decode_steps: 2}}\n\
+             stages:\n  \"*\": [finite, shape]\n  \"positions\": [mrope]\nrun_checks: [determinism, kv_cache]\n",
+            model.display()
+        ),
+    );
+    let o = touchstone(&["run", &s.display().to_string(), "-v"]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(
+        !o.stdout.contains("vision."),
+        "no vision stage without an image:\n{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("prefill  positions"), "{}", o.stdout);
+}
+
+#[test]
+fn a_golden_prompt_brings_the_pixels_it_was_recorded_with() {
+    let d = tempfile::tempdir().unwrap();
+    // No `text` and no `image`: tokens, pixels and grid come from the golden.
+    let s = vlm_spec(d.path(), |t| {
+        let start = t.find("prompt:\n").unwrap();
+        let end = t[start..].find("sampling:").unwrap() + start;
+        format!("{}prompt: {{golden: hf}}\n{}", &t[..start], &t[end..])
+    });
+    let o = touchstone(&["run", &s.display().to_string()]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    assert!(o.stdout.contains("PASSED"), "{}", o.stdout);
+}

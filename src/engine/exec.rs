@@ -410,7 +410,10 @@ impl Engine for ExecEngine {
         let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
         let forced = req.forced.as_ref().map(|f| f[..req.decode_steps.min(f.len())].to_vec());
         let image = match &req.image {
-            Some(img) => Some(image_json(img, &self.work.path().join(format!("run-{n}-pixels.safetensors")))?),
+            Some(img) => Some(image_json(
+                img,
+                &self.work.path().join(format!("run-{n}-pixels.safetensors")),
+            )?),
             None => None,
         };
         let mut request = json!({
@@ -512,7 +515,12 @@ mod tests {
         use super::super::capabilities::Capabilities;
         let c = Capabilities::from_answer(&json!({"ok": true, "images": false, "why": "text only"})).unwrap();
         assert!(c.no_images.unwrap().contains("text only"));
-        assert!(Capabilities::from_answer(&json!({"ok": true})).unwrap().no_images.is_none());
-        assert!(Capabilities::from_answer(&json!({"images": "no"})).unwrap_err().contains("`images`"));
+        assert!(Capabilities::from_answer(&json!({"ok": true}))
+            .unwrap()
+            .no_images
+            .is_none());
+        assert!(Capabilities::from_answer(&json!({"images": "no"}))
+            .unwrap_err()
+            .contains("`images`"));
     }
 }

@@ -76,8 +76,12 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
     let mut missing = Missing::default();
     for step in Step::sequence(facts.decode_steps) {
         for (stage, list) in &per_stage {
-            // The image is encoded once: a decode step has no vision stages.
+            // The image is encoded once: a decode step has no vision stages,
+            // and a VLM run without an image (a text prompt) none at all.
             if step != Step::Prefill && stage.prefill_only() {
+                continue;
+            }
+            if facts.image.is_none() && matches!(stage, Stage::Vision(_)) {
                 continue;
             }
             for (id, check) in list {
