@@ -244,6 +244,23 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
 /// at position 300 is ~1e-4 of a radian on the fastest pair). A wrong angle
 /// moves the pair by ~|Δangle|·‖x‖, orders of magnitude more.
 pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, theta: f64) -> Verdict {
+    let rows: Vec<[usize; 3]> = positions.iter().map(|&p| [p, p, p]).collect();
+    let d = input.shape().last().copied().unwrap_or(0);
+    rope_axes(input, output, &rows, &vec![0; d / 2], style, tol, theta)
+}
+
+/// `rope` with multimodal positions (M-RoPE): row t's frequency j turns by
+/// `positions[t][axes[j]]` (axes 0 t, 1 h, 2 w; `model::vision::MRope`). A
+/// row is at position 0 when every axis is.
+pub fn rope_axes(
+    input: &Tensor,
+    output: &Tensor,
+    positions: &[[usize; 3]],
+    axes: &[usize],
+    style: RopeStyle,
+    tol: f64,
+    theta: f64,
+) -> Verdict {
     if input.shape() != output.shape() {
         return Verdict::fail(format!(
             "rope: input shape {:?} vs output shape {:?}: both must be the same [T, N, D]",
@@ -260,6 +277,15 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
     if positions.len() != t {
         return Verdict::fail(format!("rope: {} positions given for T = {t} rows", positions.len()));
     }
+    if axes.len() != d / 2 || axes.iter().any(|&a| a > 2) {
+        return Verdict::fail(format!(
+            "rope: {} frequency axes given for D/2 = {} frequencies",
+            axes.len(),
+            d / 2
+        ));
+    }
+    // The position frequency j of row tt turns by.
+    let pos = |tt: usize, j: usize| positions[tt][axes[j]];
     for (name, x) in [("input", input), ("output", output)] {
         if let Some(i) = x.data().iter().position(|v| !v.is_finite()) {
             return Verdict::fail(format!(
@@ -282,7 +308,7 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
         let base = (tt * n + hh) * d;
         format!(
             "[t, head, pair] = [{tt}, {hh}, {j}] (dims {i0}, {i1}, position {}): input ({}, {}) output ({}, {})",
-            positions[tt],
+            pos(tt, j),
             a[base + i0],
             a[base + i1],
             b[base + i0],
@@ -294,7 +320,8 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
     let (mut norm_bad, mut norm_max, mut norm_first) = (0usize, 0.0f64, None);
     let (mut ang_bad, mut ang_max, mut ang_first) = (0usize, 0.0f64, None);
     let inv_freq: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
-    for (tt, &p) in positions.iter().enumerate() {
+    for (tt, row) in positions.iter().enumerate() {
+        let p = row.iter().copied().max().unwrap_or(0);
         pos0_rows += (p == 0) as usize;
         for hh in 0..n {
             let base = (tt * n + hh) * d;
@@ -311,7 +338,7 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
                     norm_first.get_or_insert((tt, hh, j, nin, nout));
                 }
                 all_zero &= nin <= tol;
-                let angle = p as f64 * freq;
+                let angle = pos(tt, j) as f64 * freq;
                 let (c, sn) = (angle.cos(), angle.sin());
                 let (r0, r1) = (x0 * c - x1 * sn, x1 * c + x0 * sn);
                 let resid = (y0 - r0).hypot(y1 - r1);
@@ -354,7 +381,7 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
     if let Some((tt, hh, diff)) = unrot_first {
         failures.push(format!(
             "(2) not rotated: {unrotated} of {checked} vectors at positions > 0 equal their input within tol; \
-             first [t, head] = [{tt}, {hh}] at position {} (max |Δ| {}); e.g. {}",
+             first [t, head] = [{tt}, {hh}] at position {:?} (max |Δ| {}); e.g. {}",
             positions[tt],
             sci(diff),
             pair_text(tt, hh, 0)
@@ -397,7 +424,12 @@ pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeSty
         "rope ({}) on {:?}, positions {}, tol {tol:e} + {dtype} rounding u = 2^{}",
         style.name(),
         input.shape(),
-        describe_positions(positions),
+        if positions.iter().all(|r| r[0] == r[1] && r[1] == r[2]) {
+            describe_positions(&positions.iter().map(|r| r[0]).collect::<Vec<_>>())
+        } else {
+            let axis = |a: usize| describe_positions(&positions.iter().map(|r| r[a]).collect::<Vec<_>>());
+            format!("(M-RoPE) t {}, h {}, w {}", axis(0), axis(1), axis(2))
+        },
         u.log2() as i32
     );
     let v = if failures.is_empty() {
