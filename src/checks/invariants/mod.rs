@@ -381,8 +381,11 @@ pub fn rope_axes(
     if let Some((tt, hh, diff)) = unrot_first {
         failures.push(format!(
             "(2) not rotated: {unrotated} of {checked} vectors at positions > 0 equal their input within tol; \
-             first [t, head] = [{tt}, {hh}] at position {:?} (max |Δ| {}); e.g. {}",
-            positions[tt],
+             first [t, head] = [{tt}, {hh}] at position {} (max |Δ| {}); e.g. {}",
+            match positions[tt] {
+                [a, b, c] if a == b && b == c => a.to_string(),
+                [a, b, c] => format!("(t {a}, h {b}, w {c})"),
+            },
             sci(diff),
             pair_text(tt, hh, 0)
         ));
