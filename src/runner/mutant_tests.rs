@@ -417,6 +417,9 @@ mod families {
                 Mutant::VisionAttnCausal,
                 "prefill/vision.blk.0.attn_probs::bidirectional",
             ),
+            // qwen2-vl-tiny's language model rotates with base 1e6, its tower 1e4.
+            (Mutant::VisionRopeTextTheta, "prefill/vision.blk.0.q_rope::rope"),
+            (Mutant::MropeOneD, "prefill/blk.0.q_rope::rope"),
         ] {
             let (ok, _) = status(None, id);
             assert_eq!(ok, Status::Pass, "{id} on the correct engine");

@@ -246,17 +246,34 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
 pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, theta: f64) -> Verdict {
     let rows: Vec<[usize; 3]> = positions.iter().map(|&p| [p, p, p]).collect();
     let d = input.shape().last().copied().unwrap_or(0);
-    rope_axes(input, output, &rows, &vec![0; d / 2], style, tol, theta)
+    let inv_freq: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
+    rope_axes(
+        input,
+        output,
+        &rows,
+        ["t", "h", "w"],
+        &vec![0; d / 2],
+        &inv_freq,
+        style,
+        tol,
+        theta,
+    )
 }
 
-/// `rope` with multimodal positions (M-RoPE): row t's frequency j turns by
-/// `positions[t][axes[j]]` (axes 0 t, 1 h, 2 w; `model::vision::MRope`). A
-/// row is at position 0 when every axis is.
+/// `rope` with multimodal positions: row t's pair j turns by
+/// `positions[t][axes[j]]·inv_freq[j]` (M-RoPE: axes 0 t, 1 h, 2 w,
+/// `model::vision::MRope`; a vision tower's 2-D rotary: h then w, each over
+/// its own D/4 frequencies). A row is at position 0 when every axis is;
+/// `names` name the axes and `theta` the base in messages (an axis named
+/// `-` is unused).
+#[allow(clippy::too_many_arguments)]
 pub fn rope_axes(
     input: &Tensor,
     output: &Tensor,
     positions: &[[usize; 3]],
+    names: [&str; 3],
     axes: &[usize],
+    inv_freq: &[f64],
     style: RopeStyle,
     tol: f64,
     theta: f64,
@@ -277,7 +294,7 @@ pub fn rope_axes(
     if positions.len() != t {
         return Verdict::fail(format!("rope: {} positions given for T = {t} rows", positions.len()));
     }
-    if axes.len() != d / 2 || axes.iter().any(|&a| a > 2) {
+    if axes.len() != d / 2 || axes.iter().any(|&a| a > 2) || inv_freq.len() != d / 2 {
         return Verdict::fail(format!(
             "rope: {} frequency axes given for D/2 = {} frequencies",
             axes.len(),
@@ -319,7 +336,6 @@ pub fn rope_axes(
     let (mut checked, mut unrotated, mut skipped, mut unrot_first) = (0usize, 0usize, 0usize, None);
     let (mut norm_bad, mut norm_max, mut norm_first) = (0usize, 0.0f64, None);
     let (mut ang_bad, mut ang_max, mut ang_first) = (0usize, 0.0f64, None);
-    let inv_freq: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
     for (tt, row) in positions.iter().enumerate() {
         let p = row.iter().copied().max().unwrap_or(0);
         pos0_rows += (p == 0) as usize;
@@ -384,7 +400,14 @@ pub fn rope_axes(
              first [t, head] = [{tt}, {hh}] at position {} (max |Δ| {}); e.g. {}",
             match positions[tt] {
                 [a, b, c] if a == b && b == c => a.to_string(),
-                [a, b, c] => format!("(t {a}, h {b}, w {c})"),
+                r => format!(
+                    "({})",
+                    (0..3)
+                        .filter(|&a| names[a] != "-")
+                        .map(|a| format!("{} {}", names[a], r[a]))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             },
             sci(diff),
             pair_text(tt, hh, 0)
@@ -431,7 +454,11 @@ pub fn rope_axes(
             describe_positions(&positions.iter().map(|r| r[0]).collect::<Vec<_>>())
         } else {
             let axis = |a: usize| describe_positions(&positions.iter().map(|r| r[a]).collect::<Vec<_>>());
-            format!("(M-RoPE) t {}, h {}, w {}", axis(0), axis(1), axis(2))
+            let shown: Vec<String> = (0..3)
+                .filter(|&a| names[a] != "-")
+                .map(|a| format!("{} {}", names[a], axis(a)))
+                .collect();
+            format!("per axis: {}", shown.join(", "))
         },
         u.log2() as i32
     );

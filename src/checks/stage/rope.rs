@@ -14,7 +14,7 @@ use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
 use crate::checks::params::tol_value;
 use crate::checks::verdict::Verdict;
 use crate::stage::pattern::StageTemplate;
-use crate::stage::{BlockStage, RopeStyle, Stage};
+use crate::stage::{BlockStage, RopeStyle, Stage, VBlock, VisionStage};
 
 /// The rule as written: `rope` or `{rope: {input: "blk.{i}.q", style: neox, tol: 1e-5}}`.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,7 +60,7 @@ impl<'de> Deserialize<'de> for TemplateText {
 
 impl Kind for Rope {
     const NAME: &'static str = "rope";
-    const PARAMS: &'static str = "input (blk.{i}.q for q_rope, blk.{i}.k for k_rope), style (neox | interleaved), tol (1e-5)";
+    const PARAMS: &'static str = "input (blk.{i}.q for q_rope, blk.{i}.k for k_rope; vision.blk.{i}.q / .k in a vision tower), style (neox | interleaved), tol (1e-5)";
     const ABOUT: &'static str = "the stage is its input rotated by RoPE: the identity at position 0, norm-preserving, by position·θ^(−2j/D) at every pair";
     fn bare() -> Self {
         Rope {
@@ -91,9 +91,11 @@ impl StageRule for Rope {
     /// Without `input:`, q_rope reads q and k_rope reads k.
     fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
         let input = match (&self.input, stage) {
-            (Some(t), Stage::Block(l, _)) => t
+            (Some(t), Stage::Block(l, _) | Stage::Vision(VisionStage::Block(l, _))) => t
                 .resolve(l)
                 .ok_or_else(|| format!("rope input `{}` does not resolve for layer {l}", t.as_str()))?,
+            (None, Stage::Vision(VisionStage::Block(i, VBlock::QRope))) => Stage::Vision(VisionStage::Block(i, VBlock::Q)),
+            (None, Stage::Vision(VisionStage::Block(i, VBlock::KRope))) => Stage::Vision(VisionStage::Block(i, VBlock::K)),
             (None, Stage::Block(l, BlockStage::QRope)) => Stage::Block(l, BlockStage::Q),
             (None, Stage::Block(l, BlockStage::KRope)) => Stage::Block(l, BlockStage::K),
             _ => {
@@ -144,14 +146,32 @@ impl StageCheck for RopeCheck {
         };
         // Each layer rotates by its own base (Gemma 3's local layers have theirs).
         let theta = at.stage.layer().map_or(facts.config.rope_theta, |l| facts.config.rope_theta_of(l));
+        // A vision tower's 2-D rotary: the first D/4 pairs turn by the
+        // patch's row h, the next D/4 by its column w, each with
+        // θ_v^(−2i/(D/2)), i < D/4, θ_v the tower's base.
+        if let (Stage::Vision(_), Some(vc)) = (at.stage, &facts.config.vision) {
+            let Some(img) = facts.image else {
+                return Verdict::not_applicable("the run has no image");
+            };
+            let dv = vc.head_dim();
+            let (q, half) = (dv / 4, dv / 2);
+            let rows: Vec<[usize; 3]> = img.grid.patch_hw(vc.merge).into_iter().map(|(h, w)| [h, w, 0]).collect();
+            let axes: Vec<usize> = (0..half).map(|j| usize::from(j >= q)).collect();
+            let inv: Vec<f64> = (0..half)
+                .map(|j| vc.rope_theta.powf(-((2 * (j % q)) as f64) / half as f64))
+                .collect();
+            return invariants::rope_axes(input, t, &rows, ["h", "w", "-"], &axes, &inv, self.style, self.tol, vc.rope_theta);
+        }
         // A VLM's M-RoPE: each frequency turns by its section's axis position.
         if let (Some(vc), Some(mr)) = (&facts.config.vision, &facts.config.mrope) {
             let rows = match mrope_rows(facts, at.step, vc) {
                 Ok(r) => r,
                 Err(m) => return Verdict::fail(format!("rope: the prompt does not fit the image: {m}")),
             };
-            let axes: Vec<usize> = (0..facts.config.head_dim / 2).map(|j| mr.axis_of(j)).collect();
-            return invariants::rope_axes(input, t, &rows, &axes, self.style, self.tol, theta);
+            let d = facts.config.head_dim;
+            let axes: Vec<usize> = (0..d / 2).map(|j| mr.axis_of(j)).collect();
+            let inv: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
+            return invariants::rope_axes(input, t, &rows, ["t", "h", "w"], &axes, &inv, self.style, self.tol, theta);
         }
         invariants::rope(input, t, at.positions(), self.style, self.tol, theta)
     }
