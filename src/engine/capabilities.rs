@@ -25,9 +25,24 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Every stage (the built-in engines).
+    /// Every stage, and images (the built-in CPU and CUDA engines).
     pub fn all() -> Capabilities {
         Capabilities::default()
+    }
+
+    /// Every stage of a text model: what an engine that says nothing about
+    /// images gets (`Engine::capabilities`' default). Taking an image is
+    /// declared, never assumed: an engine written for text decoders would
+    /// otherwise be handed a vision-language spec and fail every check.
+    pub fn text_only() -> Capabilities {
+        Capabilities {
+            no_images: Some(
+                "it does not declare that it takes images (a Rust engine: `Engine::capabilities` with \
+                 `no_images: None`; a protocol engine: `\"images\": true` in its load answer)"
+                    .into(),
+            ),
+            ..Capabilities::default()
+        }
     }
 
     /// None when `stage` can be tapped; else why not, for the report.
@@ -81,9 +96,11 @@ impl Capabilities {
                     .to_string(),
             ),
         };
-        // `"images": false`: the engine takes no image (a text-only engine).
+        // `"images": true` declares that the engine takes images; false (or
+        // nothing) that it runs text-only models.
         let no_images = match answer.get("images") {
-            None | Some(serde_json::Value::Bool(true)) => None,
+            Some(serde_json::Value::Bool(true)) => None,
+            None => Capabilities::text_only().no_images,
             Some(serde_json::Value::Bool(false)) => Some(format!(
                 "the engine answered `\"images\": false`: it runs text-only models{}",
                 why.as_deref().map(|w| format!(" ({w})")).unwrap_or_default()

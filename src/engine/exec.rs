@@ -515,10 +515,13 @@ mod tests {
         use super::super::capabilities::Capabilities;
         let c = Capabilities::from_answer(&json!({"ok": true, "images": false, "why": "text only"})).unwrap();
         assert!(c.no_images.unwrap().contains("text only"));
-        assert!(Capabilities::from_answer(&json!({"ok": true}))
+        assert!(Capabilities::from_answer(&json!({"ok": true, "images": true}))
             .unwrap()
             .no_images
             .is_none());
+        // Saying nothing is text-only: taking an image is declared.
+        let silent = Capabilities::from_answer(&json!({"ok": true})).unwrap();
+        assert!(silent.no_images.unwrap().contains("does not declare"));
         assert!(Capabilities::from_answer(&json!({"images": "no"}))
             .unwrap_err()
             .contains("`images`"));

@@ -216,8 +216,11 @@ pub trait Engine: Send + Sync {
     }
     /// The stages it can tap (every one unless it says otherwise): checks
     /// reading another stage are not applicable to it (`capabilities`).
+    /// Taking an image is declared (`no_images: None`), never assumed: the
+    /// default runs text models only, and a vision-language spec on it is
+    /// skipped once with that reason.
     fn capabilities(&self) -> capabilities::Capabilities {
-        capabilities::Capabilities::all()
+        capabilities::Capabilities::text_only()
     }
     /// The model's configuration (shapes of every stage follow from it).
     fn config(&self) -> &ModelConfig;

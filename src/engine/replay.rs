@@ -50,6 +50,9 @@ impl Engine for Replay<'_> {
     fn arithmetic(&self) -> Option<crate::arithmetic::Arithmetic> {
         self.inner.arithmetic()
     }
+    fn capabilities(&self) -> super::capabilities::Capabilities {
+        self.inner.capabilities()
+    }
     fn config(&self) -> &ModelConfig {
         self.inner.config()
     }

@@ -142,6 +142,11 @@ impl Engine for CpuEngine {
         &self.cfg
     }
 
+    /// Every stage, and images (the vision tower of Qwen2-VL and Qwen3-VL).
+    fn capabilities(&self) -> super::capabilities::Capabilities {
+        super::capabilities::Capabilities::all()
+    }
+
     fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
         self.weights.visit(&self.cfg, f);
         if let (Some(v), Some(vc)) = (&self.vision, &self.cfg.vision) {

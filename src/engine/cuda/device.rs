@@ -417,6 +417,11 @@ where
         &self.cfg
     }
 
+    /// Every stage, and images (its vision tower runs on the device).
+    fn capabilities(&self) -> crate::engine::capabilities::Capabilities {
+        crate::engine::capabilities::Capabilities::all()
+    }
+
     /// The device copies, read back one tensor at a time: a bad upload or a
     /// wrong offset shows in the `weights` check named by tensor.
     fn visit_weights(&self, f: &mut crate::engine::WeightVisitor) -> Result<()> {
