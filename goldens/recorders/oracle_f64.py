@@ -202,6 +202,16 @@ def stream_float64(model):
     return held, largest
 
 
+def rms_forward_f64(self, hidden_states):
+    """An RMSNorm's forward in float64 (HF's own RMSNorm casts to float32
+    inside): the method every RMSNorm of an oracle model runs
+    (record_vlm.py's oracle uses it too)."""
+    assert hidden_states.dtype == torch.float64 and self.weight.dtype == torch.float64
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states
+
+
 def to_float64(model):
     """Make every forward of `model` the float64 oracle: parameters widened
     unit by unit while they are used (stream_float64), buffers (RoPE
@@ -267,13 +277,7 @@ def to_float64(model):
             norms += 1
         elif cls.endswith("RMSNorm"):
             assert hasattr(mod, "variance_epsilon"), name
-
-            def rms_forward(self, hidden_states):
-                assert hidden_states.dtype == torch.float64 and self.weight.dtype == torch.float64
-                variance = hidden_states.pow(2).mean(-1, keepdim=True)
-                hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-                return self.weight * hidden_states
-            mod.forward = types.MethodType(rms_forward, mod)
+            mod.forward = types.MethodType(rms_forward_f64, mod)
             norms += 1
         else:
             assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"

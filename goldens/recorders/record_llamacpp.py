@@ -468,6 +468,25 @@ def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, posit
     return out
 
 
+def versions_and_build(binfo, **more):
+    """The `versions` and `build` entries of a llama.cpp golden's provenance:
+    the Python side's packages and what build_llamacpp.py built libllama
+    from (`binfo`), plus `more` versions. record_llamacpp_vlm.py and
+    record_next_token.py write the same entries."""
+    versions = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "safetensors": safetensors.__version__,
+        "llama_cpp_python": binfo["llama_cpp_python"],
+        "llama_cpp_commit": binfo["llama_cpp_commit"],
+        "ggml": binfo["ggml_version"],
+        "cmake": binfo["cmake"],
+        "compiler": binfo["compiler"],
+        **more,
+    }
+    return versions, {"cmake_flags": binfo["flags"], "target": binfo["target"]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gguf")
@@ -719,20 +738,12 @@ def main():
             assert v.shape == hf[k].shape, f"{k}: {v.shape} vs the HF golden's {hf[k].shape}"
 
     gguf_sha = sha256_file(args.gguf)
+    versions, build = versions_and_build(binfo)
     prov = {
         "source": "llama.cpp",
         "recorder": RECORDER,
-        "versions": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "safetensors": safetensors.__version__,
-            "llama_cpp_python": binfo["llama_cpp_python"],
-            "llama_cpp_commit": binfo["llama_cpp_commit"],
-            "ggml": binfo["ggml_version"],
-            "cmake": binfo["cmake"],
-            "compiler": binfo["compiler"],
-        },
-        "build": {"cmake_flags": binfo["flags"], "target": binfo["target"]},
+        "versions": versions,
+        "build": build,
         "settings": {
             "kv_cache_type": args.kv_type,
             "flash_attn": "disabled",

@@ -509,20 +509,12 @@ def main():
         assert v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
         assert np.isfinite(v).all() if v.dtype.kind == "f" else True, f"{k} not finite"
 
+    versions, build = rl.versions_and_build(binfo)
     prov = {
         "source": "llama.cpp",
         "recorder": RECORDER,
-        "versions": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "safetensors": safetensors.__version__,
-            "llama_cpp_python": binfo["llama_cpp_python"],
-            "llama_cpp_commit": binfo["llama_cpp_commit"],
-            "ggml": binfo["ggml_version"],
-            "cmake": binfo["cmake"],
-            "compiler": binfo["compiler"],
-        },
-        "build": {"cmake_flags": binfo["flags"], "target": binfo["target"]},
+        "versions": versions,
+        "build": build,
         "settings": {
             "kv_cache_type": "f32", "flash_attn": "disabled (LM and vision)", "n_threads": args.threads,
             "n_ctx": 256, "n_gpu_layers": 0, "logits": "all tokens",

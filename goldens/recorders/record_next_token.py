@@ -515,19 +515,10 @@ def llamacpp_run(args, prompts, ids_of, model_config):
         lc.llama_model_free(model)
 
     gguf_sha = sha256_file(args.model)
+    versions, build = record_llamacpp.versions_and_build(binfo, pyyaml=yaml.__version__)
     prov = {
-        "versions": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "safetensors": safetensors.__version__,
-            "pyyaml": yaml.__version__,
-            "llama_cpp_python": binfo["llama_cpp_python"],
-            "llama_cpp_commit": binfo["llama_cpp_commit"],
-            "ggml": binfo["ggml_version"],
-            "cmake": binfo["cmake"],
-            "compiler": binfo["compiler"],
-        },
-        "build": {"cmake_flags": binfo["flags"], "target": binfo["target"]},
+        "versions": versions,
+        "build": build,
         "gguf_sha256": gguf_sha,
         "model": {"format": "gguf", "file": os.path.basename(args.model), "sha256": gguf_sha,
                   "general_name": general_name, "architecture": arch, "file_type": file_type},

@@ -114,7 +114,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_io  # noqa: E402
 from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
-from oracle_f64 import F32Guard, allowed  # noqa: E402
+from oracle_f64 import F32Guard, allowed, rms_forward_f64  # noqa: E402
 import record_hf  # noqa: E402  (Recorder, build_provenance, make_deterministic, attention statistics)
 
 RECORDER = "goldens/recorders/record_vlm.py"
@@ -214,12 +214,7 @@ def to_float64_vlm(model, modeling):
     norms = 0
     for name, mod in model.named_modules():
         if type(mod).__name__.endswith("RMSNorm"):
-            def rms_forward(self, hidden_states):
-                assert hidden_states.dtype == torch.float64 and self.weight.dtype == torch.float64
-                variance = hidden_states.pow(2).mean(-1, keepdim=True)
-                hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-                return self.weight * hidden_states
-            mod.forward = types.MethodType(rms_forward, mod)
+            mod.forward = types.MethodType(rms_forward_f64, mod)
             norms += 1
         elif "Norm" in type(mod).__name__:
             assert isinstance(mod, torch.nn.LayerNorm), f"{name}: {type(mod).__name__} has no float64 replacement"
