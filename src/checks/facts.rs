@@ -95,6 +95,24 @@ impl<'a> Facts<'a> {
         }
     }
 
+    /// A VLM step's M-RoPE positions `[3][T]` as a correct engine computes
+    /// them from the prompt and the image grid (`model::vision::step_positions`);
+    /// an error when the prompt does not fit the image or the model has no
+    /// vision tower.
+    pub fn mrope_positions(&self, step: Step) -> Result<[Vec<i64>; 3], String> {
+        let vc = self.config.vision.as_ref().ok_or("the model has no M-RoPE")?;
+        let grids: Vec<_> = self.image.iter().map(|i| i.grid).collect();
+        let (p, delta) = crate::model::vision::mrope_positions(self.prompt, vc.image_token, &grids, vc.merge)?;
+        match step {
+            Step::Prefill => Ok(p),
+            Step::Decode(n) => {
+                let pos0 = self.prompt.len() + n - 1;
+                let (t, m) = (vc.image_token, vc.merge);
+                crate::model::vision::step_positions(&[0], pos0, t, &grids, m, delta).map(|(p, _)| p)
+            }
+        }
+    }
+
     /// The canonical shape of a stage at a step.
     pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
         let (t, s) = self.step_dims(step);

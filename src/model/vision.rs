@@ -231,6 +231,26 @@ pub fn canonical_name(name: &str) -> String {
     }
 }
 
+/// The M-RoPE positions of one step of `tokens` whose first sits at cache
+/// position `pos0`, and the run's delta: at the prefill (`pos0` 0) the
+/// prompt's (`mrope_positions`, which sets the delta); after it the cache
+/// position plus `delta` on every axis (HF's `cache_position +
+/// rope_deltas`). The one rule the engines and the checks share.
+pub fn step_positions(
+    tokens: &[u32],
+    pos0: usize,
+    image_token: u32,
+    grids: &[ImageGrid],
+    merge: usize,
+    delta: i64,
+) -> Result<([Vec<i64>; 3], i64), String> {
+    if pos0 == 0 {
+        return mrope_positions(tokens, image_token, grids, merge);
+    }
+    let p: Vec<i64> = (0..tokens.len()).map(|i| (pos0 + i) as i64 + delta).collect();
+    Ok(([p.clone(), p.clone(), p], delta))
+}
+
 /// Reads a VLM config (`model_type` `qwen2_vl` / `qwen3_vl`): the text
 /// decoder's JSON (to be read as `arch`), the tower, and the M-RoPE sections.
 pub fn split_config(v: &Value) -> Result<(Value, &'static str, VisionConfig, MRope), String> {

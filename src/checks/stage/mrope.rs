@@ -64,17 +64,17 @@ impl StageCheck for Mrope {
             Err(v) => return v,
         };
         let grids: Vec<_> = facts.image.iter().map(|i| i.grid).collect();
-        let (want, delta) = match mrope_positions(facts.prompt, vc.image_token, &grids, vc.merge) {
-            Ok(x) => x,
-            Err(m) => return Verdict::fail(format!("the prompt does not fit the image: {m}")),
+        let (delta, want) = match (
+            mrope_positions(facts.prompt, vc.image_token, &grids, vc.merge),
+            facts.mrope_positions(at.step),
+        ) {
+            (Ok((_, delta)), Ok(want)) => (delta, want),
+            (Err(m), _) | (_, Err(m)) => return Verdict::fail(format!("the prompt does not fit the image: {m}")),
         };
         let run_t = facts.step_dims(at.step).0;
-        let (want, first): ([Vec<i64>; 3], usize) = match at.step {
-            Step::Prefill => (want, 0),
-            Step::Decode(n) => {
-                let p = vec![(facts.prompt.len() + n - 1) as i64 + delta];
-                ([p.clone(), p.clone(), p], facts.prompt.len() + n - 1)
-            }
+        let first = match at.step {
+            Step::Prefill => 0,
+            Step::Decode(n) => facts.prompt.len() + n - 1,
         };
         if got.shape() != [3, run_t] {
             return Verdict::fail(format!("positions have shape {:?}, expected [3, {run_t}]", got.shape()));

@@ -163,8 +163,8 @@ impl StageCheck for RopeCheck {
             return invariants::rope_axes(input, t, &rows, ["h", "w", "-"], &axes, &inv, self.style, self.tol, vc.rope_theta);
         }
         // A VLM's M-RoPE: each frequency turns by its section's axis position.
-        if let (Some(vc), Some(mr)) = (&facts.config.vision, &facts.config.mrope) {
-            let rows = match mrope_rows(facts, at.step, vc) {
+        if let Some(mr) = &facts.config.mrope {
+            let rows = match mrope_rows(facts, at.step) {
                 Ok(r) => r,
                 Err(m) => return Verdict::fail(format!("rope: the prompt does not fit the image: {m}")),
             };
@@ -177,23 +177,9 @@ impl StageCheck for RopeCheck {
     }
 }
 
-/// The (t, h, w) positions of a VLM step's rows: the prompt's M-RoPE ids at
-/// the prefill, the cache position plus the prefill's delta after it.
-fn mrope_rows(
-    facts: &Facts,
-    step: crate::stage::Step,
-    vc: &crate::model::vision::VisionConfig,
-) -> Result<Vec<[usize; 3]>, String> {
-    let grids: Vec<_> = facts.image.iter().map(|i| i.grid).collect();
-    let (p, delta) = crate::model::vision::mrope_positions(facts.prompt, vc.image_token, &grids, vc.merge)?;
+/// The (t, h, w) positions of a VLM step's rows (`Facts::mrope_positions`).
+fn mrope_rows(facts: &Facts, step: crate::stage::Step) -> Result<Vec<[usize; 3]>, String> {
+    let p = facts.mrope_positions(step)?;
     let at = |v: i64| usize::try_from(v).map_err(|_| format!("negative position {v}"));
-    match step {
-        crate::stage::Step::Prefill => (0..facts.prompt.len())
-            .map(|r| Ok([at(p[0][r])?, at(p[1][r])?, at(p[2][r])?]))
-            .collect(),
-        crate::stage::Step::Decode(n) => {
-            let q = at((facts.prompt.len() + n - 1) as i64 + delta)?;
-            Ok(vec![[q, q, q]])
-        }
-    }
+    (0..p[0].len()).map(|r| Ok([at(p[0][r])?, at(p[1][r])?, at(p[2][r])?])).collect()
 }

@@ -218,20 +218,15 @@ impl Forward for CpuEngine {
         let mm = match &self.cfg.vision {
             Some(vc) => {
                 let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
-                let positions = if s.pos0 == 0 {
-                    let (p, delta) = if self.mutants.is(Mutant::MropeOneD) {
-                        let p: Vec<i64> = (0..s.tokens.len() as i64).collect();
-                        ([p.clone(), p.clone(), p], 0)
-                    } else {
-                        crate::model::vision::mrope_positions(s.tokens, vc.image_token, &grids, vc.merge)
-                            .map_err(|m| crate::Error::engine("cpu", m))?
-                    };
-                    run.rope_delta = delta;
-                    p
+                let (positions, delta) = if s.pos0 == 0 && self.mutants.is(Mutant::MropeOneD) {
+                    let p: Vec<i64> = (0..s.tokens.len() as i64).collect();
+                    ([p.clone(), p.clone(), p], 0)
                 } else {
-                    let p = vec![s.pos0 as i64 + run.rope_delta];
-                    [p.clone(), p.clone(), p]
+                    let (t, m) = (vc.image_token, vc.merge);
+                    crate::model::vision::step_positions(s.tokens, s.pos0, t, &grids, m, run.rope_delta)
+                        .map_err(|m| crate::Error::engine("cpu", m))?
                 };
+                run.rope_delta = delta;
                 if let (0, Some(img), Some(vw)) = (s.pos0, &run.image, &self.vision) {
                     let mut tap = Tap {
                         taps: s.taps,

@@ -75,16 +75,11 @@ where
     ) -> Result<VlmStep<T>> {
         let vc = self.cfg.vision.as_ref().expect("a VLM run has a vision config");
         let (t, e) = (tokens.len(), self.cfg.hidden);
-        let positions = if pos0 == 0 {
-            let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
-            let (p, delta) = crate::model::vision::mrope_positions(tokens, vc.image_token, &grids, vc.merge)
+        let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
+        let (positions, delta) =
+            crate::model::vision::step_positions(tokens, pos0, vc.image_token, &grids, vc.merge, run.delta)
                 .map_err(|m| Error::engine(self.dev.engine_name(), m))?;
-            run.delta = delta;
-            p
-        } else {
-            let p = vec![pos0 as i64 + run.delta];
-            [p.clone(), p.clone(), p]
-        };
+        run.delta = delta;
         let flat: Vec<i32> = positions
             .iter()
             .flat_map(|a| a.iter().map(|&v| i32::try_from(v).unwrap_or(i32::MAX)))
