@@ -49,6 +49,9 @@ pub struct Facts<'a> {
     pub tolerance: &'a BTreeMap<DType, TolSpec>,
     /// The scaled policy's parameters (`scaled:`).
     pub scaled: &'a ScaledSpec,
+    /// Floor terms one run shares between its checks (the runner's; None:
+    /// each floor computed afresh).
+    pub floor_memo: Option<&'a super::floor::FloorMemo>,
 }
 
 impl<'a> Facts<'a> {

@@ -95,9 +95,18 @@ pub fn floor_of<'s>(
     m: f64,
     arith: Arithmetic,
     judged: Option<&str>,
-    x: &(dyn Fn(Stage) -> Option<&'s Tensor> + 's),
+    x: &super::floor::Source<'s>,
 ) -> Floor {
-    floor_at(facts, oracle, step, arith, judged).floor(stage, m, x)
+    let compute = || floor_at(facts, oracle, step, arith, judged).floor(stage, m, x);
+    // A source's floor is the same in every check that asks for it (the
+    // memo is one run's: `judged` None is that run's engine).
+    match facts.floor_memo {
+        Some(memo) => memo.floor(
+            (judged.unwrap_or("\0engine").to_string(), step, stage, arith.name()),
+            compute,
+        ),
+        None => compute(),
+    }
 }
 
 /// Where a source judged in arithmetic `arith` has its floors computed; its

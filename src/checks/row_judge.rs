@@ -73,7 +73,15 @@ impl RowJudgement {
 pub struct RowInputs<'t> {
     pub judged: &'t Tensor,
     pub oracle_view: &'t Tensor,
-    pub peers: Vec<Cow<'t, Tensor>>,
+    pub peers: Vec<Peer<'t>>,
+}
+
+/// A reference an engine's rows are measured by, with each row's own
+/// allowance (factor × its row floor) where it has row floors: a row it
+/// misses does not widen the engine's allowance for that row.
+pub struct Peer<'t> {
+    pub tensor: Cow<'t, Tensor>,
+    pub row_allowed: Option<Vec<f64>>,
 }
 
 /// The worst row of `inputs` at (step, stage), X's tensors read through `x`
@@ -87,7 +95,7 @@ pub fn worst_row<'s>(
     stage: Stage,
     arith: Arithmetic,
     judged: Option<&str>,
-    x: &(dyn Fn(Stage) -> Option<&'s Tensor> + 's),
+    x: &super::floor::Source<'s>,
     inputs: &RowInputs,
 ) -> Option<RowJudgement> {
     let floors = floor_at(facts, oracle, step, arith, judged).row_floors(stage, x)?;
@@ -119,8 +127,12 @@ pub fn worst_row<'s>(
             inputs
                 .peers
                 .iter()
-                .filter(|p| p.data().len() == len)
-                .filter_map(|p| row_error(p, i))
+                .filter(|p| p.tensor.data().len() == len)
+                .filter_map(|p| {
+                    let e = row_error(&p.tensor, i)?;
+                    let within = p.row_allowed.as_ref().and_then(|a| a.get(i)).is_none_or(|a| e <= *a);
+                    within.then_some(e)
+                })
                 .fold(0.0f64, f64::max)
         });
         let floor = floors[i];

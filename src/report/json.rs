@@ -38,6 +38,8 @@ struct JsonRun<'a> {
     first_divergence: Option<&'a Divergence>,
     suspect_golden: Option<&'a Divergence>,
     skipped: Option<&'a str>,
+    notes: &'a [String],
+    suspect_references: Vec<super::notes::SuspectReference>,
     prompt_text: Option<&'a str>,
     continuation_text: Option<&'a str>,
 }
@@ -73,6 +75,8 @@ pub fn to_string_with(report: &Report, shard: Option<&Shard>) -> String {
                 first_divergence: r.first_divergence.as_ref(),
                 suspect_golden: r.suspect_golden.as_ref(),
                 skipped: r.skipped.as_deref(),
+                notes: &r.notes,
+                suspect_references: r.suspect_references(),
                 prompt_text: r.prompt_text.as_deref(),
                 continuation_text: r.continuation_text.as_deref(),
             })

@@ -63,6 +63,8 @@ struct JsonRun {
     first_divergence: Option<Divergence>,
     suspect_golden: Option<Divergence>,
     skipped: Option<String>,
+    #[serde(default)]
+    notes: Vec<String>,
     prompt_text: Option<String>,
     continuation_text: Option<String>,
 }
@@ -103,6 +105,7 @@ pub fn read(path: &Path) -> Result<(Report, Option<Shard>)> {
             first_divergence: r.first_divergence,
             suspect_golden: r.suspect_golden,
             skipped: r.skipped,
+            notes: r.notes,
             prompt_text: r.prompt_text,
             continuation_text: r.continuation_text,
             outcomes,

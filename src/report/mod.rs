@@ -8,6 +8,7 @@ pub mod json;
 pub mod junit;
 pub mod markdown;
 pub mod merge;
+pub mod notes;
 pub mod outputs;
 pub mod terminal;
 
@@ -126,6 +127,9 @@ pub struct SuiteRun {
     pub suspect_golden: Option<Divergence>,
     /// Set when the whole run was skipped (engine unavailable).
     pub skipped: Option<String>,
+    /// Statements the run makes once instead of check by check (a storage
+    /// the model's values overflow).
+    pub notes: Vec<String>,
     /// The prompt as text (the model's tokenizer decoding the prompt ids);
     /// `None` when the model has no tokenizer.
     pub prompt_text: Option<String>,
@@ -190,6 +194,7 @@ impl SuiteRun {
             first_divergence,
             suspect_golden,
             skipped,
+            notes: Vec::new(),
             prompt_text: None,
             continuation_text: None,
             outcomes,
@@ -200,6 +205,12 @@ impl SuiteRun {
     pub fn with_text(mut self, prompt: Option<String>, continuation: Option<String>) -> SuiteRun {
         self.prompt_text = prompt;
         self.continuation_text = continuation;
+        self
+    }
+
+    /// Adds a statement the run makes once.
+    pub fn with_note(mut self, note: String) -> SuiteRun {
+        self.notes.push(note);
         self
     }
 

@@ -93,6 +93,12 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
         let _ = writeln!(out, "skipped: {reason}\n");
         return;
     }
+    for note in &run.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    for s in run.suspect_references() {
+        let _ = writeln!(out, "note: {}", s.sentence());
+    }
     // (check, source) of every golden check, one column each.
     let sources: Vec<(String, String)> = {
         let mut s: Vec<(String, String)> = run

@@ -208,7 +208,10 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             .with_text(texts(plan, None).0, None);
         return (run, Ok(()));
     }
+    // Floor terms the checks of this run share (this engine's captures).
+    let memo = floor::FloorMemo::default();
     let mut facts = plan.facts();
+    facts.floor_memo = Some(&memo);
     // The engine's arithmetic: what it declares, else plain at its storage.
     if let Some(a) = engine.arithmetic() {
         facts.arithmetic = a;
@@ -227,9 +230,9 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
         if let (CheckKind::Stage(check), Some((_, stage))) = (&c.kind, c.at()) {
             check.reads(stage).into_iter().for_each(|s| taps.insert(s));
             // A golden check's floor reads the engine's errors at the stage's
-            // inputs (`checks::floor`).
+            // inputs and, at attention, its KV cache (`checks::floor`).
             if matches!(check.family(), Family::Golden { .. }) && plan.oracle.is_some() {
-                floor::inputs(&plan.config, stage)
+                floor::floor_reads(&plan.config, stage)
                     .into_iter()
                     .filter(|s| caps.why_not(*s).is_none())
                     .for_each(|s| taps.insert(s));

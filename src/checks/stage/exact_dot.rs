@@ -34,6 +34,18 @@ pub fn abs_dot(w: &[f32], v: &[f64]) -> f64 {
     }
 }
 
+/// `Σ w_j·v_j` in f64: a weight row times an f64 vector (an input's error,
+/// the scaled policy's floor carries through a projection).
+pub fn dot_f64(w: &[f32], v: &[f64]) -> f64 {
+    debug_assert_eq!(w.len(), v.len());
+    match Isa::best() {
+        // SAFETY: as in `dot_and_abs`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 => unsafe { avx2::dot_f64(w, v) },
+        Isa::Baseline => dot_f64_lanes(w, v),
+    }
+}
+
 /// The sums in AVX2 intrinsics: the compiler does not vectorise the lane
 /// loops below (f32→f64 widening with two sums per product), and these are
 /// the same operations, 4 f64 lanes at a time, two vectors in flight.
@@ -100,6 +112,33 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    pub fn dot_f64(w: &[f32], v: &[f64]) -> f64 {
+        let n = w.len().min(v.len());
+        let full = n - n % 8;
+        let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let mut j = 0;
+        while j < full {
+            // SAFETY: j + 8 <= n, within both slices.
+            let (w0, v0, w1, v1) = unsafe {
+                (
+                    _mm_loadu_ps(w.as_ptr().add(j)),
+                    _mm256_loadu_pd(v.as_ptr().add(j)),
+                    _mm_loadu_ps(w.as_ptr().add(j + 4)),
+                    _mm256_loadu_pd(v.as_ptr().add(j + 4)),
+                )
+            };
+            a0 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_cvtps_pd(w0), v0));
+            a1 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_cvtps_pd(w1), v1));
+            j += 8;
+        }
+        let mut a = hsum(_mm256_add_pd(a0, a1));
+        for k in full..n {
+            a += w[k] as f64 * v[k];
+        }
+        a
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     fn hsum(v: __m256d) -> f64 {
         let mut l = [0.0f64; 4];
         // SAFETY: `l` holds 4 f64s.
@@ -154,6 +193,23 @@ fn abs_dot_lanes(w: &[f32], v: &[f64]) -> f64 {
     a
 }
 
+fn dot_f64_lanes(w: &[f32], v: &[f64]) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let (wc, vc) = (w.chunks_exact(LANES), v.chunks_exact(LANES));
+    let (wt, vt) = (wc.remainder(), vc.remainder());
+    for (wl, vl) in wc.zip(vc) {
+        let (wl, vl): (&[f32; LANES], &[f64; LANES]) = (wl.try_into().expect("exact"), vl.try_into().expect("exact"));
+        for k in 0..LANES {
+            acc[k] += wl[k] as f64 * vl[k];
+        }
+    }
+    let mut a = acc.iter().sum::<f64>();
+    for (&wv, &vv) in wt.iter().zip(vt) {
+        a += wv as f64 * vv;
+    }
+    a
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,13 +223,18 @@ mod tests {
         let plain: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
         let plain_abs: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
         let plain_q: f64 = w.iter().zip(&v).map(|(a, b)| (*a as f64).abs() * b).sum();
+        let signed: Vec<f64> = x.iter().map(|a| *a as f64 / 3.0).collect();
+        let plain_d: f64 = w.iter().zip(&signed).map(|(a, b)| *a as f64 * b).sum();
         for isa in Isa::available() {
             // SAFETY: `isa` is one this CPU runs.
-            let ((a, s), q) = match isa {
+            let ((a, s), q, d) = match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 | Isa::Avx2 => unsafe { (avx2::dot_and_abs(&w, &x), avx2::abs_dot(&w, &v)) },
-                Isa::Baseline => (dot_and_abs_lanes(&w, &x), abs_dot_lanes(&w, &v)),
+                Isa::Avx512 | Isa::Avx2 => unsafe {
+                    (avx2::dot_and_abs(&w, &x), avx2::abs_dot(&w, &v), avx2::dot_f64(&w, &signed))
+                },
+                Isa::Baseline => (dot_and_abs_lanes(&w, &x), abs_dot_lanes(&w, &v), dot_f64_lanes(&w, &signed)),
             };
+            assert!((d - plain_d).abs() <= 1e3 * f64::EPSILON * plain_abs, "{isa:?}: {d} vs {plain_d}");
             let tol = 1e3 * f64::EPSILON * plain_abs;
             assert!((a - plain).abs() <= tol, "{isa:?}: {a} vs {plain}");
             assert!((s - plain_abs).abs() <= tol, "{isa:?}: {s} vs {plain_abs}");

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use serde::de::{Deserialize, Deserializer};
 
 use crate::checks::facts::Facts;
+use crate::checks::floor;
 use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, Located, RuleEnv, StageCheck, StageRule};
 use crate::checks::measure::{self, last_row_if, ratio_text, sci};
 use crate::checks::params::{opt_tol_value, StrOrMap, TolOverride};
-use crate::checks::row_judge::{row_comparison, worst_row, RowInputs};
+use crate::checks::row_judge::{row_comparison, worst_row, Peer, RowInputs};
 use crate::checks::scaled;
 use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
@@ -217,15 +218,19 @@ fn scaled_against(
     // The reference error the engine is measured by: the largest among the
     // references of the same arithmetic as `source`, each a correct
     // implementation whose spread is the honest error scale. A reference of
-    // another arithmetic never widens this.
+    // another arithmetic never widens this, and neither does one beyond its
+    // own allowance (factor × its floor): it is suspect here, said so, and
+    // the engine is judged by the others and its own floor.
     let arith = |src: &str| measure::source_arithmetic(facts, src);
     let class = match arith(source) {
         Ok(a) => a,
         Err(e) => return Verdict::fail(e),
     };
+    let policy = measure::policy(facts);
     let mut r = 0.0f64;
     let mut peers = Vec::new();
     let mut peer_tensors = Vec::new();
+    let mut suspects = Vec::new();
     for (name, g) in facts.goldens.iter() {
         match arith(name) {
             Ok(a) if a == class => {}
@@ -240,16 +245,27 @@ fn scaled_against(
         let Some(t) = t else { continue };
         let t = facts.on_recorded_rows(t, step, stage);
         let t = last_row_if(&t, &o, stage, o.shape().first() == Some(&1)).into_owned();
-        match scaled::max_error(&t, &o) {
-            Ok((e, _)) => {
-                r = r.max(e);
-                peers.push(format!("{name} {}", sci(e)));
-                peer_tensors.push(std::borrow::Cow::Owned(t));
-            }
+        let e = match scaled::max_error(&t, &o) {
+            Ok((e, _)) => e,
             Err(e) => {
                 return Verdict::fail(format!("golden `{name}` vs the oracle: {e}")).metric("shape_mismatch", 1.0)
             }
+        };
+        let own = measure::floor_of(facts, oracle, step, stage, m, class, Some(name), &floor::of_golden(g));
+        let judged = scaled::judge_reference(policy, e, own.total());
+        if !judged.passed() {
+            suspects.push((name.clone(), judged));
+            continue;
         }
+        r = r.max(e);
+        peers.push(format!("{name} {}", sci(e)));
+        let row_allowed = measure::floor_at(facts, oracle, step, class, Some(name))
+            .row_floors(stage, &floor::of_golden(g))
+            .map(|f| f.into_iter().map(|x| policy.factor * x).collect());
+        peer_tensors.push(Peer {
+            tensor: std::borrow::Cow::Owned(t),
+            row_allowed,
+        });
     }
     let e = match scaled::max_error(actual, &o) {
         Ok((e, _)) => e,
@@ -259,7 +275,7 @@ fn scaled_against(
     };
     // The engine's floor in its own arithmetic, from its own errors at the
     // stage's inputs.
-    let engine = |s: Stage| at.capture_of(s).ok();
+    let engine = |st: Step, s: Stage| at.run.and_then(|r| r.captures.get(st, s));
     let fl = measure::floor_of(facts, oracle, step, stage, m, facts.arithmetic, None, &engine);
     let j = scaled::judge_engine(measure::policy(facts), e, r, fl.total());
     // The comparator at the allowance gives the failure its count, worst
@@ -272,19 +288,34 @@ fn scaled_against(
         peers: peer_tensors,
     };
     let row = worst_row(facts, oracle, step, stage, facts.arithmetic, None, &engine, &inputs).filter(|r| !r.passed());
+    let counted = match (peers.is_empty(), suspects.is_empty()) {
+        (true, true) => "none recorded".to_string(),
+        (true, false) => "none counted".to_string(),
+        (false, _) => peers.join(", "),
+    };
     let head = format!(
-        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {}, arithmetic \
-         {class}), engine floor {} (arithmetic {}: {}, c {}): ratio {} {} factor {}",
+        "engine error {} (max|engine − oracle|), reference error {} (max|reference − oracle| of {counted}, \
+         arithmetic {class}), engine floor {} (arithmetic {}: {}, c {}): ratio {} {} factor {}{}",
         sci(j.error),
         sci(r),
-        if peers.is_empty() { "none recorded".to_string() } else { peers.join(", ") },
         sci(j.floor),
         facts.arithmetic,
         fl.how,
         facts.scaled.floor,
         ratio_text(j.ratio()),
         if j.passed() { "<=" } else { ">" },
-        j.factor
+        j.factor,
+        suspects
+            .iter()
+            .map(|(n, sj)| format!(
+                "\nreference `{n}` not counted: suspect here, its error {} exceeds its own allowance {} (factor × \
+                 its floor {}, ratio {})",
+                sci(sj.error),
+                sci(sj.allowed),
+                sci(sj.floor),
+                ratio_text(sj.ratio())
+            ))
+            .collect::<String>()
     );
     let message = match (j.passed() && c.passed(), &row) {
         (true, None) => head,
@@ -304,5 +335,14 @@ fn scaled_against(
     for (name, value) in row.iter().flat_map(|r| r.metrics()) {
         v.metrics.insert(name.to_string(), value);
     }
+    // Each reference left out, by its ratio to its own allowance's base: the
+    // report says once which references were suspect where.
+    for (name, sj) in &suspects {
+        v.metrics.insert(format!("{SUSPECT_REFERENCE}{name}"), sj.ratio());
+    }
     v
 }
+
+/// The metric prefix naming a reference left out of the engine's allowance
+/// (`suspect_reference:hf-bf16` = its error over its floor).
+pub const SUSPECT_REFERENCE: &str = "suspect_reference:";

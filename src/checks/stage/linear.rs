@@ -75,7 +75,7 @@ impl StageRule for Linear {
 /// The input stage of a projection stage and its weight's HF name (the
 /// bias is the same name ending `.bias`). Logits name the LM head; a tied
 /// model's is the embedding (resolved when judged).
-fn projection(stage: Stage) -> Option<(Stage, String)> {
+pub fn projection(stage: Stage) -> Option<(Stage, String)> {
     use BlockStage::*;
     let p = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
     Some(match stage {
@@ -89,6 +89,29 @@ fn projection(stage: Stage) -> Option<(Stage, String)> {
         Stage::Logits => (Stage::OutputNorm, "lm_head.weight".into()),
         _ => return None,
     })
+}
+
+/// The weight and bias of a projection stage as the model file holds them
+/// (`projection`'s HF name; a tied model's LM head is its embedding), with
+/// the name read: what `linear` recomputes the stage with, and what the
+/// scaled policy's floor carries an input's error through (`checks::floor`).
+pub fn weight_and_bias(
+    facts: &Facts,
+    weight: &str,
+) -> Result<(Arc<Tensor>, Option<Arc<Tensor>>, String), String> {
+    let name = match weight {
+        "lm_head.weight" if facts.config.tie_embeddings || !facts.file.has("lm_head.weight") => {
+            "model.embed_tokens.weight"
+        }
+        n => n,
+    };
+    let w = facts.file.tensor(name)?;
+    let bias_name = name.strip_suffix(".weight").map(|p| format!("{p}.bias"));
+    let b = match bias_name.filter(|b| facts.file.has(b)) {
+        Some(b) => Some(facts.file.tensor(&b)?),
+        None => None,
+    };
+    Ok((w, b, name.to_string()))
 }
 
 /// The check at one projection stage.
@@ -116,22 +139,11 @@ impl StageCheck for LinearCheck {
             (Ok(y), Ok(x)) => (y, x),
             (Err(v), _) | (_, Err(v)) => return v,
         };
-        let name = match self.weight.as_str() {
-            "lm_head.weight" if facts.config.tie_embeddings || !facts.file.has("lm_head.weight") => {
-                "model.embed_tokens.weight"
-            }
-            n => n,
-        };
-        let w = match facts.file.tensor(name) {
-            Ok(w) => w,
+        let (w, b, name) = match weight_and_bias(facts, &self.weight) {
+            Ok(x) => x,
             Err(e) => return Verdict::fail(format!("linear at {}: {e}", at.stage)),
         };
-        let bias_name = name.strip_suffix(".weight").map(|p| format!("{p}.bias"));
-        let b = match bias_name.filter(|b| facts.file.has(b)).map(|b| facts.file.tensor(&b)) {
-            Some(Err(e)) => return Verdict::fail(format!("linear at {}: {e}", at.stage)),
-            Some(Ok(b)) => Some(b),
-            None => None,
-        };
+        let name = name.as_str();
         let kv_stage = matches!(at.stage, Stage::Block(_, BlockStage::K | BlockStage::V));
         let units = Units::of(&facts.arithmetic, y.dtype().coarser(x.dtype()), kv_stage);
         judge(y, x, &w, b.as_ref().map(|b| b.data()), units, at.stage, self.input, name)

@@ -172,7 +172,7 @@ fn against_oracle(facts: &Facts, step: Step, stage: Stage, other: &str, referenc
     let Some(golden) = facts.source(other) else {
         return Verdict::fail(format!("golden source `{other}` is not loaded"));
     };
-    let x = |s: Stage| golden.get(step, s);
+    let x = |st: Step, s: Stage| golden.get(st, s);
     let fl = measure::floor_of(facts, og, step, stage, m, u, Some(other), &x);
     let c = match compare(reference, oracle, Tolerance::new(0.0, 0.0)) {
         Ok(c) => c,
