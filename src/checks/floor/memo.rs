@@ -8,33 +8,34 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use super::matmul::MatmulTerms;
 use super::Floor;
 use crate::stage::{Stage, Step};
 
-type Cell<V> = Arc<OnceLock<V>>;
-
 #[derive(Debug, Default)]
 pub struct FloorMemo {
     /// (step, stage, q8 block or 0) → the oracle-only terms (None: no weight).
-    matmul: Mutex<HashMap<(Step, Stage, usize), Cell<Option<Arc<MatmulTerms>>>>>,
+    matmul: Mutex<HashMap<(Step, Stage, usize), Option<Arc<MatmulTerms>>>>,
     /// (source, step, stage, arithmetic) → its floor.
-    floors: Mutex<HashMap<(String, Step, Stage, String), Cell<Floor>>>,
+    floors: Mutex<HashMap<(String, Step, Stage, String), Floor>>,
 }
 
-/// The value under `k`, computed by `f` by the first thread to ask (the
-/// others wait for it rather than compute it again).
-fn get_or<K: Eq + Hash, V: Clone>(map: &Mutex<HashMap<K, Cell<V>>>, k: K, f: impl FnOnce() -> V) -> V {
+/// The value under `k`, or `f`'s, kept for the next asker. `f` runs with no
+/// lock held and nobody waits for it: it uses rayon, and a rayon worker that
+/// blocked on a value another frame of its own stack is computing (a job it
+/// stole while that frame waited for its parallel loop) would never wake.
+/// Two threads may both compute a value; the first kept is every later
+/// asker's (both are the same numbers).
+fn get_or<K: Eq + Hash, V: Clone>(map: &Mutex<HashMap<K, V>>, k: K, f: impl FnOnce() -> V) -> V {
     // A panic while the lock is held leaves the map consistent (one insert).
-    let cell = map
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .entry(k)
-        .or_default()
-        .clone();
-    cell.get_or_init(f).clone()
+    let lock = || map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(v) = lock().get(&k) {
+        return v.clone();
+    }
+    let v = f();
+    lock().entry(k).or_insert(v).clone()
 }
 
 impl FloorMemo {
@@ -48,5 +49,30 @@ impl FloorMemo {
 
     pub(crate) fn floor(&self, key: (String, Step, Stage, String), f: impl FnOnce() -> Floor) -> Floor {
         get_or(&self.floors, key, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What hung `touchstone run --engine cuda` on a 16-core machine: a
+    /// value is computed with rayon, and a worker waiting for that loop
+    /// steals another check, which asks for the same value: the thread that
+    /// computes a value asks for it again. That must compute it (or read it)
+    /// rather than wait for itself.
+    #[test]
+    fn a_thread_computing_a_value_may_ask_for_it_again() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let memo: Mutex<HashMap<u32, u64>> = Default::default();
+            let v = get_or(&memo, 7, || get_or(&memo, 7, || 1) + 1);
+            tx.send((v, get_or(&memo, 7, || 3))).unwrap();
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a thread waited for the value it was computing");
+        // The first value kept is every later asker's.
+        assert_eq!(got, (1, 1));
     }
 }
