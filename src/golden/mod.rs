@@ -33,6 +33,12 @@ pub struct GoldenSet {
     pub provenance: Value,
     /// Token rows kept of each step (`record.rows`), where only some were.
     rows: BTreeMap<Step, Vec<usize>>,
+    /// `record.aux`: stages recorded at a step for the floors alone, every
+    /// token row, never checked (patterns per step).
+    aux: BTreeMap<Step, Vec<crate::stage::pattern::StagePattern>>,
+    /// `overflow`: where the recorder's forward first went non-finite; it
+    /// recorded nothing from there on.
+    overflow: Option<(Step, Stage)>,
     /// A VLM golden's image grid (`prefill/vision.grid`, `image_grid_thw`).
     pub grid: Option<crate::model::ImageGrid>,
 }
@@ -124,10 +130,17 @@ impl GoldenSet {
             }
         }
         let rows = recorded_rows(&provenance, &tokens).map_err(bad)?;
+        let aux = aux_patterns(&provenance).map_err(bad)?;
+        let overflow = overflow_at(&provenance).map_err(bad)?;
+        let is_aux = |step: &Step, stage: &Stage| aux.get(step).is_some_and(|ps| ps.iter().any(|p| p.matches(*stage)));
         for ((step, stage), t) in &tensors {
             let (Some(r), Some(axis)) = (rows.get(step), stage.row_axis()) else {
                 continue;
             };
+            // An auxiliary stage holds every row of its step.
+            if is_aux(step, stage) {
+                continue;
+            }
             let last_logits =
                 *stage == Stage::Logits && provenance.pointer("/record/logits").and_then(Value::as_str) == Some("last");
             if !last_logits && t.shape().get(axis) != Some(&r.len()) {
@@ -151,8 +164,22 @@ impl GoldenSet {
             tokens,
             provenance,
             rows,
+            aux,
+            overflow,
             grid,
         })
+    }
+
+    /// Where the recorder's forward first went non-finite (provenance
+    /// `overflow`): it holds nothing from that (step, stage) on.
+    pub fn overflow(&self) -> Option<(Step, Stage)> {
+        self.overflow
+    }
+
+    /// Whether `stage` at `step` was recorded for the floors alone
+    /// (`record.aux`): every token row, no check planned on it.
+    pub fn is_aux(&self, step: Step, stage: Stage) -> bool {
+        self.aux.get(&step).is_some_and(|ps| ps.iter().any(|p| p.matches(stage)))
     }
 
     /// Every step where this golden kept only some token rows, with those rows.
@@ -165,6 +192,9 @@ impl GoldenSet {
     /// [`GoldenSet::logits_last_row`]'s).
     pub fn rows_at(&self, step: Step, stage: Stage) -> Option<&[usize]> {
         stage.row_axis()?;
+        if self.is_aux(step, stage) {
+            return None;
+        }
         if stage == Stage::Logits && self.logits_last_row() {
             return None;
         }
@@ -178,6 +208,10 @@ impl GoldenSet {
     /// rather than failing the rest, while a tensor it claims but lacks still
     /// fails its check.
     pub fn records(&self, step: Step, stage: Stage) -> bool {
+        // Nothing from where its forward overflowed on.
+        if self.overflow.is_some_and(|o| (step, stage) >= o) {
+            return false;
+        }
         let rec = self.provenance.get("record");
         let listed = |k: &str, hit: &dyn Fn(&str) -> bool| match rec.and_then(|r| r.get(k)).and_then(Value::as_array) {
             None => true,
@@ -246,6 +280,51 @@ impl GoldenSet {
     }
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
+    }
+}
+
+/// `record.aux` of a provenance ({step: [pattern, ...]}, written by the
+/// recorders' `--aux`).
+fn aux_patterns(
+    prov: &Value,
+) -> std::result::Result<BTreeMap<Step, Vec<crate::stage::pattern::StagePattern>>, String> {
+    let mut out = BTreeMap::new();
+    let Some(map) = prov.pointer("/record/aux") else {
+        return Ok(out);
+    };
+    let map = map
+        .as_object()
+        .ok_or("provenance `record.aux` is not a map of step -> stage patterns")?;
+    for (name, pats) in map {
+        let step = Step::parse(name).ok_or(format!("provenance `record.aux`: `{name}` is not a step"))?;
+        let pats = pats
+            .as_array()
+            .ok_or(format!("provenance `record.aux.{name}` is not a list of stage patterns"))?
+            .iter()
+            .map(|p| {
+                p.as_str()
+                    .ok_or(format!("provenance `record.aux.{name}` holds a non-string"))
+                    .and_then(|p| {
+                        crate::stage::pattern::StagePattern::parse(p)
+                            .map_err(|e| format!("provenance `record.aux.{name}`: {e}"))
+                    })
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        out.insert(step, pats);
+    }
+    Ok(out)
+}
+
+/// `overflow` of a provenance (`{step, stage, ...}`): where the recorder's
+/// forward first went non-finite.
+fn overflow_at(prov: &Value) -> std::result::Result<Option<(Step, Stage)>, String> {
+    let Some(o) = prov.get("overflow") else { return Ok(None) };
+    let field = |k: &str| o.get(k).and_then(Value::as_str);
+    match (field("step"), field("stage")) {
+        (Some(step), Some(stage)) => parse_key(&format!("{step}/{stage}"))
+            .map(Some)
+            .ok_or(format!("provenance `overflow` names `{step}/{stage}`, not a step and stage")),
+        _ => Err("provenance `overflow` has no `step` and `stage`".into()),
     }
 }
 

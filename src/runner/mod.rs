@@ -7,6 +7,7 @@
 //! (`harness`) all run plans through `run`.
 
 pub mod filter;
+pub mod overflow;
 #[cfg(test)]
 mod mutant_tests;
 #[cfg(test)]
@@ -251,6 +252,18 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
         engine.run(&req, &taps).map_err(|e| e.to_string())
     });
     let saved = save(plan, engine, opts.save, main_run.as_ref());
+    // A storage the model's values overflow: said once, its checks skipped.
+    let overflow = overflow::storage_overflow(plan, facts.storage);
+    let past = |c: &CheckInstance| match (&overflow, c.at(), &c.kind) {
+        (Some(o), Some(at), _) => o.covers(at),
+        // Run checks read the forward's values, but for the weights held
+        // and the tokenizer.
+        (Some(_), None, CheckKind::Run(rc)) => !matches!(rc.id().as_str(), "weights" | "tokenizer"),
+        _ => false,
+    };
+    let skip_reason = overflow
+        .as_ref()
+        .map(|o| format!("storage {} overflows before this check (the run's note says where)", o.storage));
 
     let mut outcomes: Vec<Outcome> = selected
         .par_iter()
@@ -259,6 +272,7 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
                 return None;
             };
             let verdict = match (&main_run, not_applicable(c)) {
+                _ if past(c) => Verdict::skip(skip_reason.as_deref().unwrap_or_default()),
                 (_, Some(why)) => Verdict::not_applicable(why),
                 (Some(Err(e)), None) => Verdict::fail(format!("the engine failed: {e}")),
                 (Some(Ok(out)), None) => check.judge(
@@ -277,7 +291,11 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
     attach_budget(&mut outcomes);
     for c in &selected {
         if let CheckKind::Run(rc) = &c.kind {
-            let verdict = run_checks::evaluate(rc.as_ref(), &facts, engine);
+            let verdict = if past(c) {
+                Verdict::skip(skip_reason.as_deref().unwrap_or_default())
+            } else {
+                run_checks::evaluate(rc.as_ref(), &facts, engine)
+            };
             outcomes.push(outcome(plan, engine.name(), c, verdict, opts));
         }
     }
@@ -286,9 +304,13 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
         .and_then(|r| r.as_ref().ok())
         .map(|o| o.sampled.as_slice());
     let (prompt_text, continuation_text) = texts(plan, sampled);
-    let run = SuiteRun::new(&plan.spec.name, &spec_path(plan), engine.name(), outcomes, None)
+    let skipped = selected.iter().filter(|c| past(c)).count();
+    let mut run = SuiteRun::new(&plan.spec.name, &spec_path(plan), engine.name(), outcomes, None)
         .with_storage(plan.load_options.storage)
         .with_text(prompt_text, continuation_text);
+    if let Some(o) = &overflow {
+        run = run.with_note(o.sentence(skipped));
+    }
     (run, saved)
 }
 

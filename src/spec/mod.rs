@@ -7,6 +7,7 @@
 
 pub mod limits;
 mod parse;
+mod renamed;
 pub mod rules;
 mod validate;
 

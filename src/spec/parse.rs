@@ -113,7 +113,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
     // A duplicate key anywhere is an error (serde's maps are last-wins, so
     // `goldens: {hf: a, hf: b}` would silently check against b): the
     // generic YAML value refuses duplicates at every depth, with location.
-    serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| duplicate_error(path, text, &e))?;
+    let value = serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| duplicate_error(path, text, &e))?;
+    // A key an earlier touchstone read, refused with what replaced it.
+    if let Some((key, msg)) = super::renamed::find(&value) {
+        return Err(error_at(path, locate(text, &format!("{key}:")), msg));
+    }
     let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = raw

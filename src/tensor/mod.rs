@@ -61,6 +61,16 @@ impl DType {
 
     /// The unit roundoff u = 2^-p of round-to-nearest with p significand bits
     /// (implicit bit included): a rounded value is within u·|x| of x (normal range).
+    /// The largest finite value the format holds: a value past it (by more
+    /// than half a step) rounds to infinity when stored.
+    pub fn max_finite(self) -> f64 {
+        match self {
+            DType::F32 => f32::MAX as f64,
+            DType::F16 => 65504.0,
+            DType::BF16 => 3.3895313892515355e38,
+        }
+    }
+
     pub fn unit_roundoff(self) -> f64 {
         match self {
             DType::F32 => 2f64.powi(-24),

@@ -41,6 +41,38 @@ pub fn greedy_disagreement(source: &str, provenance: &Value) -> Option<String> {
     ))
 }
 
+/// The review's line for a recorder whose forward went non-finite
+/// (provenance `overflow`: step, stage, dtype, how many values, the largest
+/// finite |x| there and the oracle's), empty for one that did not. An
+/// overflowing reference is data: what came before is recorded, nothing after.
+pub fn overflow(source: &str, provenance: &Value) -> String {
+    let Some(o) = provenance.get("overflow") else {
+        return String::new();
+    };
+    let text = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
+    let num = |k: &str| o.get(k).and_then(Value::as_f64);
+    let dtype = text("dtype");
+    let limit = match dtype.as_str() {
+        "float16" => Some(65504.0),
+        "bfloat16" => Some(3.3895313892515355e38),
+        _ => None,
+    };
+    let oracle = match (num("oracle_max_abs"), limit) {
+        (Some(m), Some(l)) if m > l => format!("; the oracle's largest |x| there is {m:.4e}, beyond {dtype}'s {l:e}"),
+        (Some(m), _) => format!("; the oracle's largest |x| there is {m:.4e}"),
+        (None, _) => "; the oracle does not hold that stage".to_string(),
+    };
+    format!(
+        "  OVERFLOW: `{source}`'s {dtype} forward went non-finite at {}/{} ({} non-finite value(s), the largest finite \
+         |x| there {}{oracle}): the golden holds every stage before it and none after, and no check after it is \
+         planned against `{source}`\n",
+        text("step"),
+        text("stage"),
+        num("nonfinite").map_or("?".to_string(), |n| format!("{n:.0}")),
+        num("max_abs_finite_before").map_or("?".to_string(), |m| format!("{m:.4e}")),
+    )
+}
+
 /// The review text for `pending` against `current` (absent for a new golden).
 /// Returns the text and whether anything changed (bytes differ).
 pub fn describe(current: &Path, pending: &Path) -> Result<(String, bool)> {

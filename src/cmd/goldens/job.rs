@@ -71,8 +71,9 @@ impl Recorder {
     pub(super) fn order(self) -> u8 {
         match self {
             Recorder::Hf => 0,
-            Recorder::HfHalf(_) | Recorder::LlamaCpp | Recorder::Oracle => 1,
-            Recorder::NextToken(s) => 2 + s.rank(),
+            Recorder::Oracle => 1,
+            Recorder::HfHalf(_) | Recorder::LlamaCpp => 2,
+            Recorder::NextToken(s) => 3 + s.rank(),
         }
     }
 }
@@ -108,6 +109,9 @@ pub struct RecordArgs {
     /// The spec's `hf` golden: the token ids a llama.cpp recording is fed
     /// when no HF golden is recorded in the same run.
     pub hf_golden: Option<PathBuf>,
+    /// The spec's `oracle:`: where a 16-bit HF recording that overflows
+    /// reads the exact answer's magnitude, when none is recorded in the run.
+    pub oracle: Option<PathBuf>,
     /// A next-token job's prompt set (the `next_token` item's `prompts:`).
     pub prompt_set: Option<PathBuf>,
     /// llama.cpp's arithmetic as the spec declares it, as JSON (a next-token

@@ -5,11 +5,14 @@
 //! spec's goldens are those of `goldens:` and `oracle:`, and the folder of
 //! next-token goldens its `next_token` run check names (`next_token`).
 
+mod args;
+mod aux;
 pub mod change;
 pub mod job;
 pub mod next_token;
 pub mod pending;
 mod progress;
+mod record;
 pub mod regen;
 mod venv;
 
@@ -137,6 +140,7 @@ fn record_args(spec: &Spec) -> RecordArgs {
             .iter()
             .find(|(source, _)| Recorder::for_source(source) == Some(Recorder::Hf))
             .map(|(_, path)| path.clone()),
+        oracle: spec.oracle.clone(),
         prompt_set: None,
         arithmetic: None,
     }
@@ -156,6 +160,17 @@ pub fn execute(action: GoldensAction) -> Result<Outcome> {
             let jobs = jobs(&specs, filter(source))?;
             let r = regen::regen(&repo_root(&specs[0]), &jobs, python.as_deref())?;
             print!("{}", r.text);
+            if !r.failed.is_empty() {
+                return Err(Error::Usage(format!(
+                    "{} golden(s) not recorded: {}",
+                    r.failed.len(),
+                    r.failed
+                        .iter()
+                        .map(|(l, why)| format!("{l}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )));
+            }
             Ok(if r.changed { Outcome::Failed } else { Outcome::Passed })
         }
         GoldensAction::Status { specs, check } => {

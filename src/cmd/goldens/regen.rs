@@ -25,18 +25,20 @@
 //! ends, also on error; only the pending `<golden>.new` files are written,
 //! beside the spec's goldens.
 
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use super::change;
-use super::job::{Job, NtSource, RecordArgs, Recorder};
+use super::job::{Job, Recorder};
 use super::next_token;
 use super::pending::{check_next_token_file, write_atomic};
-use super::progress::{run_streaming, tail, Progress};
+use super::progress::Progress;
+use super::record::{record_job, Ctx};
 use super::venv::python_env;
 use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
+
 
 /// A fresh folder for one regen's intermediate files, removed on drop (so
 /// also when regen fails and returns early). A SIGKILL leaves it in the
@@ -70,53 +72,6 @@ impl Drop for WorkDir {
     }
 }
 
-/// The golden whose token ids a teacher-forced recording is fed: the HF
-/// golden recorded in this run, else the spec's current `hf` golden, else an
-/// `hf.safetensors` beside this golden.
-fn hf_tokens(fresh_hf: &std::collections::BTreeMap<String, PathBuf>, j: &Job) -> Option<PathBuf> {
-    fresh_hf.get(&j.golden.spec).cloned().or_else(|| {
-        [
-            j.args.hf_golden.clone(),
-            Some(j.golden.golden.with_file_name("hf.safetensors")),
-        ]
-        .into_iter()
-        .flatten()
-        .find(|p| p.exists())
-    })
-}
-
-/// True when the model is a single GGUF file (recorded as it is).
-fn is_gguf(model: &Path) -> bool {
-    model.is_file() && model.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-}
-
-/// The GGUF llama.cpp runs for a job: a GGUF model as it is (quantised or
-/// not); an HF folder converted first into the work folder, once per regen
-/// (`ggufs`), in a folder named after the first job that needs it and the
-/// file named as regen.sh names it (`model.gguf`, which the provenance keeps).
-fn gguf_of(
-    j: &Job,
-    work: &Path,
-    ggufs: &mut std::collections::BTreeMap<PathBuf, PathBuf>,
-    py: &Path,
-    recorders: &Path,
-    progress: &Progress,
-) -> Result<PathBuf> {
-    if is_gguf(&j.model) {
-        return Ok(j.model.clone());
-    }
-    if let Some(g) = ggufs.get(&j.model) {
-        return Ok(g.clone());
-    }
-    let dir = work.join(format!("{}-{}", j.golden.spec, j.golden.source));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let gguf = dir.join("model.gguf");
-    let mut c = recorder_cmd(py, &recorders.join("convert_gguf.py"));
-    c.arg(&j.model).arg(&gguf);
-    run_recorder(c, "convert_gguf.py", progress)?;
-    ggufs.insert(j.model.clone(), gguf.clone());
-    Ok(gguf)
-}
 
 pub use crate::ci_env::on_ci;
 
@@ -131,181 +86,13 @@ pub fn refuse_on_ci(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The prompt arguments of the HF recorder (llama.cpp's is fed the HF
-/// golden's tokens): the spec's prompt (token ids as given, or text), else
-/// the one the current golden was recorded with, so a regen records the same
-/// prompt and number of decode steps. With neither, regen refuses: a
-/// recorder's default prompt is never substituted for the spec's.
-fn prompt_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<Vec<String>> {
-    let current = GoldenSet::load("current", golden).ok();
-    let recorded = |ptr: &str| current.as_ref().and_then(|g| g.provenance.pointer(ptr).cloned());
-    let mut out = Vec::new();
-    let given_ids = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    if let Some(ids) = &args.tokens {
-        out.extend(["--prompt-tokens".to_string(), given_ids(ids)]);
-    } else if let Some(t) = &args.prompt {
-        out.extend(["--prompt".to_string(), t.clone()]);
-        if args.chat {
-            out.push("--chat".to_string());
-        }
-    } else if recorded("/prompt/given")
-        .and_then(|v| v.as_str().map(String::from))
-        .as_deref()
-        == Some("tokens")
-    {
-        let ids: Vec<u32> = recorded("/prompt/token_ids")
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default();
-        out.extend(["--prompt-tokens".to_string(), given_ids(&ids)]);
-    } else if let Some(t) = recorded("/prompt/text").and_then(|v| v.as_str().map(String::from)) {
-        out.extend(["--prompt".to_string(), t]);
-        if recorded("/prompt/chat").and_then(|v| v.as_bool()).unwrap_or(false) {
-            out.push("--chat".to_string());
-        }
-    } else {
-        return Err(Error::Usage(format!(
-            "spec `{spec}` gives no prompt to record (`prompt: {{text: ...}}` or `prompt: {{tokens: [...]}}`) and \
-             {} records none to record again: give the spec a prompt",
-            if current.is_some() {
-                format!("its golden {}", golden.display())
-            } else {
-                format!("its golden {} does not exist yet, so it", golden.display())
-            }
-        )));
-    }
-    let steps = args
-        .decode_steps
-        .map(|n| n as u64)
-        .or_else(|| recorded("/decode_steps").and_then(|v| v.as_u64()));
-    if let Some(n) = steps {
-        out.extend(["--decode-steps".to_string(), n.to_string()]);
-    }
-    Ok(out)
-}
 
-/// record_vlm.py's arguments: the spec's text (with its one
-/// `<|image_pad|>`), image, chat flag and decode steps. A VLM spec records
-/// every stage of every step; a `record:` subset is refused, not ignored.
-fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<Vec<String>> {
-    let (Some(text), Some(image)) = (&args.prompt, &args.image) else {
-        return Err(Error::Usage(format!(
-            "spec `{spec}` has `prompt.image` but no `prompt.text`: a vision-language golden is recorded from the text \
-             (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
-        )));
-    };
-    if args.steps.is_some() || args.stages.is_some() || args.rows.is_some() || args.logits_last {
-        return Err(Error::Usage(format!(
-            "spec `{spec}`: `record:` subsets are not supported for vision-language goldens (record_vlm.py records \
-             every stage)"
-        )));
-    }
-    let mut out = vec![
-        "--prompt".to_string(),
-        text.clone(),
-        "--image".to_string(),
-        image.display().to_string(),
-    ];
-    if args.chat {
-        out.push("--chat".into());
-    }
-    // Without `prompt.decode_steps`, the current golden's count (as text specs).
-    let current = GoldenSet::load("current", golden).ok();
-    let steps = args.decode_steps.map(|n| n as u64).or_else(|| {
-        current
-            .as_ref()
-            .and_then(|g| g.provenance.get("decode_steps").and_then(|v| v.as_u64()))
-    });
-    if let Some(n) = steps {
-        out.extend(["--decode-steps".to_string(), n.to_string()]);
-    }
-    Ok(out)
-}
-
-/// The subset arguments (`record:`), the same for both recorders.
-fn subset_args(args: &RecordArgs) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(s) = &args.steps {
-        out.extend(["--steps".to_string(), s.join(",")]);
-    }
-    if let Some(s) = &args.stages {
-        out.extend(["--stages".to_string(), s.join(",")]);
-    }
-    if args.logits_last {
-        out.extend(["--logits".to_string(), "last".to_string()]);
-    }
-    if let Some(rows) = &args.rows {
-        let rows: Vec<String> = rows.iter().map(i64::to_string).collect();
-        out.extend(["--rows".to_string(), rows.join(",")]);
-    }
-    out
-}
-
-/// Recorder progress (`record_hf.py: prefill: layer 3/24`, ...) goes to the
-/// bar; anything else a recorder prints is kept for the error message.
-fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {
-    |line: &str| {
-        let l = line.trim();
-        if [
-            "record_hf.py:",
-            "record_vlm.py:",
-            "record_llamacpp_vlm.py:",
-            "record_llamacpp.py:",
-            "record_next_token.py:",
-            "build_llamacpp.py:",
-            "convert_gguf.py:",
-            "INFO:hf-to-gguf:",
-        ]
-        .iter()
-        .any(|p| l.starts_with(p))
-        {
-            progress.detail(l);
-        }
-    }
-}
-
-pub(super) fn recorder_cmd(python: &Path, script: &Path) -> Command {
-    let mut c = Command::new(python);
-    c.arg(script);
-    // As regen.sh: CPU only, one thread, deterministic hashing, no Hub access.
-    for (k, v) in [
-        ("CUDA_VISIBLE_DEVICES", ""),
-        ("OMP_NUM_THREADS", "1"),
-        ("MKL_NUM_THREADS", "1"),
-        ("PYTHONHASHSEED", "0"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ] {
-        c.env(k, v);
-    }
-    c
-}
-
-/// Runs a recorder; returns its `memory:` lines (the HF recorders' peak RSS
-/// against the model's float32 size), which the review keeps.
-fn run_recorder(cmd: Command, what: &str, progress: &Progress) -> Result<Vec<String>> {
-    let (ok, out) = run_streaming(cmd, relay(progress))?;
-    if !ok {
-        progress.finish();
-        return Err(Error::Usage(format!("{what} failed:\n{}", tail(&out, 25))));
-    }
-    Ok(memory_lines(&out))
-}
-
-/// `record_hf.py: memory: peak RSS …` → `memory: peak RSS …`.
-fn memory_lines(out: &str) -> Vec<String> {
-    out.lines()
-        .filter_map(|l| l.trim().split_once(": memory: "))
-        .filter(|(tool, _)| tool.ends_with(".py") && !tool.contains(' '))
-        .map(|(_, m)| format!("memory: {m}"))
-        .collect()
-}
-
-/// The outcome of a regen: the review text and whether any pending golden differs.
+/// The outcome of a regen: the review text, whether any pending golden
+/// differs, and each golden that could not be recorded (its label and why).
 pub struct RegenResult {
     pub text: String,
     pub changed: bool,
+    pub failed: Vec<(String, String)>,
 }
 
 /// Records every job into its pending file and describes each change.
@@ -361,14 +148,20 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
     let mut text = String::new();
     let mut changed = false;
     let mut record_times = Vec::new();
-    // An HF golden regenerated in this run is what a llama.cpp recorder compares against.
-    let mut fresh_hf: std::collections::BTreeMap<String, PathBuf> = Default::default();
-    // Next-token files recorded in this run, which the later sources read.
-    let mut fresh_nt = next_token::Fresh::new();
-    // The GGUF converted from each HF-folder model, once per regen.
-    let mut ggufs: std::collections::BTreeMap<PathBuf, PathBuf> = Default::default();
-    // HF first, so the 16-bit HF and llama.cpp jobs of the same spec are fed
-    // the fresh HF golden's tokens (`Recorder::order`).
+    let mut failed: Vec<(String, String)> = Vec::new();
+    let mut pending = Vec::new();
+    let mut ctx = Ctx {
+        py: &py,
+        recorders: &recorders,
+        work,
+        fresh_hf: Default::default(),
+        fresh_oracle: Default::default(),
+        fresh_nt: next_token::Fresh::new(),
+        ggufs: Default::default(),
+    };
+    // HF first, then the oracle, so the 16-bit HF and llama.cpp jobs of the
+    // same spec are fed the fresh HF golden's tokens and an overflowing one
+    // is told the oracle's magnitude there (`Recorder::order`).
     let mut ordered: Vec<&Job> = jobs.iter().collect();
     ordered.sort_by_key(|j| j.recorder.order());
     for j in ordered {
@@ -389,134 +182,28 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             g.source
         ));
         let _ = std::fs::remove_file(&out);
-        let memory = match j.recorder {
-            Recorder::HfHalf(half) => {
-                let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "spec `{}`: golden `{}` is fed the `hf` golden's tokens, and the spec has no `hf` golden \
-                         (add one, or record it in the same regen)",
-                        g.spec, g.source
-                    ))
-                })?;
-                let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
-                c.arg(&j.model)
-                    .arg(&out)
-                    .arg("--dtype")
-                    .arg(half.torch_name())
-                    .arg("--tokens-from")
-                    .arg(hf)
-                    .args(subset_args(&j.args));
-                run_recorder(c, "record_hf.py", &progress)?
-            }
-            // A vision-language spec: HF's processor and model from the
-            // spec's text and image (record_vlm.py records every stage).
-            Recorder::Hf | Recorder::Oracle if j.args.image.is_some() => {
-                let mut c = recorder_cmd(&py, &recorders.join("record_vlm.py"));
-                c.arg(&j.model).arg(&out).args(vlm_args(&g.spec, &g.golden, &j.args)?);
-                if j.recorder == Recorder::Oracle {
-                    c.arg("--dtype").arg("float64");
-                }
-                let memory = run_recorder(c, "record_vlm.py", &progress)?;
-                if j.recorder == Recorder::Hf {
-                    fresh_hf.insert(g.spec.clone(), g.pending());
-                }
-                memory
-            }
-            Recorder::Hf | Recorder::Oracle => {
-                let mut c = recorder_cmd(&py, &recorders.join("record_hf.py"));
-                c.arg(&j.model)
-                    .arg(&out)
-                    .args(prompt_args(&g.spec, &g.golden, &j.args)?)
-                    .args(subset_args(&j.args));
-                if let Some(sp) = &j.args.sample_probs {
-                    c.arg("--sample-probs").arg(sp);
-                }
-                if j.recorder == Recorder::Oracle {
-                    c.arg("--dtype").arg("float64");
-                }
-                let memory = run_recorder(c, "record_hf.py", &progress)?;
-                if j.recorder == Recorder::Hf {
-                    fresh_hf.insert(g.spec.clone(), g.pending());
-                }
-                memory
-            }
-            Recorder::NextToken(src) => {
-                let model = if src == NtSource::LlamaCpp {
-                    gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?
-                } else {
-                    j.model.clone()
-                };
-                let mut c = recorder_cmd(&py, &recorders.join("record_next_token.py"));
-                c.args(next_token::args(j, src, &model, &out, &fresh_nt)?);
-                run_recorder(c, "record_next_token.py", &progress)?
-            }
-            // A vision-language spec: the text GGUF and the vision tower's
-            // mmproj GGUF converted from the HF folder, then mtmd fed the
-            // image and the HF golden's tokens (record_llamacpp_vlm.py).
-            Recorder::LlamaCpp if j.args.image.is_some() => {
-                let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
-                let mmproj = gguf.with_file_name("mmproj.gguf");
-                if !mmproj.exists() {
-                    let mut c = recorder_cmd(&py, &recorders.join("convert_gguf.py"));
-                    c.arg(&j.model).arg(&mmproj).arg("--mmproj");
-                    run_recorder(c, "convert_gguf.py", &progress)?;
-                }
-                let hf = hf_tokens(&fresh_hf, j).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "spec `{}`: llama.cpp's vision-language golden is fed the `hf` golden's tokens, and the spec \
-                         has no `hf` golden",
-                        g.spec
-                    ))
-                })?;
-                let image = j.args.image.as_ref().expect("matched on an image");
-                let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp_vlm.py"));
-                c.arg(&gguf)
-                    .arg(&mmproj)
-                    .arg(&out)
-                    .arg("--hf-golden")
-                    .arg(hf)
-                    .arg("--image")
-                    .arg(image);
-                run_recorder(c, "record_llamacpp_vlm.py", &progress)?
-            }
-            Recorder::LlamaCpp => {
-                let gguf = gguf_of(j, work, &mut ggufs, &py, &recorders, &progress)?;
-                let hf = hf_tokens(&fresh_hf, j);
-                let mut c = recorder_cmd(&py, &recorders.join("record_llamacpp.py"));
-                c.arg(&gguf).arg(&out);
-                c.args(subset_args(&j.args));
-                c.arg("--kv-type").arg(if j.args.kv_f16 { "f16" } else { "f32" });
-                if let Some(hf) = hf {
-                    c.arg("--hf-golden").arg(hf);
-                }
-                run_recorder(c, "record_llamacpp.py", &progress)?
-            }
-        };
-        let bytes = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
-        // Refuse to stage something that is not a usable golden.
-        let (desc, differs, greedy) = if nt {
-            check_next_token_file(&out, &g.source)?;
-            write_atomic(&g.pending(), &bytes)?;
-            fresh_nt.insert(g.golden.clone(), g.pending());
-            let (desc, differs) = next_token::describe(&g.golden, &g.pending())?;
-            (desc, differs, String::new())
-        } else {
-            let recorded = GoldenSet::load(&g.source, &out)?;
-            write_atomic(&g.pending(), &bytes)?;
-            let (desc, differs) = change::describe(&g.golden, &g.pending())?;
-            let greedy = change::greedy_disagreement(&g.source, &recorded.provenance).unwrap_or_default();
-            (desc, differs, greedy)
-        };
+        // A recorder that fails is named with why, and the others carry on.
+        let staged = record_job(&mut ctx, j, &out, &progress).and_then(|memory| stage(&mut ctx, j, &out, memory));
         let took = t.elapsed();
         record_times.push(format!("{} {:.1} s", g.label(), took.as_secs_f64()));
-        changed |= differs;
-        let memory: String = memory.iter().map(|m| format!("  {m}\n")).collect();
-        text += &format!(
-            "{}: pending {} vs current {}\n{desc}{greedy}{memory}\n",
-            g.label(),
-            g.pending().display(),
-            g.golden.display(),
-        );
+        match staged {
+            Ok(st) => {
+                changed |= st.differs;
+                pending.push(g.label());
+                text += &format!(
+                    "{}: pending {} vs current {}\n{}\n",
+                    g.label(),
+                    g.pending().display(),
+                    g.golden.display(),
+                    st.review
+                );
+            }
+            Err(e) => {
+                progress.println(&format!("{}: NOT RECORDED: {e}", g.label()));
+                text += &format!("{}: NOT RECORDED (nothing pending for it):\n{}\n\n", g.label(), indent(&e.to_string()));
+                failed.push((g.label(), first_line(&e.to_string())));
+            }
+        }
     }
     progress.finish();
     text += &format!(
@@ -524,30 +211,74 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
         setup.as_secs_f64(),
         record_times.join(", ")
     );
+    if !failed.is_empty() {
+        text += &format!(
+            "NOT RECORDED: {} of {} golden(s): {}\npending (what `touchstone goldens accept` would take): {}\n",
+            failed.len(),
+            jobs.len(),
+            failed.iter().map(|(l, why)| format!("{l} ({why})")).collect::<Vec<_>>().join("; "),
+            if pending.is_empty() { "none".to_string() } else { pending.join(", ") }
+        );
+    }
     text += if changed {
         "review the change above, then `touchstone goldens accept` (or `reject`)\n"
+    } else if pending.is_empty() {
+        "nothing was recorded\n"
     } else {
         "every pending golden is byte-identical to the current one; `touchstone goldens reject` discards them\n"
     };
-    Ok(RegenResult { text, changed })
+    Ok(RegenResult { text, changed, failed })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::memory_lines;
-
-    #[test]
-    fn memory_lines_keep_the_recorders_memory_report_only() {
-        let out = "record_hf.py: prefill: layer 3/24\n\
-                   regen noise: memory: no\n  record_hf.py: memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x\n\
-                   {\"out\": \"memory: not a progress line\"}\n\
-                   record_next_token.py: memory: peak RSS 4.37 GiB\n";
-        assert_eq!(
-            memory_lines(out),
-            [
-                "memory: peak RSS 4.28 GiB, the model in float32 2.35 GiB: 1.82x",
-                "memory: peak RSS 4.37 GiB"
-            ]
-        );
+/// Checks a recorder's output is a usable golden, writes it as the pending
+/// file and says what changed (and what the recorder reported: an
+/// overflow, a greedy disagreement, its memory).
+fn stage(ctx: &mut Ctx, j: &Job, out: &Path, memory: Vec<String>) -> Result<Staged> {
+    let g = &j.golden;
+    let bytes = std::fs::read(out).map_err(|e| Error::io(out, e))?;
+    let memory: String = memory.iter().map(|m| format!("  {m}\n")).collect();
+    if matches!(j.recorder, Recorder::NextToken(_)) {
+        check_next_token_file(out, &g.source)?;
+        let overflow = String::new();
+        write_atomic(&g.pending(), &bytes)?;
+        ctx.fresh_nt.insert(g.golden.clone(), g.pending());
+        let (desc, differs) = next_token::describe(&g.golden, &g.pending())?;
+        return Ok(Staged {
+            review: format!("{desc}{overflow}{memory}"),
+            differs,
+        });
     }
+    let recorded = GoldenSet::load(&g.source, out)?;
+    write_atomic(&g.pending(), &bytes)?;
+    match j.recorder {
+        Recorder::Hf => {
+            ctx.fresh_hf.insert(g.spec.clone(), g.pending());
+        }
+        Recorder::Oracle => {
+            ctx.fresh_oracle.insert(g.spec.clone(), g.pending());
+        }
+        _ => {}
+    }
+    let (desc, differs) = change::describe(&g.golden, &g.pending())?;
+    let greedy = change::greedy_disagreement(&g.source, &recorded.provenance).unwrap_or_default();
+    let overflow = change::overflow(&g.source, &recorded.provenance);
+    Ok(Staged {
+        review: format!("{desc}{overflow}{greedy}{memory}"),
+        differs,
+    })
 }
+
+/// A recorded golden's review.
+struct Staged {
+    review: String,
+    differs: bool,
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}
+
