@@ -1,8 +1,12 @@
 """Shared by the golden recorders: the golden file format and its
 deterministic writer (record_hf.py and record_llamacpp.py write the same
-format, so an engine test reads either source the same way)."""
+format, so an engine test reads either source the same way), the stage
+vocabulary of each architecture, and the record subsets (--steps, --stages,
+--stages-at, --rows, --logits) with the provenance entry that says what a
+golden holds."""
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
@@ -101,6 +105,28 @@ def save_deterministic(tensors, metadata, path, bf16=()):
     assert all(np.array_equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors)
     with safetensors.safe_open(path, "np") as f:
         assert f.metadata() == metadata
+
+
+def metadata(prov, fmt=FORMAT):
+    """A golden's `__metadata__`: its format and its provenance as compact
+    sorted-key JSON (nothing that varies between runs)."""
+    return {"format": fmt, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
+
+
+def write_golden(tensors, meta, path, log=None, bf16=()):
+    """save_deterministic into `path` through a temporary name and a rename,
+    so a failed run never leaves a half-written golden behind. Replacing a
+    file is what the callers ask for (regen.sh starts from empty folders,
+    goldens regen from a fresh one), but never silently: `log` says so, and
+    what was written."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    save_deterministic(tensors, meta, tmp, bf16)
+    if log is not None and os.path.exists(path):
+        log(f"replacing the existing {path}")
+    os.replace(tmp, path)
+    if log is not None:
+        log(f"wrote {path}: {len(tensors)} tensors, {os.path.getsize(path)} bytes")
 
 
 # ---- stage vocabulary and record subsets (shared by both recorders) --------

@@ -54,12 +54,9 @@ import ctypes
 import importlib
 import json
 import os
-import platform
-import re
 import sys
 
 import numpy as np
-import safetensors
 from safetensors import safe_open
 
 sys.dont_write_bytecode = True
@@ -67,8 +64,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
-import record_llamacpp as rl  # noqa: E402
-from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
+import llamacpp_graph as graph  # noqa: E402  (the text recorder's node map: the LM's stages)
+import llamacpp_lib as lib  # noqa: E402
+from golden_io import progress, sha256_file  # noqa: E402
 
 RECORDER = "goldens/recorders/record_llamacpp_vlm.py"
 # GGUF architecture -> the text architecture whose LM node map applies (the
@@ -94,8 +92,8 @@ def log(msg):
     progress("record_llamacpp_vlm.py", msg)
 
 
-class Rec(rl.NodeRecorder):
-    """record_llamacpp.NodeRecorder plus: each node's own address and its
+class Rec(lib.NodeRecorder):
+    """llamacpp_lib.NodeRecorder plus: each node's own address and its
     sources' (to follow the graph), views copied too (Qwen3-VL's q/k/v are
     views of the fused qkv), and an IM2COL's image input (the preprocessed
     pixels, a graph input that is never a node itself)."""
@@ -103,11 +101,11 @@ class Rec(rl.NodeRecorder):
     def callback(self, t, ask, user_data):
         if ask:
             return True
-        tt = ctypes.cast(t, ctypes.POINTER(rl.GgmlTensor)).contents
+        tt = ctypes.cast(t, ctypes.POINTER(lib.GgmlTensor)).contents
         name = tt.name.decode("utf-8")
         op = self.g.ggml_op_desc(t).decode()
         ne = [int(x) for x in tt.ne]
-        data = self.read(t) if tt.type == rl.GGML_TYPE_F32 and op not in ("SET_ROWS", "CPY") else None
+        data = self.read(t) if tt.type == lib.GGML_TYPE_F32 and op not in ("SET_ROWS", "CPY") else None
         srcs = [int(s) if s else 0 for s in tt.src]
         extra = {}
         if op == "IM2COL" and srcs[1]:
@@ -115,19 +113,6 @@ class Rec(rl.NodeRecorder):
         self.nodes.append({"name": name, "op": op, "ne": ne, "data": data, "ptr": int(t), "srcs": srcs,
                            "op_params": bytes(bytearray(tt.op_params)), **extra})
         return True
-
-    def read(self, t):
-        tt = ctypes.cast(t, ctypes.POINTER(rl.GgmlTensor)).contents
-        if tt.type != rl.GGML_TYPE_F32:
-            return None
-        ne = [int(x) for x in tt.ne]
-        nb = [int(x) for x in tt.nb]
-        n = self.g.ggml_nbytes(t)
-        buf = (ctypes.c_uint8 * n)()
-        self.g.ggml_backend_tensor_get(t, buf, 0, n)
-        flat = np.frombuffer(buf, dtype=np.uint8)
-        return np.lib.stride_tricks.as_strided(flat.view(np.float32), shape=tuple(reversed(ne)),
-                                               strides=tuple(reversed(nb))).copy()
 
 
 def node(nodes, name, op=None, last=True):
@@ -239,7 +224,7 @@ def main():
     cache = os.path.abspath(args.cache_dir)
     lib_dir, binfo = build_llamacpp.ensure_built(cache, mtmd=True)
     src = build_llamacpp.source_dir(cache)
-    lc, g = rl.load_bindings(src, lib_dir)
+    lc, g = lib.load_bindings(src, lib_dir)
     os.environ["MTMD_CPP_LIB"] = lib_dir
     mt = importlib.import_module("llama_cpp.mtmd_cpp")
 
@@ -260,39 +245,21 @@ def main():
     assert sha256_file(args.image) == hf_prov["image"]["sha256"], "not the HF golden's image"
 
     # ---- model, contexts -------------------------------------------------------
-    quiet = lc.llama_log_callback(lambda level, text, ud: None)
-    lc.llama_log_set(quiet, None)
+    quiet = lib.silence(lc)
     mt.mtmd_helper_log_set(quiet, None)
     mt.mtmd_log_set(quiet, None)
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    mparams.use_mmap = False
-    model = lc.llama_model_load_from_file(args.gguf.encode(), mparams)
+    model = lib.open_model(lc, args.gguf)
     assert model, f"cannot load {args.gguf}"
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-    buf = ctypes.create_string_buffer(256)
-    lc.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
-    arch = buf.value.decode()
+    arch = lib.meta_str(lc, model, "general.architecture")
     lm_arch = LM_ARCH[arch]
     n_embd_inp = lc.llama_model_n_embd_inp(model) if hasattr(lc, "llama_model_n_embd_inp") else E
 
     lrec, vrec = Rec(g), Rec(g)
     lcb = lc.ggml_backend_sched_eval_callback(lrec.callback)
     vcb = lc.ggml_backend_sched_eval_callback(vrec.callback)
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 256
-    cparams.n_batch = 256
-    cparams.n_ubatch = 256
-    cparams.n_seq_max = 1
-    cparams.n_threads = args.threads
-    cparams.n_threads_batch = args.threads
-    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cparams.type_k = rl.GGML_TYPE_F32
-    cparams.type_v = rl.GGML_TYPE_F32
-    cparams.cb_eval = lcb
-    cparams.cb_eval_user_data = None
+    cparams = lib.context_params(lc, 256, args.threads, "f32", lcb)
     ctx = lc.llama_init_from_model(model, cparams)
     assert ctx
 
@@ -407,7 +374,7 @@ def main():
         nodes = lrec.nodes
         lrec.nodes = []
         S = cell0 + n
-        st = rl.canonical(nodes, "x", lm_arch, n_layer, n, S, False, dims, keep,
+        st = graph.canonical(nodes, "x", lm_arch, n_layer, n, S, False, dims, keep,
                           list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
                                                          "windows": [None] * n_layer, "rope_bases": None})
         extra = {}
@@ -422,7 +389,7 @@ def main():
         if lm_arch == "qwen3":
             for L in range(len(ds_idx)):
                 extra[f"blk.{L}.deepstack"] = np.ascontiguousarray(
-                    rl.pick(nodes, f"deepstack_out-{L}", "ADD", "last", "", L)["data"].reshape(n, E), np.float32)
+                    graph.pick(nodes, f"deepstack_out-{L}", "ADD", "last", "", L)["data"].reshape(n, E), np.float32)
         api = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
                         for i in range(n)])
         return st, extra, api, nodes
@@ -509,7 +476,7 @@ def main():
         assert v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
         assert np.isfinite(v).all() if v.dtype.kind == "f" else True, f"{k} not finite"
 
-    versions, build = rl.versions_and_build(binfo)
+    versions, build = lib.versions_and_build(binfo)
     prov = {
         "source": "llama.cpp",
         "recorder": RECORDER,
@@ -545,11 +512,7 @@ def main():
         # approximation, HF's is exact: a model difference, not a rounding.)
         "arithmetic": {"storage": "f32", "kv": "f32", "patch": "f16"},
     }
-    metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
-    tmp = args.out_file + ".tmp"
-    save_deterministic(out, metadata, tmp)
-    os.replace(tmp, args.out_file)
+    golden_io.write_golden(out, golden_io.metadata(prov), args.out_file)
     print(json.dumps({"out": args.out_file, "tensors": len(out), "sha256": sha256_file(args.out_file),
                       "greedy_ids": greedy_ids, "hf_greedy_ids": hf_prov["greedy_ids"],
                       "not_recorded": sorted(STAGE_NOTES)}))
