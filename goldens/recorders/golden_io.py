@@ -110,7 +110,7 @@ def save_deterministic(tensors, metadata, path, bf16=()):
 def metadata(prov, fmt=FORMAT):
     """A golden's `__metadata__`: its format and its provenance as compact
     sorted-key JSON (nothing that varies between runs)."""
-    return {"format": fmt, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
+    return {"format": fmt, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"), allow_nan=False)}
 
 
 def write_golden(tensors, meta, path, log=None, bf16=()):
@@ -163,6 +163,41 @@ def all_stages(model_type, n_layers, extra=()):
     for li in range(n_layers):
         names += [f"blk.{li}.{s}" for s in block_stages(model_type)]
     return names + ["output_norm", "logits"] + [s for s in OPTIONAL_STAGES if s in extra]
+
+
+# A vision-language model's vision stages per block (record_vlm.py).
+VISION_BLOCK_STAGES = ["norm1", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_ctx", "attn_out", "mlp_inp",
+                       "norm2", "mlp_fc1", "mlp_act", "mlp_out", "out"]
+
+
+def vision_stages(model_type, depth, n_deepstack):
+    """A VLM's vision stages (prefill only), in execution order as
+    docs/stages-and-checks.md lists them (`vision.grid` is an integer
+    tensor)."""
+    names = ["vision.pixels", "vision.grid", "vision.patch_embed"]
+    if model_type == "qwen3_vl":
+        names.append("vision.pos_embed")
+    for i in range(depth):
+        names += [f"vision.blk.{i}.{s}" for s in VISION_BLOCK_STAGES]
+    names += ["vision.merger_norm", "vision.merger"] + [f"vision.deepstack.{j}" for j in range(n_deepstack)]
+    return names
+
+
+def vlm_order(model_type, lm_family, depth, n_deepstack, n_layers, prefill):
+    """Every stage of one step of a VLM in execution order: at the prefill
+    the vision stages, `embed`, `inputs_embeds`, then the language model's
+    stages with `blk.{i}.deepstack` after `blk.{i}.out` (Qwen3-VL); a decode
+    step has the language model's stages only."""
+    lm = all_stages(lm_family, n_layers)
+    if not prefill:
+        return lm
+    out = vision_stages(model_type, depth, n_deepstack) + ["embed", "inputs_embeds"]
+    for s in lm[1:]:
+        out.append(s)
+        i = s.split(".")[1] if s.startswith("blk.") and s.endswith(".out") else None
+        if i is not None and int(i) < n_deepstack:
+            out.append(f"blk.{i}.deepstack")
+    return out
 
 
 def pattern_matches(pattern, stage):
@@ -242,19 +277,20 @@ def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
     {step: selected stage set}): stages stored at that one step only, on top
     of --steps x --stages (a long prompt's [H,T,S] prefill scores would not
     fit in a committed file, its decode steps' do)."""
+    what = "--stages-at"
     pats, sets = {}, {}
     for item in items:
         step, eq, text = item.partition("=")
         step = step.strip()
         if not eq:
-            raise SelectionError(f"--stages-at {item!r}: expected STEP=PATTERN[,PATTERN...]")
+            raise SelectionError(f"{what} {item!r}: expected STEP=PATTERN[,PATTERN...]")
         try:
             parse_steps(step, decode_steps)  # a known step
         except SelectionError as e:
-            raise SelectionError(f"--stages-at {item!r}: {e}") from None
+            raise SelectionError(f"{what} {item!r}: {e}") from None
         if step in pats:
-            raise SelectionError(f"--stages-at: step {step} named twice")
-        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"--stages-at {step}")
+            raise SelectionError(f"{what}: step {step} named twice")
+        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"{what} {step}")
     return pats, sets
 
 
@@ -326,6 +362,27 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, ro
 def stored(step, stage, keep_steps, keep_stages, stages_at_sets):
     """Whether `step/stage` is stored under --steps/--stages/--stages-at."""
     return (step in keep_steps and stage in keep_stages) or stage in stages_at_sets.get(step, ())
+
+
+def select_step(step, tensors, sel, T, keeps=None):
+    """What a golden stores of one step's canonical tensors {stage: array}
+    (every stage, every row; T tokens): tokens and positions always; a stage
+    under --steps/--stages/--stages-at, with only the last logits row
+    (sel.logits "last") or only the rows of sel.rows. `keeps(stage)`: False
+    for the stages at and after an overflow (overflow.Watch.keeps)."""
+    out = {}
+    for k, v in tensors.items():
+        if k in ("tokens", "positions"):
+            out[k] = v
+        elif keeps is not None and not keeps(k):
+            continue
+        elif stored(step, k, sel.keep_steps, sel.keep, sel.stages_at_sets):
+            if k == "logits" and sel.logits == "last":
+                v = np.ascontiguousarray(v[-1:])
+            elif sel.rows is not None:
+                v = take_rows(k, v, sel.rows, T)
+            out[k] = v
+    return out
 
 
 def sha256_file(path):

@@ -161,13 +161,14 @@ class Recorder:
                     def hook(mod, i, o, p=p):
                         x, y = i[0], o
                         proj = self.rec[p + which]  # [T,heads,D], already stored
+                        # (equal_nan: an overflowed projection is still itself)
                         with allowed(self.guard):
                             as_is = tuple(x.shape[1:]) == proj.shape and np.array_equal(
-                                x[0].detach().to(torch.float32).numpy(), proj)
+                                x[0].detach().to(torch.float32).numpy(), proj, equal_nan=True)
                             if not as_is:
                                 x, y = x.transpose(1, 2), y.transpose(1, 2)
                                 assert tuple(x.shape[1:]) == proj.shape and np.array_equal(
-                                    x[0].detach().to(torch.float32).numpy(), proj), \
+                                    x[0].detach().to(torch.float32).numpy(), proj, equal_nan=True), \
                                     f"{p}{which}_norm: its input is not the {which} projection in either layout"
                         self.put(p + which + "_norm", y)
                     return hook
@@ -269,7 +270,11 @@ class Recorder:
             else:
                 assert not masked.any(), "no attention mask, but the step has future positions"
                 again = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
-            assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
+            # Only on finite data: an overflow (a 16-bit reference's scores past
+            # its range) is recorded as data by the recorder (overflow.py), and
+            # NaN equals nothing, itself included.
+            if bool(torch.isfinite(scores).all()) and bool(torch.isfinite(weights).all()):
+                assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
             self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill(masked, 0.0))
             return out, weights
         self.modeling.eager_attention_forward = eager_wrapper

@@ -7,8 +7,9 @@ unique names of [a-z0-9-]+, non-empty texts, no other key, no key given
 twice); read_golden() a next-token golden of the same set (the --tokens-from
 and --oracle files); distribution_summary() turns one prompt's logits into
 what a file keeps per position (top-K ids and log-probabilities, the
-log-probabilities at the oracle's ids, max |logit|). Problems with the
-inputs are UserError: one line, exit 2.
+log-probabilities at the oracle's ids, max |logit|); overflowed() the
+provenance entry of a prompt left out because its logits went non-finite.
+Problems with the inputs are UserError: one line, exit 2.
 """
 import hashlib
 import io
@@ -19,6 +20,8 @@ import re
 import numpy as np
 import yaml
 from safetensors import safe_open
+
+import overflow
 
 FORMAT = "touchstone-next-token/1"
 NAME_RE = re.compile(r"[a-z0-9-]+")
@@ -107,9 +110,17 @@ def set_path_for_provenance(path):
 
 
 # ---- next-token golden files ----------------------------------------------------
+def left_out(prov):
+    """{name: entry} of the prompts a golden left out because its logits
+    went non-finite (provenance `overflow.prompts`)."""
+    return {e["prompt"]: e for e in (prov.get("overflow") or {}).get("prompts", [])}
+
+
 def read_golden(path, what, names, set_sha):
     """(provenance, {name: {key: array}}) of a next-token golden of the same
-    prompt set; UserError otherwise."""
+    prompt set; UserError otherwise. A prompt the golden left out (an
+    overflow) has only its `tokens` here, from the provenance, and its name
+    in left_out(provenance)."""
     if not os.path.isfile(path):
         raise UserError(f"{what} {path}: no such file")
     try:
@@ -121,8 +132,11 @@ def read_golden(path, what, names, set_sha):
     if meta.get("format") != FORMAT:
         raise UserError(f"{what} {path}: not a {FORMAT} file (format {meta.get('format')!r})")
     prov = json.loads(meta["provenance"])
-    if prov.get("prompts") != names:
-        raise UserError(f"{what} {path}: recorded for prompts {prov.get('prompts')}, the set has {names}")
+    skipped = left_out(prov)
+    written = [n for n in names if n not in skipped]
+    if prov.get("prompts") != written or not set(skipped) <= set(names):
+        raise UserError(f"{what} {path}: recorded for prompts {prov.get('prompts')} (left out: "
+                        f"{sorted(skipped)}), the set has {names}")
     if prov.get("prompt_set", {}).get("sha256") != set_sha:
         raise UserError(f"{what} {path}: recorded from another version of the prompt set (sha256 "
                         f"{prov.get('prompt_set', {}).get('sha256')}, the set's is {set_sha}): record it again")
@@ -130,6 +144,8 @@ def read_golden(path, what, names, set_sha):
     for k, v in tensors.items():
         n, _, key = k.partition("/")
         per[n][key] = v
+    for n, e in skipped.items():
+        per[n]["tokens"] = np.array(e["tokens"], dtype=np.int64)
     return prov, per
 
 
@@ -138,7 +154,7 @@ def distribution_summary(logits, K, oracle_ids=None):
     log-probabilities, the log-probabilities at `oracle_ids` [T,K], and the
     max |logit| per position."""
     assert logits.dtype == np.float64 and logits.ndim == 2
-    assert np.isfinite(logits).all(), "non-finite logits"
+    assert np.isfinite(logits).all(), "non-finite logits (record_next_token.py leaves such a prompt out)"
     m = logits.max(axis=1, keepdims=True)
     lse = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
     lp = logits - lse
@@ -155,4 +171,25 @@ def distribution_summary(logits, K, oracle_ids=None):
         out["at_oracle"] = np.ascontiguousarray(np.take_along_axis(lp, oracle_ids, axis=1))
     return out
 
+
+def overflowed(name, ids, logits, stages, oracle):
+    """The provenance entry of a prompt whose logits went non-finite: the
+    first position whose logits are non-finite, the earliest stage of the
+    forward holding a non-finite value (stages(name): every stage in
+    execution order; "logits" when it cannot tell) with its first such row,
+    its count and largest finite |x|, and from --oracle the largest |logit|
+    of the oracle's forward over the prompt (oracle_max_abs, for the stage
+    logits; null for another, which the oracle's file does not hold) and at
+    that position (oracle_logit_max). `tokens`: the ids fed, so that a file
+    fed this one's tokens (--tokens-from) still has them."""
+    position = int(np.nonzero(~np.isfinite(logits).all(axis=1))[0][0])
+    tensors, order = stages(name)
+    hit = overflow.first_nonfinite(tensors, order) if tensors is not None else None
+    stage, v = hit if hit is not None else ("logits", logits)
+    n, biggest = overflow.describe(v)
+    lm = None if oracle is None else oracle[name]["logit_max"]
+    return {"prompt": name, "position": position, "stage": stage, "row": overflow.first_row(stage, v),
+            "nonfinite": n, "max_abs_finite_before": biggest,
+            "oracle_max_abs": float(lm.max()) if lm is not None and stage == "logits" else None,
+            "oracle_logit_max": None if lm is None else float(lm[position]), "tokens": [int(t) for t in ids]}
 

@@ -4,7 +4,7 @@
 usage: record_hf.py MODEL OUT_FILE [--prompt TEXT [--chat] | --prompt-tokens ID,...] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
                     [--stages-at STEP=PATTERN,...] [--rows ROW,...]
-                    [--dtype float32|float64|bfloat16|float16]
+                    [--dtype float32|float64|bfloat16|float16] [--oracle ORACLE]
                     [--tokens-from GOLDEN] [--sample-probs TEMPERATURE,TOP_K,TOP_P]
 
 MODEL is an HF folder (config.json, tokenizer files and either one
@@ -30,6 +30,21 @@ decode step, whose prefill scores would not fit in a committed file.
 --rows 0,-1 keeps those token rows of every stored stage (provenance
 `record.rows: {STEP: [ROW, ...]}`): every stage of several layers of a real
 model then fits a committed file.
+
+A forward that overflows is data (overflow.py): every canonical stage of
+every step is watched, in execution order, and at the first non-finite
+(step, stage) the recording stops storing. The golden keeps every tensor
+computed before that point and the tokens and positions of every step (with
+--tokens-from every step's; without it a step after the overflow has no
+token to be fed, so it is not run and not in the golden); provenance
+`overflow` says where ({step, stage, dtype, nonfinite, max_abs_finite_before,
+oracle_max_abs}: the largest |x| of --oracle's tensor at that (step, stage),
+null without one or where it holds none) and `overflow_skipped` what was
+not stored or checked. `greedy_ids` keeps the picks of the steps whose
+logits were finite. The checks that compare data (the attention tap's
+recomputation, the cache cross-checks, the tied-pair checks) run only on
+what came before the overflow. Exit 0, and one line on stderr starting
+`overflow: `.
 
 --dtype float64 records an f64 ORACLE (oracle_f64.py): every operation of
 the forward runs in float64 on the float32 weights widened exactly (a GGUF's
@@ -76,18 +91,11 @@ with --dtype float64). Tokens the filters remove are exactly 0. Provenance:
 `sampling: {temperature, top_k, top_p}` and `sampling_processors` (the class
 names in order). The tokens fed stay the greedy ones.
 
-Sliding-window models (Gemma 3; a layer slides when config.layer_types says
-sliding_attention): the canonical [H,T,S] has S = every position so far,
-but HF's default cache for such a config (DynamicCache(config=...)) keeps
-only the last sliding_window - 1 positions of a sliding layer, so its
-decode-step attentions would be narrower. The recorder passes a plain
-DynamicCache() instead (every layer keeps every position: asserted after
-each step, and the attention tap asserts S keys); HF's mask still applies
-the window (asserted by the tap). The same steps are then run again through
-HF's own trimmed cache (its trimming asserted) and every step's last logits
-row must agree with the recording (provenance
-`sliding_cache_vs_full_cache_max_abs_diff`, asserted < 1e-3; about 2e-6 in
-float32), as must the usual one-pass recompute (`cache_vs_full`).
+Sliding-window models (Gemma 3): the cache keeps every position of every
+layer (the canonical [H,T,S]), HF's mask still applies the window (asserted
+by the tap), and the logits are cross-checked with HF's own trimmed cache
+(hf_crosschecks.py; provenance `sliding_cache_vs_full_cache_max_abs_diff`),
+as with the one-pass recompute (`cache_vs_full_max_abs_diff`).
 
 If the LM head's rows are equal in pairs (row 2j+1 == row 2j bit for bit:
 phi3-tiny, see make_model.py), every logit pair must tie bit for bit and
@@ -122,6 +130,8 @@ import golden_io  # noqa: E402  (shared with record_llamacpp.py)
 from golden_io import FORMAT, progress, sha256_file  # noqa: E402
 import hf_model  # noqa: E402  (loading, determinism, provenance: shared with the other HF recorders)
 import oracle_f64  # noqa: E402
+import overflow  # noqa: E402  (a forward that overflows is data)
+from hf_crosschecks import cache_cross_check, run_sliding, sliding_cross_check  # noqa: E402
 from hf_hooks import Recorder, attention_rows, attention_summary, config_dims, layer_windows  # noqa: E402
 from model_source import describe_source  # noqa: E402
 
@@ -171,6 +181,8 @@ def parse_args():
     ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
                     help="keep only these token rows (negative from the end, e.g. 0,-1) of every stage with a "
                          "token axis (tokens/positions stay whole; --logits last keeps the last row)")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--dtype", choices=list(hf_model.DTYPES), default="float32",
                     help="float64: the f64 oracle (every op in float64, stored rounded to float32); "
                          "bfloat16/float16: a 16-bit reference (weights cast, HF's own float32 islands)")
@@ -226,18 +238,22 @@ def parse_args():
         ap.error(str(e))
     if os.path.exists(args.out_file) and os.path.isdir(args.out_file):
         ap.error(f"{args.out_file} is a folder")
+    if args.oracle is not None:
+        overflow.check_oracle(args.oracle)
     return ap, args
 
 
 def parse_selection(ap, args, model_type, n_layers):
-    """(patterns, stage set, stages_at patterns, stages_at sets) of this model."""
+    """What to store (golden_io.select_step's `sel`): patterns, keep,
+    stages_at(_sets), keep_steps, logits, rows."""
+    sel = types.SimpleNamespace(keep_steps=args.keep_steps, logits=args.logits, rows=args.row_list)
     try:
-        patterns, keep_stages = golden_io.parse_stages(args.stages, model_type, n_layers, args.extra)
-        stages_at, stages_at_sets = golden_io.parse_stages_at(args.stages_at, model_type, n_layers,
-                                                              args.decode_steps, args.extra)
+        sel.patterns, sel.keep = golden_io.parse_stages(args.stages, model_type, n_layers, args.extra)
+        sel.stages_at, sel.stages_at_sets = golden_io.parse_stages_at(args.stages_at, model_type, n_layers,
+                                                                      args.decode_steps, args.extra)
     except golden_io.SelectionError as e:
         ap.error(str(e))
-    return patterns, keep_stages, stages_at, stages_at_sets
+    return sel
 
 
 def sampling_processors(model, sampling):
@@ -294,15 +310,15 @@ def choose_prompt(args, tok, cfg, source):
     return prompt_ids, prompt
 
 
-def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties):
-    """Runs the prefill and every decode step with the hooks `r` installed;
-    returns what was stored and seen (a namespace)."""
+def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
+    """Runs the prefill and every decode step with the hooks `r` installed,
+    `watch` (overflow.Watch) looking at every stage; returns what was stored
+    and seen (a namespace; `clean`: the steps before any overflow)."""
     model, cfg, guard = m.model, m.cfg, m.guard
     n_layers = cfg.num_hidden_layers
-    keep_stages, stages_at_sets = sel[1], sel[3]
     run = types.SimpleNamespace(out={}, steps=[], greedy_ids=[], att_rows={"prefill": [], "decode": []},
                                 prefill_row_max=[], logit_absmax=0.0, step_tokens={}, step_last_logits=[],
-                                fed=list(prompt_ids), last_logits=None)
+                                fed=list(prompt_ids), clean=[], not_run=[])
     out = run.out
     x = torch.tensor([prompt_ids], dtype=torch.int64)
     windows = layer_windows(cfg)
@@ -316,17 +332,32 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties):
     # and the logits agree with HF's own trimmed cache (checked below).
     past, pos = (DynamicCache() if run_sliding(cfg) else None), 0
     dims = config_dims(cfg)
-    expected = golden_io.all_stages(cfg.model_type, n_layers, args.extra) + ["tokens", "positions"]
+    order = golden_io.all_stages(cfg.model_type, n_layers, args.extra)
+    expected = order + ["tokens", "positions"]
     forced = args.forced
+    all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     with torch.no_grad():
-        for si in range(args.decode_steps + 1):
-            step = "prefill" if si == 0 else f"decode{si}"
+        for si, step in enumerate(all_steps):
+            T = x.shape[1]
+            positions = torch.arange(pos, pos + T, dtype=torch.int64)
+            if watch.found is not None:
+                # After an overflow nothing is run or stored but the tokens
+                # fed, and those only when the golden of --tokens-from gives them.
+                if forced is None:
+                    run.not_run = all_steps[si:]
+                    break
+                run.steps.append(step)
+                out[f"{step}/tokens"] = x[0].numpy().astype(np.int64)
+                out[f"{step}/positions"] = positions.numpy()
+                run.step_tokens[step] = T
+                pos += T
+                if si < args.decode_steps:
+                    x = torch.tensor([[forced["tokens"][f"decode{si + 1}"][0]]], dtype=torch.int64)
+                continue
             run.steps.append(step)
             r.rec.clear()
             r.step = step
-            T = x.shape[1]
             log(f"{step}: {T} token(s) at position {pos}")
-            positions = torch.arange(pos, pos + T, dtype=torch.int64)
             r.S = pos + T
             with guard or contextlib.nullcontext():
                 res = model(input_ids=x, position_ids=positions[None], past_key_values=past,
@@ -337,7 +368,8 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties):
                 lens = [layer.keys.shape[-2] for layer in past.layers]
                 assert len(lens) == n_layers and lens == [pos + T] * n_layers and not any(past.is_sliding), \
                     f"{step}: the cache holds {lens} positions per layer, expected all {pos + T}"
-            if pair_ties:
+            logits_finite = bool(torch.isfinite(res.logits).all())
+            if pair_ties and logits_finite:
                 lg = res.logits[0]
                 assert torch.equal(lg[:, 0::2], lg[:, 1::2]), f"{step}: logit pairs do not tie exactly"
             if procs is not None:
@@ -347,96 +379,55 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties):
                     probs = torch.nn.functional.softmax(scores, dim=-1)
                 r.put("sample_probs", probs[None])  # [1,1,V] -> [1,V]
                 sp = r.rec["sample_probs"]
-                assert abs(float(sp.astype(np.float64).sum()) - 1.0) < 1e-5, sp.sum()
-                if args.sampling["top_k"]:
-                    assert (sp > 0).sum() <= args.sampling["top_k"] or pair_ties
+                if np.isfinite(sp).all():
+                    assert abs(float(sp.astype(np.float64).sum()) - 1.0) < 1e-5, sp.sum()
+                    if args.sampling["top_k"]:
+                        assert (sp > 0).sum() <= args.sampling["top_k"] or pair_ties
             assert len(res.attentions) == n_layers
             for li, a in enumerate(res.attentions):
                 r.put(f"blk.{li}.attn_probs", a)  # [1,H,T,S] -> [H,T,S]
-                probs = r.rec[f"blk.{li}.attn_probs"]
-                run.att_rows["prefill" if si == 0 else "decode"] += attention_rows(probs, positions.numpy(),
-                                                                                   windows[li])
-                if si == 0:
-                    run.prefill_row_max.append(probs.max(axis=-1).mean())
             # The hooked logits must be what the model returned.
-            assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy())
+            assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy(), equal_nan=True)
             r.rec["tokens"] = x[0].numpy().astype(np.int64)
             r.rec["positions"] = positions.numpy()
             assert sorted(r.rec) == sorted(expected), sorted(set(r.rec) ^ set(expected))
             S = pos + T
-            run.logit_absmax = max(run.logit_absmax, float(np.abs(r.rec["logits"]).max()))
             for k, v in r.rec.items():
                 assert v.shape == golden_io.expected_shape(k, T, S, dims), f"{step}/{k}: shape {v.shape}"
-                if v.dtype != np.int64:
-                    assert np.isfinite(v).all(), f"{step}/{k} is not finite"
-                # tokens/positions of every step: teacher forcing needs them.
-                if k in ("tokens", "positions"):
-                    out[f"{step}/{k}"] = v
-                elif golden_io.stored(step, k, args.keep_steps, keep_stages, stages_at_sets):
-                    if k == "logits" and args.logits == "last":
-                        v = np.ascontiguousarray(v[-1:])
-                    elif args.row_list is not None:
-                        v = golden_io.take_rows(k, v, args.row_list, T)
-                    out[f"{step}/{k}"] = v
+            if watch.scan(step, r.rec, order):
+                run.clean.append(step)
+                for li in range(n_layers):
+                    probs = r.rec[f"blk.{li}.attn_probs"]
+                    run.att_rows["prefill" if si == 0 else "decode"] += attention_rows(
+                        probs, positions.numpy(), windows[li])
+                    if si == 0:
+                        run.prefill_row_max.append(probs.max(axis=-1).mean())
+                run.logit_absmax = max(run.logit_absmax, float(np.abs(r.rec["logits"]).max()))
+            # tokens/positions of every step: teacher forcing needs them.
+            kept = golden_io.select_step(step, r.rec, sel, T, lambda k: watch.keeps(step, k))
+            out.update({f"{step}/{k}": v for k, v in kept.items()})
             run.step_tokens[step] = T
             pos += T
-            nxt = int(res.logits[0, -1].argmax())
-            if pair_ties:
-                assert nxt % 2 == 0, f"{step}: greedy id {nxt} is odd despite the tied pairs"
-            run.greedy_ids.append(nxt)
+            nxt = None
+            if logits_finite:
+                nxt = int(res.logits[0, -1].argmax())
+                if pair_ties:
+                    assert nxt % 2 == 0, f"{step}: greedy id {nxt} is odd despite the tied pairs"
+                run.greedy_ids.append(nxt)
+                run.step_last_logits.append(res.logits[0, -1].to(torch.float64).numpy().copy())
+                log(f"{step}: greedy token {nxt}")
             feed = nxt
             if forced is not None and si < args.decode_steps:
                 feed = forced["tokens"][f"decode{si + 1}"][0]
                 if feed != nxt:
-                    log(f"{step}: greedy token {nxt}; fed the golden's {feed} (teacher forcing)")
+                    log(f"{step}: {'non-finite logits' if nxt is None else f'greedy token {nxt}'}; fed the "
+                        f"golden's {feed} (teacher forcing)")
+            elif feed is None:
+                run.not_run = all_steps[si + 1:]  # no token to feed them
+                break
             run.fed.append(feed)
-            log(f"{step}: greedy token {nxt}")
             x = torch.tensor([[feed]], dtype=torch.int64)
-            run.last_logits = res.logits[0, -1].to(torch.float64).numpy().copy()
-            run.step_last_logits.append(run.last_logits)
     return run
-
-
-def run_sliding(cfg):
-    return any(w is not None for w in layer_windows(cfg))
-
-
-def sliding_cross_check(m, run, prompt_ids):
-    """The same steps through HF's own cache for this config (sliding layers
-    trimmed to the last window - 1 positions, asserted): the last-row logits
-    of every step must agree with the full cache's (not bit for bit: the
-    softmax sums over different key counts). Returns the largest difference."""
-    model, guard, windows = m.model, m.guard, layer_windows(m.cfg)
-    log("sliding-window cross-check: the same steps with HF's own (trimmed) cache")
-    own, diffs, p0 = None, [], 0
-    with torch.no_grad():
-        for si, step in enumerate(run.steps):
-            ids = prompt_ids if si == 0 else [run.fed[len(prompt_ids) + si - 1]]
-            pos_ids = torch.arange(p0, p0 + len(ids), dtype=torch.int64)[None]
-            with guard or contextlib.nullcontext():
-                o = model(input_ids=torch.tensor([ids], dtype=torch.int64), position_ids=pos_ids,
-                          past_key_values=own, use_cache=True)
-            own = o.past_key_values
-            p0 += len(ids)
-            diffs.append(float(np.abs(o.logits[0, -1].to(torch.float64).numpy() - run.step_last_logits[si]).max()))
-    lens = [layer.keys.shape[-2] for layer in own.layers]
-    want = [p0 if w is None else min(p0, w - 1) for w in windows]
-    assert lens == want and own.is_sliding == [w is not None for w in windows], \
-        f"HF's own cache holds {lens} positions per layer, expected {want}"
-    worst = max(diffs)
-    assert worst < 1e-3, f"HF's own sliding cache gives other logits: {diffs}"
-    return worst
-
-
-def cache_cross_check(m, run):
-    """One forward over prompt + every token fed so far must give (nearly)
-    the same last-row logits as the cached last step."""
-    log("KV-cache cross-check: one forward over prompt + fed tokens")
-    with torch.no_grad():
-        full = torch.tensor([run.fed[:-1]], dtype=torch.int64)
-        with m.guard or contextlib.nullcontext():
-            lf = m.model(input_ids=full).logits[0, -1].to(torch.float64).numpy()
-    return float(np.abs(lf - run.last_logits).max())
 
 
 def main():
@@ -471,28 +462,34 @@ def main():
     r = Recorder(model)
     r.guard = m.guard
     r.install()
+    watch = overflow.Watch(args.dtype, args.oracle)
     try:
-        run = record_steps(args, m, r, prompt_ids, sel, procs, pair_ties)
+        run = record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch)
     finally:
         r.remove()
     sliding_vs_full_cache = sliding_cross_check(m, run, prompt_ids) if run_sliding(cfg) else None
-    cache_vs_full = cache_cross_check(m, run)
+    cache_vs_full = cache_cross_check(m, run, prompt_ids)
     if m.guard is not None:
         assert not m.guard.bad, f"float64 run: ops produced other float dtypes: {dict(m.guard.bad)}"
 
-    record = golden_io.record_section(args.keep_steps, args.all_steps, sel[0], args.logits, sel[2],
+    record = golden_io.record_section(sel.keep_steps, args.all_steps, sel.patterns, args.logits, sel.stages_at,
                                       args.row_list, run.step_tokens)
     prov = hf_model.build_provenance(args, prompt, m.cfg_dict, run.greedy_ids, run.steps, cache_vs_full, source,
                                      record, sampling, RECORDER)
-    if sliding_vs_full_cache is not None:
+    if run_sliding(cfg) and (sliding_vs_full_cache is not None or watch.found is None):
         # Sliding-window models only (other goldens keep their provenance).
         prov["sliding_cache_vs_full_cache_max_abs_diff"] = sliding_vs_full_cache
+    if watch.found is not None:
+        checks = ["cache_vs_full"] + (["sliding_cache_vs_full_cache"] if run_sliding(cfg) else [])
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, run.clean, run.not_run, checks)
     out, bf16 = run.out, []
     if args.dtype in ("bfloat16", "float16"):
         out, bf16 = golden_io.narrow_exact(out, args.dtype)
     golden_io.write_golden(out, golden_io.metadata(prov), args.out_file, log, bf16)
     log(oracle_f64.memory_line(m.model_bytes, m.f64_bytes))
     print_summary(args, run, out, prompt_ids, tok, cache_vs_full, sliding_vs_full_cache, pair_ties)
+    watch.report()
 
 
 def print_summary(args, run, out, prompt_ids, tok, cache_vs_full, sliding_vs_full_cache, pair_ties):
@@ -503,7 +500,7 @@ def print_summary(args, run, out, prompt_ids, tok, cache_vs_full, sliding_vs_ful
     1/n_keys) are the honest measure and what INITIALIZER_RANGE in
     make_model.py was chosen on."""
     S0 = len(prompt_ids)
-    pre_mean_max = float(np.mean(run.prefill_row_max))
+    pre_mean_max = float(np.mean(run.prefill_row_max)) if run.prefill_row_max else None  # None: overflowed
     print(json.dumps({
         "out": args.out_file,
         "tensors": len(out),
@@ -518,10 +515,10 @@ def print_summary(args, run, out, prompt_ids, tok, cache_vs_full, sliding_vs_ful
         "lm_head_pair_ties": bool(pair_ties),
         "logits_absmax": round(run.logit_absmax, 4),
         "attention": {
-            "prefill_mean_row_max": round(pre_mean_max, 4),
+            "prefill_mean_row_max": None if pre_mean_max is None else round(pre_mean_max, 4),
             "prefill_uniform_1_over_S": round(1.0 / S0, 4),
-            "prefill_mean_row_max_x_1_over_S": round(pre_mean_max * S0, 2),
-            "prefill_rows": attention_summary(run.att_rows["prefill"]),
+            "prefill_mean_row_max_x_1_over_S": None if pre_mean_max is None else round(pre_mean_max * S0, 2),
+            "prefill_rows": attention_summary(run.att_rows["prefill"]) if run.att_rows["prefill"] else None,
             "decode_rows": attention_summary(run.att_rows["decode"]) if run.att_rows["decode"] else None,
         },
     }))

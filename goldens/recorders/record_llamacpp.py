@@ -3,7 +3,8 @@
 
 usage: record_llamacpp.py GGUF OUT_FILE --hf-golden HF_GOLDEN [--threads N]
                           [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                          [--rows ROW,...] [--kv-type f32|f16] [--list-nodes]
+                          [--stages-at STEP=PATTERN,...] [--rows ROW,...]
+                          [--kv-type f32|f16] [--oracle ORACLE] [--list-nodes]
 
 GGUF is used as it is, quantised or not (a real model's Q4_K_M file runs
 as downloaded; the tiny models' F32 GGUFs come from convert_gguf.py).
@@ -31,9 +32,19 @@ converter permutes the rows of the Q and K weights (so llama.cpp's
 interleaved-pair RoPE equals HF's rotate-half RoPE); the recorder undoes that
 permutation on q, k, q_rope and k_rope so the golden is in HF's layout.
 
---steps/--stages/--stages-at/--logits/--rows store a subset, as in record_hf.py; by
-default the same subset the HF golden stored (its provenance `record`), so the
-two files have the same keys. Tokens and positions are stored for every step.
+--steps/--stages/--stages-at/--logits/--rows store a subset, as in
+record_hf.py; by default the same subset the HF golden stored (its provenance
+`record`), so the two files have the same keys and shapes (asserted when
+they stored the same subset). Tokens and positions are stored for every step.
+
+An overflow is data, as in record_hf.py (overflow.py): every canonical stage
+of every step is computed from the graph and watched in execution order; at
+the first non-finite (step, stage) nothing more is stored (no later step is
+decoded; every step's tokens and positions are still written, from the HF
+golden), provenance `overflow` says where (`oracle_max_abs` from --oracle,
+the float64 oracle's golden), greedy_ids keeps the steps whose logits were
+finite, and the key-set comparison with the HF golden is left out. Exit 0
+and one `overflow: ` line on stderr.
 
 blk.{i}.attn_scores [H,T,S] is record_hf.py's stage (the scaled scores
 q_rope . k_rope^T / sqrt(D), the softmax input before the mask, causally
@@ -96,6 +107,7 @@ import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
 from golden_io import FORMAT, progress, sha256_file  # noqa: E402
 import llamacpp_lib as lib  # noqa: E402  (libllama: bindings, eval callback, context)
+import overflow  # noqa: E402  (a forward that overflows is data)
 # The node map: which graph node is which stage, in the canonical layout.
 from llamacpp_graph import (HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, attention_layout, canonical,  # noqa: E402
                             check_rope_bases)
@@ -124,6 +136,8 @@ def parse_args():
                     help="`last`: only the last row of each step's logits (default: as the HF golden)")
     ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
                     help="keep only these token rows of every stage (default: the HF golden's rows)")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
                     help="K and V cache type: f32 (default; closest to HF) or f16 (llama.cpp's own default)")
     ap.add_argument("--list-nodes", action="store_true",
@@ -137,6 +151,8 @@ def parse_args():
     with open(args.gguf, "rb") as f:
         if f.read(4) != b"GGUF":
             ap.error(f"{args.gguf} is not a GGUF file (no GGUF magic)")
+    if args.oracle is not None:
+        overflow.check_oracle(args.oracle)
     return ap, args
 
 
@@ -280,12 +296,21 @@ def main():
     disagreement = None  # the first step whose greedy pick is not HF's
     batch = lc.llama_batch_init(cparams.n_batch, 0, 1)
     pos_next = 0
+    order = golden_io.all_stages(arch, n_layer)  # every stage, in execution order
+    watch = overflow.Watch("float32", args.oracle)  # llama.cpp's activations: f32
     try:
         for step in steps:
             toks = [int(x) for x in hf[f"{step}/tokens"]]
             positions = [int(x) for x in hf[f"{step}/positions"]]
             assert positions == list(range(pos_next, pos_next + len(toks))), f"{step}: positions {positions}"
-            log(f"{step}: {len(toks)} token(s) at position {pos_next}")
+            step_tokens[step] = len(toks)
+            pos_next = positions[-1] + 1
+            if watch.found is not None:
+                # After an overflow: the tokens fed, nothing else.
+                out[f"{step}/tokens"] = np.array(toks, dtype=np.int64)
+                out[f"{step}/positions"] = np.array(positions, dtype=np.int64)
+                continue
+            log(f"{step}: {len(toks)} token(s) at position {positions[0]}")
             rec.nodes = []
             lib.fill_batch(batch, toks, positions)
             rc = lc.llama_decode(ctx, batch)
@@ -294,48 +319,49 @@ def main():
             if args.list_nodes:
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | {"logits"}
+            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set())
             check_rope_bases(rec.nodes, step, attn)
-            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, want, positions, attn)
+            # Every stage (the overflow watch looks at all of them); the
+            # masked-entry checks on the stages stored, as always.
+            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, set(order), positions,
+                               attn, checked=want, finite=False)
             rec.nodes = []  # a real model's nodes are large; drop them now
             api = lib.all_logits(lc, ctx, len(toks), n_vocab)
-            api_vs_graph = max(api_vs_graph, float(np.abs(api - stages["logits"]).max()))
-            greedy_ids.append(int(stages["logits"][-1].argmax()))
-            log(f"{step}: greedy token {greedy_ids[-1]}")
-            hf_ids = hf_prov["greedy_ids"]
-            hf_pick = hf_ids[len(greedy_ids) - 1] if len(greedy_ids) <= len(hf_ids) else None
-            if disagreement is None and hf_pick is not None and greedy_ids[-1] != hf_pick:
-                disagreement = disagreement_of(step, len(greedy_ids) - 1, greedy_ids[-1], hf_pick,
-                                               stages["logits"][-1], hf.get(f"{step}/logits"))
-                log(f"{step}: greedy token {greedy_ids[-1]}, HF's {hf_pick} (llama.cpp's margin "
-                    f"{disagreement['llamacpp_margin']:.3g})")
-            if pair_ties:
-                lg = stages["logits"]
-                assert np.array_equal(lg[:, 0::2].view(np.uint32), lg[:, 1::2].view(np.uint32)), \
-                    f"{step}: the HF golden's logit pairs tie exactly, llama.cpp's do not"
-                assert greedy_ids[-1] % 2 == 0, f"{step}: greedy id {greedy_ids[-1]} is odd despite the tied pairs"
-            if not golden_io.stored(step, "logits", sel.keep_steps, sel.keep, sel.stages_at_sets):
-                del stages["logits"]
-            elif sel.logits == "last":
-                stages["logits"] = np.ascontiguousarray(stages["logits"][-1:])
-            if sel.rows is not None:
-                stages = {k: v if k == "logits" and sel.logits == "last" else
-                          golden_io.take_rows(k, v, sel.rows, len(toks)) for k, v in stages.items()}
-            step_tokens[step] = len(toks)
+            lg = stages["logits"]
+            finite_logits = bool(np.isfinite(lg).all())
+            if finite_logits:
+                api_vs_graph = max(api_vs_graph, float(np.abs(api - lg).max()))
+            else:
+                assert np.array_equal(api, lg, equal_nan=True), "llama_get_logits_ith differs from result_output"
+            watch.scan(step, stages, order)
+            if finite_logits:
+                greedy_ids.append(int(lg[-1].argmax()))
+                log(f"{step}: greedy token {greedy_ids[-1]}")
+                hf_ids = hf_prov["greedy_ids"]
+                hf_pick = hf_ids[len(greedy_ids) - 1] if len(greedy_ids) <= len(hf_ids) else None
+                if disagreement is None and hf_pick is not None and greedy_ids[-1] != hf_pick:
+                    disagreement = disagreement_of(step, len(greedy_ids) - 1, greedy_ids[-1], hf_pick, lg[-1],
+                                                   hf.get(f"{step}/logits"))
+                    log(f"{step}: greedy token {greedy_ids[-1]}, HF's {hf_pick} (llama.cpp's margin "
+                        f"{disagreement['llamacpp_margin']:.3g})")
+                if pair_ties:
+                    assert np.array_equal(lg[:, 0::2].view(np.uint32), lg[:, 1::2].view(np.uint32)), \
+                        f"{step}: the HF golden's logit pairs tie exactly, llama.cpp's do not"
+                    assert greedy_ids[-1] % 2 == 0, f"{step}: greedy id {greedy_ids[-1]} is odd despite the tied pairs"
             stages["tokens"] = np.array(toks, dtype=np.int64)
             stages["positions"] = np.array(positions, dtype=np.int64)
-            for k, v in stages.items():
-                out[f"{step}/{k}"] = v
-            pos_next = S
+            kept = golden_io.select_step(step, stages, sel, len(toks), lambda k: watch.keeps(step, k))
+            out.update({f"{step}/{k}": v for k, v in kept.items()})
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
         lc.llama_model_free(model)
     assert api_vs_graph == 0.0, f"llama_get_logits_ith differs from result_output by {api_vs_graph}"
-    # Same keys and shapes as the HF golden when both stored the same subset.
+    # Same keys and shapes as the HF golden when both stored the same subset
+    # (and neither overflowed: each then stops where its own forward did).
     record = golden_io.record_section(sel.keep_steps, steps, sel.patterns, sel.logits, sel.stages_at, sel.rows,
                                       step_tokens)
-    if record == hf_prov.get("record"):
+    if record == hf_prov.get("record") and watch.found is None and "overflow" not in hf_prov:
         # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
         hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))
         assert sorted(out) == hf_keys, \
@@ -387,6 +413,9 @@ def main():
                          "file_type": None if file_type is None else int(file_type)}
     if record is not None:
         prov["record"] = record
+    if watch.found is not None:
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, [], [], [])
     golden_io.write_golden(out, golden_io.metadata(prov), args.out_file, log)
     print(json.dumps({
         "out": args.out_file,
@@ -405,6 +434,7 @@ def main():
               f"{d['llamacpp_id']}, HF {d['hf_id']} (llama.cpp's margin {d['llamacpp_margin']:.3g}, HF's "
               f"{'not recorded' if d['hf_margin'] is None else format(d['hf_margin'], '.3g')}); both goldens "
               f"are written, the provenance's greedy_disagreement says so", file=sys.stderr)
+    watch.report()
     return 0
 
 

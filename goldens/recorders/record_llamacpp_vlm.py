@@ -3,7 +3,7 @@
 llama.cpp's multimodal library (mtmd).
 
 usage: record_llamacpp_vlm.py GGUF MMPROJ_GGUF OUT_FILE --hf-golden HF_GOLDEN --image PNG
-                              [--threads N] [--list-nodes]
+                              [--threads N] [--list-nodes] [--oracle ORACLE]
 
 GGUF and MMPROJ_GGUF: convert_gguf.py MODEL_DIR X.gguf and convert_gguf.py
 MODEL_DIR X-mmproj.gguf --mmproj (the vendored converter). The libraries:
@@ -48,6 +48,13 @@ to f16 before the patch matmul: vision.patch_embed is ~6e-3 from the
 oracle (HF 1.8e-5), and every later stage, vision and language model,
 inherits an error a few hundred times HF's. The merger's GELU is ggml_gelu
 (tanh form) where HF's PatchMerger uses the exact erf GELU.
+
+An overflow is data, as in record_vlm.py (overflow.py): every stage is
+watched in execution order (golden_io.vlm_order); at the first non-finite
+one nothing more is stored and no later step is decoded (their tokens and
+positions, the HF golden's, are), provenance `overflow` says where
+(`oracle_max_abs` from --oracle), and the key-set comparison with the HF
+golden is left out. Exit 0, one `overflow: ` line on stderr.
 """
 import argparse
 import ctypes
@@ -66,6 +73,7 @@ import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
 import llamacpp_graph as graph  # noqa: E402  (the text recorder's node map: the LM's stages)
 import llamacpp_lib as lib  # noqa: E402
+import overflow  # noqa: E402  (a forward that overflows is data)
 from golden_io import progress, sha256_file  # noqa: E402
 
 RECORDER = "goldens/recorders/record_llamacpp_vlm.py"
@@ -113,6 +121,16 @@ class Rec(lib.NodeRecorder):
         self.nodes.append({"name": name, "op": op, "ne": ne, "data": data, "ptr": int(t), "srcs": srcs,
                            "op_params": bytes(bytearray(tt.op_params)), **extra})
         return True
+
+
+def api_check(api, lg):
+    """llama_get_logits_ith's rows against the graph's result_output: the
+    largest difference (asserted 0 at the end), or, where the logits are
+    not finite, asserted bit for bit here."""
+    if np.isfinite(lg).all():
+        return float(np.abs(api - lg).max())
+    assert np.array_equal(api, lg, equal_nan=True), "llama_get_logits_ith differs from result_output"
+    return 0.0
 
 
 def node(nodes, name, op=None, last=True):
@@ -218,6 +236,8 @@ def main():
     ap.add_argument("--image", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--list-nodes", action="store_true")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE)
     args = ap.parse_args()
 
@@ -335,14 +355,12 @@ def main():
     ds_idx = vcfg.get("deepstack_visual_indexes") or []
     out = {}
     pix, (ph, pw) = pixels_from_im2col(vrec.nodes, P, Tp, m)
-    out["prefill/vision.pixels"] = pix
     vs = vision_stages(vrec.nodes, family, vcfg["depth"], ds_idx, N, M, Ev, Hv, Ev // Hv, Fv, E)
+    vs["vision.pixels"] = pix
     # what the LM receives must be the graph's merger (and deepstack) output
-    assert np.array_equal(emb[:, :E], vs["vision.merger"]), "mtmd output != merger node"
+    assert np.array_equal(emb[:, :E], vs["vision.merger"], equal_nan=True), "mtmd output != merger node"
     for j in range(len(ds_idx)):
-        assert np.array_equal(emb[:, E * (j + 1):E * (j + 2)], vs[f"vision.deepstack.{j}"])
-    for k, v in vs.items():
-        out[f"prefill/{k}"] = v
+        assert np.array_equal(emb[:, E * (j + 1):E * (j + 2)], vs[f"vision.deepstack.{j}"], equal_nan=True)
     vrec.nodes = []
 
     # ---- the language model ------------------------------------------------------
@@ -375,8 +393,9 @@ def main():
         lrec.nodes = []
         S = cell0 + n
         st = graph.canonical(nodes, "x", lm_arch, n_layer, n, S, False, dims, keep,
-                          list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
-                                                         "windows": [None] * n_layer, "rope_bases": None})
+                             list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
+                                                             "windows": [None] * n_layer, "rope_bases": None},
+                             finite=False)
         extra = {}
         # token rows: the embedding lookup, the graph's first GET_ROWS
         # (`embd` in the qwen2vl graph; unnamed in qwen3vl's, whose
@@ -419,7 +438,7 @@ def main():
         if args.list_nodes:
             for i, nd in enumerate(nodes):
                 print(f"lm-{p[0]} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-        api_vs_graph = max(api_vs_graph, float(np.abs(api - st["logits"]).max()))
+        api_vs_graph = max(api_vs_graph, api_check(api, st["logits"]))
         st["inputs_embeds"] = np.ascontiguousarray(inp, dtype=np.float32)
         st.update({k: v for k, v in ex.items() if k != "inp"})
         chunks_out.append((n, st))
@@ -439,25 +458,34 @@ def main():
                 rows.append(a)
         ax = 1 if (k.endswith("attn_probs") or k.endswith("attn_scores")) else 0
         merged[k] = np.ascontiguousarray(np.concatenate(rows, axis=ax), dtype=np.float32)
-    greedy_ids.append(int(merged["logits"][-1].argmax()))
     merged["tokens"] = np.array(hf_tokens, dtype=np.int64)
     merged["positions"] = positions
-    for k, v in merged.items():
-        out[f"prefill/{k}"] = v
+    # Every stage, watched in execution order (overflow.py): what came
+    # before a first non-finite value is stored, then the tokens fed only.
+    watch = overflow.Watch("float32", args.oracle)
+    n_ds = len(ds_idx)
+
+    def keep_step(step, st, prefill):
+        watch.scan(step, st, golden_io.vlm_order(family, lm_arch, vcfg["depth"], n_ds, n_layer, prefill))
+        if np.isfinite(st["logits"]).all():
+            greedy_ids.append(int(st["logits"][-1].argmax()))
+        out.update({f"{step}/{k}": v for k, v in st.items() if k in ("tokens", "positions") or watch.keeps(step, k)})
+    keep_step("prefill", {**vs, **merged}, True)
 
     for step in steps[1:]:
         tok = [int(x) for x in hf[f"{step}/tokens"]]
         p = hf[f"{step}/positions"].reshape(3, -1)
         assert p.shape[1] == 1 and (p == p[0, 0]).all()
+        if watch.found is not None:
+            out[f"{step}/tokens"], out[f"{step}/positions"] = np.array(tok, dtype=np.int64), p.astype(np.int64)
+            continue
         st, ex, api, nodes = decode(toks=tok, pos4=[int(p[0, 0])], cell0=cell)
-        api_vs_graph = max(api_vs_graph, float(np.abs(api - st["logits"]).max()))
+        api_vs_graph = max(api_vs_graph, api_check(api, st["logits"]))
         cell += 1
-        greedy_ids.append(int(st["logits"][-1].argmax()))
         st["embed"] = np.ascontiguousarray(ex["inp"][:, :E], dtype=np.float32)
         st["tokens"] = np.array(tok, dtype=np.int64)
         st["positions"] = p.astype(np.int64)
-        for k, v in st.items():
-            out[f"{step}/{k}"] = v
+        keep_step(step, st, False)
     assert api_vs_graph == 0.0, api_vs_graph
 
     mt.mtmd_input_chunks_free(chunks)
@@ -467,14 +495,15 @@ def main():
     lc.llama_model_free(model)
 
     # ---- the same keys and shapes as the HF golden, less what llama.cpp lacks --
+    # (Where either overflowed, each stops where its own forward did.)
     out = {k: v for k, v in out.items() if k.split("/", 1)[1] != "embed"}
-    missing = sorted(k for k in hf if k not in out and k.split("/", 1)[1] not in STAGE_NOTES)
-    extra = sorted(k for k in out if k not in hf)
-    assert not extra, f"keys the HF golden does not have: {extra}"
-    assert not missing, f"unexpected missing keys: {missing}"
+    if watch.found is None and "overflow" not in hf_prov:
+        missing = sorted(k for k in hf if k not in out and k.split("/", 1)[1] not in STAGE_NOTES)
+        extra = sorted(k for k in out if k not in hf)
+        assert not extra, f"keys the HF golden does not have: {extra}"
+        assert not missing, f"unexpected missing keys: {missing}"
     for k, v in out.items():
-        assert v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
-        assert np.isfinite(v).all() if v.dtype.kind == "f" else True, f"{k} not finite"
+        assert k not in hf or v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
 
     versions, build = lib.versions_and_build(binfo)
     prov = {
@@ -512,10 +541,14 @@ def main():
         # approximation, HF's is exact: a model difference, not a rounding.)
         "arithmetic": {"storage": "f32", "kv": "f32", "patch": "f16"},
     }
+    if watch.found is not None:
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, [], [], [])
     golden_io.write_golden(out, golden_io.metadata(prov), args.out_file)
     print(json.dumps({"out": args.out_file, "tensors": len(out), "sha256": sha256_file(args.out_file),
                       "greedy_ids": greedy_ids, "hf_greedy_ids": hf_prov["greedy_ids"],
                       "not_recorded": sorted(STAGE_NOTES)}))
+    watch.report()
     return 0
 
 

@@ -84,13 +84,30 @@ Provenance: source, dtype (HF sources), arithmetic (llama.cpp: the map the
 spec declares, --arithmetic, else {storage f32, activations exact, kv
 --kv-type} for an F32/F16 GGUF), k, n_vocab, prompt_set {path, sha256} (the
 path relative to this checkout's root when the file is inside it, else as
-given), prompts (names in order), token_counts, the model (record_hf.py's
-describe_source keys: gguf_sha256 and `model` for a GGUF, model_sha256 /
-hf_model_sha256 and tokenizer_sha256 for an HF folder), model_config (as
-record_hf.py stores it; llama.cpp copies the oracle's), tool versions,
-settings, tokenisation details, and the sha256 of --tokens-from and
---oracle. Nothing that varies between runs (no time, host, pid or absolute
-path): a rerun is byte-identical.
+given), prompts (the names written, in order), token_counts (theirs), the
+model (model_source.py's keys: gguf_sha256 and `model` for a GGUF,
+model_sha256 / hf_model_sha256 and tokenizer_sha256 for an HF folder),
+model_config (as record_hf.py stores it; llama.cpp copies the oracle's),
+tool versions, settings, tokenisation details, and the sha256 of
+--tokens-from and --oracle. Nothing that varies between runs (no time,
+host, pid or absolute path): a rerun is byte-identical.
+
+An overflow is data (overflow.py). A prompt whose logits are not all finite
+is left out of the file (no tensor of it; `prompts` and `token_counts` list
+the others) and named in provenance `overflow`: {dtype, prompts: [{prompt,
+position: the first position whose logits are non-finite, stage: the
+earliest stage of that forward holding a non-finite value (every stage
+tapped again, in execution order, with the stage recorders' hooks or node
+map; `logits` where it cannot tell: llama.cpp without a model config), row:
+that stage's first such token row, nonfinite and max_abs_finite_before of
+that stage's tensor, oracle_max_abs: the --oracle file's largest |logit|
+over the prompt when the stage is `logits` (else null: the file holds no
+other stage), oracle_logit_max: its max |logit| at `position`, tokens: the
+ids fed}]}. The other prompts are written as before, so the format stays
+touchstone-next-token/1: every prompt `prompts` lists has all its tensors. A
+--tokens-from file gives a left-out prompt's ids from its entry; an --oracle
+that left a prompt out is refused (exit 2: nothing to measure against).
+Exit 0 and one line on stderr starting `overflow: `.
 
 User errors (a missing file, bad YAML, an unknown key, a duplicate or badly
 formed name, an empty text, K < 1, tokens that differ from --tokens-from or
@@ -111,8 +128,8 @@ import yaml  # noqa: E402
 
 import golden_io  # noqa: E402
 from golden_io import progress, sha256_file  # noqa: E402
-from next_token_io import (FORMAT, UserError, distribution_summary, read_golden, read_prompt_set,  # noqa: E402
-                           set_path_for_provenance)
+from next_token_io import (FORMAT, UserError, distribution_summary, left_out, overflowed, read_golden,  # noqa: E402
+                           read_prompt_set, set_path_for_provenance)
 
 RECORDER = "goldens/recorders/record_next_token.py"
 TOOL = "record_next_token.py"
@@ -178,6 +195,28 @@ def hf_run(args, prompts, forced):
     # The `memory:` line, logged once the file is written (goldens regen keeps it).
     forward.memory = lambda: oracle_f64.memory_line(m.model_bytes, m.f64_bytes)
 
+    def stages(name):
+        """Every canonical stage of the prompt's forward, tapped by the stage
+        recorders' hooks (only for a prompt whose logits went non-finite:
+        where did it start?), and their execution order."""
+        import golden_io
+        from hf_hooks import Recorder
+        ids = ids_of[name]
+        r = Recorder(model)
+        r.guard, r.log, r.step, r.S = guard, (lambda msg: None), name, len(ids)
+        r.install()
+        try:
+            with torch.no_grad(), guard or contextlib.nullcontext():
+                res = model(input_ids=torch.tensor([ids], dtype=torch.int64),
+                            position_ids=torch.arange(len(ids), dtype=torch.int64)[None], use_cache=False,
+                            output_attentions=True, return_dict=True)
+            for li, a in enumerate(res.attentions):
+                r.put(f"blk.{li}.attn_probs", a)
+        finally:
+            r.remove()
+        return r.rec, golden_io.all_stages(cfg.model_type, cfg.num_hidden_layers)
+    forward.stages = stages
+
     def finish():
         if guard is not None:
             assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
@@ -217,7 +256,7 @@ def llamacpp_run(args, prompts, ids_of, model_config):
             raise UserError(f"{args.model} is not a GGUF file (no GGUF magic); --source llama.cpp runs a .gguf")
     lib_dir, binfo = build_llamacpp.ensure_built(os.path.abspath(args.cache_dir))
     src = build_llamacpp.source_dir(os.path.abspath(args.cache_dir))
-    lc, _ = lib.load_bindings(src, lib_dir)
+    lc, g = lib.load_bindings(src, lib_dir)
     log(f"loading {args.model}")
     lib.silence(lc)
     model = lib.open_model(lc, args.model)
@@ -262,9 +301,12 @@ def llamacpp_run(args, prompts, ids_of, model_config):
         if any(t >= n_vocab for t in ids):
             raise UserError(f"prompt `{name}`: token ids exceed llama.cpp's vocabulary of {n_vocab}")
 
-    def forward(name):
+    def forward(name, rec=None):
+        """(ids, logits float64 [T,V]) of one prompt; `rec`: a NodeRecorder
+        to observe the graph with (stages())."""
         ids = ids_of[name]
-        ctx = lc.llama_init_from_model(model, lib.context_params(lc, N_CTX, args.threads, args.kv_type,
+        cb = None if rec is None else lc.ggml_backend_sched_eval_callback(rec.callback)
+        ctx = lc.llama_init_from_model(model, lib.context_params(lc, N_CTX, args.threads, args.kv_type, cb,
                                                                  swa_full=True))
         assert ctx, "context init failed"
         batch = lc.llama_batch_init(N_CTX, 0, 1)
@@ -279,6 +321,24 @@ def llamacpp_run(args, prompts, ids_of, model_config):
         assert lg.dtype == np.float32
         return ids, lg.astype(np.float64)
     forward.logits_dtype = "float32"
+
+    def stages(name):
+        """Every canonical stage of the prompt's graph (llamacpp_graph's
+        map; needs the model config of --tokens-from/--oracle), for a prompt
+        whose logits went non-finite, and their execution order."""
+        if model_config is None:
+            return None, None
+        import golden_io
+        import llamacpp_graph as graph
+        rec = lib.NodeRecorder(g)
+        ids, _ = forward(name, rec)
+        dims = golden_io.model_dims(model_config)
+        order = golden_io.all_stages(arch, dims[-1])
+        st = graph.canonical(rec.nodes, name, arch, dims[-1], len(ids), len(ids), arch in graph.QK_PERMUTED, dims,
+                             set(order), list(range(len(ids))), graph.attention_layout(model_config, arch, dims),
+                             checked=set(), finite=False)
+        return st, order
+    forward.stages = stages
 
     def finish():
         lc.llama_model_free(model)
@@ -431,6 +491,10 @@ def record(args):
     if args.k > n_vocab:
         raise UserError(f"--k {args.k} exceeds the vocabulary of {n_vocab}")
     if oracle is not None:
+        gone = sorted(left_out(o_prov))
+        if gone:
+            raise UserError(f"--oracle {args.oracle} left out prompt(s) {gone} (its logits went non-finite): there "
+                            "is nothing to measure this source against there")
         for n in names:
             want = [int(x) for x in oracle[n]["tokens"]]
             if ids_of[n] != want:
@@ -439,15 +503,23 @@ def record(args):
             raise UserError(f"--oracle {args.oracle} has a vocabulary of {o_prov.get('n_vocab')}, this model "
                             f"{n_vocab}")
 
-    out = {}
+    out, skipped = {}, []
     for i, (name, _) in enumerate(prompts):
         log(f"{name}: {len(ids_of[name])} tokens ({i + 1}/{len(prompts)})")
         ids, logits = forward(name)
+        if not np.isfinite(logits).all():
+            # An overflow is data: the prompt is left out, the provenance says
+            # where its forward went non-finite.
+            skipped.append(overflowed(name, ids, logits, forward.stages, oracle))
+            log(f"{name}: non-finite logits from position {skipped[-1]['position']} on (first at "
+                f"{skipped[-1]['stage']}): left out")
+            continue
         s = distribution_summary(logits, args.k, None if oracle is None else oracle[name]["top_ids"])
         out[f"{name}/tokens"] = np.array(ids, dtype=np.int64)
         for k, v in s.items():
             out[f"{name}/{k}"] = v
     finish()
+    written = [n for n in names if n not in {e["prompt"] for e in skipped}]
 
     prov.update({
         "source": args.source,
@@ -455,8 +527,8 @@ def record(args):
         "k": args.k,
         "n_vocab": n_vocab,
         "prompt_set": {"path": set_path_for_provenance(args.prompts), "sha256": set_sha},
-        "prompts": names,
-        "token_counts": {n: len(ids_of[n]) for n in names},
+        "prompts": written,
+        "token_counts": {n: len(ids_of[n]) for n in written},
         "settings": settings,
         "tokenization": tokenization,
         "logits_dtype": forward.logits_dtype,
@@ -471,16 +543,22 @@ def record(args):
         prov["tokens_from"] = {"source": tf_prov.get("source"), "sha256": sha256_file(args.tokens_from)}
     if args.oracle is not None:
         prov["oracle"] = {"sha256": sha256_file(args.oracle)}
+    if skipped:
+        prov["overflow"] = {"dtype": args.dtype or "float32", "prompts": skipped}
     golden_io.write_golden(out, golden_io.metadata(prov, FORMAT), args.out_file, log)
     size = os.path.getsize(args.out_file)
     if hasattr(forward, "memory"):
         log(forward.memory())
     summary = {"out": args.out_file, "source": args.source, "bytes": size, "sha256": sha256_file(args.out_file),
-               "tokens": sum(len(v) for v in ids_of.values())}
+               "tokens": sum(len(ids_of[n]) for n in written), "left_out": [e["prompt"] for e in skipped]}
     if oracle is not None:
-        top1 = sum(int((out[f"{n}/top_ids"][:, 0] == oracle[n]["top_ids"][:, 0]).sum()) for n in names)
+        top1 = sum(int((out[f"{n}/top_ids"][:, 0] == oracle[n]["top_ids"][:, 0]).sum()) for n in written)
         summary["top1_agreement_with_oracle"] = f"{top1}/{summary['tokens']}"
     print(json.dumps(summary))
+    if skipped:
+        print(f"overflow: {len(skipped)} of {len(names)} prompt(s) left out ({args.dtype or 'float32'}): " + "; ".join(
+            f"{e['prompt']} from position {e['position']} (first at {e['stage']}, row {e['row']}: {e['nonfinite']} "
+            f"non-finite), oracle_max_abs {e['oracle_max_abs']}" for e in skipped), file=sys.stderr, flush=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 """Record golden tensors of a vision-language model (Qwen2-VL, Qwen3-VL) with HF transformers.
 
 usage: record_vlm.py MODEL_DIR OUT_FILE --prompt TEXT --image PNG [--chat] [--decode-steps N]
-                     [--dtype float32|float64]
+                     [--dtype float32|float64] [--oracle ORACLE]
 
 MODEL_DIR is an HF folder as make_vlm_model.py writes it (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with the chat
@@ -82,6 +82,14 @@ processor's float32 input as given.
 The hooks: hf_hooks.Recorder for the LM, vlm_hooks.VisionRecorder for the
 vision tower and the fusion.
 
+An overflow is data (overflow.py): every stage of every step is watched in
+execution order (the vision stages, embed, inputs_embeds, then the LM's,
+golden_io.vlm_order); at the first non-finite one nothing more is stored,
+the steps after it are not run (each is fed the previous step's greedy
+pick, which non-finite logits do not give), provenance `overflow` says where
+(`oracle_max_abs` from --oracle, the float64 oracle's golden) and the
+cross-checks run on the steps before it; exit 0, one `overflow: ` line.
+
 `__metadata__`: format touchstone-golden/1 and provenance (hf_model.py's
 build_provenance: versions (+ pillow), prompt {text, chat, rendered,
 token_ids}, greedy_ids, decode_steps, steps, model_config (config.json as
@@ -119,11 +127,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_io  # noqa: E402
 from golden_io import progress, sha256_file  # noqa: E402
 import hf_model  # noqa: E402  (determinism, provenance)
+import overflow  # noqa: E402  (a forward that overflows is data)
 import vlm_oracle_f64  # noqa: E402
 from hf_hooks import Recorder, attention_rows, attention_summary, config_dims  # noqa: E402
 from model_source import folder_source  # noqa: E402
 from oracle_f64 import F32Guard, allowed  # noqa: E402
-from vlm_hooks import VisionRecorder, images_only, processor_settings, std_line, vision_shape, vision_stages  # noqa: E402
+from golden_io import vision_stages  # noqa: E402
+from vlm_hooks import VisionRecorder, images_only, processor_settings, std_line, vision_shape  # noqa: E402
 
 RECORDER = "goldens/recorders/record_vlm.py"
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -138,6 +148,19 @@ def log(msg):
     progress("record_vlm.py", msg)
 
 
+def vision_attention_rows(rec, depth, Hv, N):
+    """(row max, row max x N, normalised entropy) of every vision attention
+    row (a sanity print: nothing saturated, nothing uniform)."""
+    rows = []
+    for bi in range(depth):
+        pr = rec[f"vision.blk.{bi}.attn_probs"].astype(np.float64)  # [Hv,N,N]
+        for h in range(Hv):
+            mx = pr[h].max(-1)
+            ent = -(pr[h] * np.log(np.clip(pr[h], 1e-300, 1))).sum(-1) / np.log(N)
+            rows += list(zip(mx, mx * N, ent))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -147,7 +170,11 @@ def main():
     ap.add_argument("--chat", action="store_true", help="render with the chat template (one user message)")
     ap.add_argument("--decode-steps", type=int, default=4)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     args = ap.parse_args()
+    if args.oracle is not None:
+        overflow.check_oracle(args.oracle)
     if args.prompt.count(PLACEHOLDER) != 1:
         ap.error(f"--prompt must hold {PLACEHOLDER} exactly once")
     if args.decode_steps < 0:
@@ -245,7 +272,7 @@ def main():
     Hv = vc.num_heads
     Fv = int(vc.embed_dim * vc.mlp_ratio) if mt == "qwen2_vl" else vc.intermediate_size
     lm_expected = golden_io.all_stages(stage_family, n_layers) + ["tokens", "positions"]
-    out, steps, greedy_ids = {}, [], []
+    out, steps, greedy_ids, clean, not_run, step_last_logits = {}, [], [], [], [], []
     att_rows = {"prefill": [], "decode": []}
     vision_rows = []
     stds = {}
@@ -253,10 +280,11 @@ def main():
     x = ids
     past, pos = None, 0
     model.model.rope_deltas = None
+    watch = overflow.Watch(args.dtype, args.oracle)
+    all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     try:
         with torch.no_grad():
-            for si in range(args.decode_steps + 1):
-                step = "prefill" if si == 0 else f"decode{si}"
+            for si, step in enumerate(all_steps):
                 steps.append(step)
                 r.rec.clear()
                 v.rec.clear()
@@ -269,7 +297,7 @@ def main():
                 past = res.past_key_values
                 assert past.get_seq_length() == pos + T
                 # LM stages (hf_hooks.Recorder + the attention probabilities).
-                assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy())
+                assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy(), equal_nan=True)
                 r.rec["tokens"] = x[0].numpy().astype(np.int64)
                 positions = r.rec["positions"]
                 want = lm_expected + ([f"blk.{i}.deepstack" for i in range(n_ds)] if si == 0 else [])
@@ -281,12 +309,6 @@ def main():
                         assert val.shape == (T, E_), (k, val.shape)
                     else:
                         assert val.shape == golden_io.expected_shape(k, T, pos + T, dims), (k, val.shape)
-                    if val.dtype != np.int64:
-                        assert np.isfinite(val).all(), f"{step}/{k} is not finite"
-                    out[f"{step}/{k}"] = val
-                for li in range(n_layers):
-                    att_rows["prefill" if si == 0 else "decode"] += attention_rows(
-                        r.rec[f"blk.{li}.attn_probs"], np.arange(pos, pos + T))
                 if si == 0:
                     # Vision and fusion stages.
                     v.rec["vision.pixels"] = pixels[0:N].numpy().copy()
@@ -297,27 +319,34 @@ def main():
                         shape = (T, E_) if k == "inputs_embeds" else vision_shape(
                             k, N, M, Ev, Hv, Ev // Hv, Fv, E_, pixels.shape[1])
                         assert val.shape == shape, (k, val.shape, shape)
-                        if val.dtype != np.int64:
-                            assert np.isfinite(val).all(), f"prefill/{k} is not finite"
-                        out[f"prefill/{k}"] = val
-                    for bi in range(depth):
-                        pr = v.rec[f"vision.blk.{bi}.attn_probs"].astype(np.float64)  # [Hv,N,N]
-                        for h in range(Hv):
-                            mx = pr[h].max(-1)
-                            ent = -(pr[h] * np.log(np.clip(pr[h], 1e-300, 1))).sum(-1) / np.log(N)
-                            vision_rows += list(zip(mx, mx * N, ent))
-                    stds = std_line({**v.rec, **r.rec})
                 else:
                     # Decode: text position + rope delta, the same in all 3 rows.
                     assert (positions == positions[0:1]).all(), positions
+                # Every stage, vision first, watched in execution order
+                # (overflow.py); what came before an overflow is stored.
+                tensors = {**v.rec, **r.rec}
+                if watch.scan(step, tensors, golden_io.vlm_order(mt, stage_family, depth, n_ds, n_layers, si == 0)):
+                    clean.append(step)
+                    for li in range(n_layers):
+                        att_rows["prefill" if si == 0 else "decode"] += attention_rows(
+                            r.rec[f"blk.{li}.attn_probs"], np.arange(pos, pos + T))
+                    if si == 0:
+                        vision_rows = vision_attention_rows(v.rec, depth, Hv, N)
+                        stds = std_line(tensors)
+                out.update({f"{step}/{k}": val for k, val in tensors.items()
+                            if k in ("tokens", "positions") or watch.keeps(step, k)})
+                pos += T
+                if not np.isfinite(res.logits[0]).all():
+                    not_run = all_steps[si + 1:]  # no greedy pick to feed them
+                    log(f"{step}: {T} token(s): non-finite logits, {len(not_run)} later step(s) not run")
+                    break
                 greedy = int(res.logits[0, -1].argmax())
                 greedy_ids.append(greedy)
                 log(f"{step}: {T} token(s), positions t {positions[0].min()}..{positions[0].max()}, "
                     f"greedy {greedy}")
                 fed.append(greedy)
-                pos += T
                 x = torch.tensor([[greedy]], dtype=torch.int64)
-                last_logits = res.logits[0, -1].to(torch.float64).numpy().copy()
+                step_last_logits.append(res.logits[0, -1].to(torch.float64).numpy().copy())
     finally:
         v.remove()
         r.remove()
@@ -326,18 +355,23 @@ def main():
         p = out[f"{step}/positions"]
         assert p.shape == (3, 1) and int(p[0, 0]) == len(prompt_ids) + si - 1 + rope_deltas, (step, p, rope_deltas)
 
-    # KV-cache cross-check: one forward over prompt + fed tokens.
-    full = torch.tensor([fed[:-1]], dtype=torch.int64)
-    mm_full = torch.cat([mm_types, torch.zeros((1, full.shape[1] - mm_types.shape[1]), dtype=mm_types.dtype)], 1)
-    model.model.rope_deltas = None
-    with torch.no_grad(), guard or contextlib.nullcontext():
-        lf = model(input_ids=full, pixel_values=pixel_in, image_grid_thw=grid, mm_token_type_ids=mm_full,
-                   use_cache=False).logits[0, -1].to(torch.float64).numpy()
-    cache_vs_full = float(np.abs(lf - last_logits).max())
-    assert cache_vs_full < 1e-3, cache_vs_full
+    # KV-cache cross-check: one forward over prompt + fed tokens, up to the
+    # last step before any overflow.
+    cache_vs_full = None
+    if clean:
+        full = torch.tensor([fed[:len(prompt_ids) + len(clean) - 1]], dtype=torch.int64)
+        mm_full = torch.cat([mm_types, torch.zeros((1, full.shape[1] - mm_types.shape[1]), dtype=mm_types.dtype)],
+                            1)
+        model.model.rope_deltas = None
+        with torch.no_grad(), guard or contextlib.nullcontext():
+            lf = model(input_ids=full, pixel_values=pixel_in, image_grid_thw=grid, mm_token_type_ids=mm_full,
+                       use_cache=False).logits[0, -1].to(torch.float64).numpy()
+        cache_vs_full = overflow.finite_or_none(np.abs(lf - step_last_logits[len(clean) - 1]).max())
+        assert watch.found is not None or cache_vs_full < 1e-3, cache_vs_full
     if guard is not None:
         assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
-    # HF's own greedy generation on the same inputs must pick the same ids.
+    # HF's own greedy generation on the same inputs must pick the same ids
+    # (the steps with finite logits: all of them without an overflow).
     model.model.rope_deltas = None
     with torch.no_grad():
         gen = model.generate(input_ids=ids, attention_mask=inputs["attention_mask"], pixel_values=pixel_in,
@@ -345,7 +379,7 @@ def main():
                              max_new_tokens=args.decode_steps + 1, min_new_tokens=args.decode_steps + 1,
                              eos_token_id=None, pad_token_id=tok.pad_token_id)
     gen_ids = gen[0, len(prompt_ids):].tolist()
-    assert gen_ids == greedy_ids, f"generate() picked {gen_ids}, the recording {greedy_ids}"
+    assert gen_ids[:len(greedy_ids)] == greedy_ids, f"generate() picked {gen_ids}, the recording {greedy_ids}"
 
     # ---- provenance ---------------------------------------------------------
     prompt = {"text": args.prompt, "token_ids": prompt_ids}
@@ -362,6 +396,9 @@ def main():
     prov["generate_ids"] = gen_ids
     if patched is not None:
         prov["float64"] = patched
+    if watch.found is not None:
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, clean, not_run, ["cache_vs_full", "generate"])
     golden_io.write_golden(out, golden_io.metadata(prov), args.out_file, log)
     va = np.array(vision_rows)
     print(json.dumps({
@@ -369,18 +406,19 @@ def main():
         "sha256": sha256_file(args.out_file), "grid_thw": grid[0].tolist(), "prompt_tokens": len(prompt_ids),
         "greedy_ids": greedy_ids, "greedy_text": tok.decode(greedy_ids), "rope_deltas": rope_deltas,
         "cache_vs_full_max_abs_diff": cache_vs_full, "dtype": args.dtype,
-        "logits_absmax": round(float(max(np.abs(out[f"{s}/logits"]).max() for s in steps)), 4),
+        "logits_absmax": round(float(max(np.abs(out[f"{s}/logits"]).max() for s in clean)), 4) if clean else None,
         "last_logits_top2_gap": [round(float(np.sort(out[f"{s}/logits"][-1])[-1] - np.sort(out[f"{s}/logits"][-1])[-2]), 4)
-                                 for s in steps],
-        "lm_attention": {"prefill_rows": attention_summary(att_rows["prefill"]),
+                                 for s in clean],
+        "lm_attention": {"prefill_rows": attention_summary(att_rows["prefill"]) if att_rows["prefill"] else None,
                          "decode_rows": attention_summary(att_rows["decode"]) if att_rows["decode"] else None},
         "vision_attention": {"rows": len(va), "row_max_x_n_mean": round(float(va[:, 1].mean()), 2),
                              "row_max_x_n_median": round(float(np.median(va[:, 1])), 2),
                              "row_max_mean": round(float(va[:, 0].mean()), 4),
                              "normalized_entropy_mean": round(float(va[:, 2].mean()), 3),
-                             "rows_max_above_0.9": int((va[:, 0] > 0.9).sum())},
+                             "rows_max_above_0.9": int((va[:, 0] > 0.9).sum())} if len(va) else None,
         "prefill_std": stds,
     }))
+    watch.report()
 
 
 if __name__ == "__main__":

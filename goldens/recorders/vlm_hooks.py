@@ -6,27 +6,14 @@ input after fusion (`inputs_embeds`), the M-RoPE positions HF's rotary
 embedding receives and Qwen3-VL's deepstack adds; the LM's own stages are
 hf_hooks.Recorder's (the module's eager attention serves both the tower and
 the LM: vision calls go to HF's function, LM calls to the LM recorder's
-wrapper). vision_stages() and vision_shape() are the vision stage names and
-layouts (record_vlm.py's docstring lists them); images_only() and
+wrapper). vision_shape() is the vision stages' layouts (golden_io.py has
+their names; record_vlm.py's docstring lists both); images_only() and
 processor_settings() the processor as the recorder builds and records it.
 """
 import numpy as np
 import torch
 
 from oracle_f64 import allowed
-
-VISION_BLOCK_STAGES = ["norm1", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_ctx", "attn_out", "mlp_inp",
-                       "norm2", "mlp_fc1", "mlp_act", "mlp_out", "out"]
-
-
-def vision_stages(model_type, depth, n_deepstack):
-    names = ["vision.pixels", "vision.grid", "vision.patch_embed"]
-    if model_type == "qwen3_vl":
-        names.append("vision.pos_embed")
-    for i in range(depth):
-        names += [f"vision.blk.{i}.{s}" for s in VISION_BLOCK_STAGES]
-    names += ["vision.merger_norm", "vision.merger"] + [f"vision.deepstack.{j}" for j in range(n_deepstack)]
-    return names
 
 
 def vision_shape(stage, N, M, Ev, Hv, Dv, Fv, E, C):
