@@ -272,12 +272,12 @@ def expected_shape(stage, T, S, dims, logits_last=False):
     }.get(name, (T, E))  # embed, norms (attn_post_norm, ffn_post_norm too), attn_out, ffn_inp, ffn_out, out
 
 
-def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
+def parse_stages_at(items, model_type, n_layers, decode_steps, extra=(), what="--stages-at"):
     """`--stages-at STEP=PATTERN[,PATTERN]` (repeatable) -> ({step: patterns},
     {step: selected stage set}): stages stored at that one step only, on top
     of --steps x --stages (a long prompt's [H,T,S] prefill scores would not
-    fit in a committed file, its decode steps' do)."""
-    what = "--stages-at"
+    fit in a committed file, its decode steps' do). `--aux` is parsed the
+    same way (`what` names the option in messages)."""
     pats, sets = {}, {}
     for item in items:
         step, eq, text = item.partition("=")
@@ -334,7 +334,8 @@ def take_rows(stage, v, rows, T):
     return np.ascontiguousarray(np.take(v, resolve_rows(rows, T), axis=axis))
 
 
-def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None):
+def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None,
+                   aux=None):
     """The provenance `record` entry, or None when everything was recorded
     (every step, every stage, every logits row): absent means complete, which
     keeps full recordings byte-identical to those made before subsets existed.
@@ -347,12 +348,20 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, ro
     `rows` (from --rows) becomes `rows` ({step: the rows kept there}, for
     every step, given `step_tokens` {step: T}) and `rows_asked` (as given):
     a reader compares a whole tensor with a golden on those rows.
+
+    `aux` ({step: patterns}, from --aux) becomes `aux`, steps in step order
+    and patterns as given: auxiliary tensors stored with every token row
+    (whatever `rows` and `logits` say), read to compute error floors, never
+    checked themselves.
     """
-    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows:
+    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows \
+            and not aux:
         return None
     rec = {"steps": steps_stored, "stages": patterns, "logits": logits}
     if stages_at:
         rec["stages_at"] = {s: stages_at[s] for s in all_steps if s in stages_at}
+    if aux:
+        rec["aux"] = {s: aux[s] for s in all_steps if s in aux}
     if rows:
         rec["rows_asked"] = list(rows)
         rec["rows"] = {s: resolve_rows(rows, step_tokens[s]) for s in all_steps}
@@ -366,7 +375,8 @@ def stored(step, stage, keep_steps, keep_stages, stages_at_sets):
 
 def select_step(step, tensors, sel, T, keeps=None):
     """What a golden stores of one step's canonical tensors {stage: array}
-    (every stage, every row; T tokens): tokens and positions always; a stage
+    (every stage, every row; T tokens): tokens and positions always; an
+    auxiliary stage (sel.aux_sets, --aux) whole, every row; any other stage
     under --steps/--stages/--stages-at, with only the last logits row
     (sel.logits "last") or only the rows of sel.rows. `keeps(stage)`: False
     for the stages at and after an overflow (overflow.Watch.keeps)."""
@@ -376,6 +386,8 @@ def select_step(step, tensors, sel, T, keeps=None):
             out[k] = v
         elif keeps is not None and not keeps(k):
             continue
+        elif k in sel.aux_sets.get(step, ()):
+            out[k] = v
         elif stored(step, k, sel.keep_steps, sel.keep, sel.stages_at_sets):
             if k == "logits" and sel.logits == "last":
                 v = np.ascontiguousarray(v[-1:])

@@ -3,7 +3,7 @@
 
 usage: record_hf.py MODEL OUT_FILE [--prompt TEXT [--chat] | --prompt-tokens ID,...] [--decode-steps N]
                     [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                    [--stages-at STEP=PATTERN,...] [--rows ROW,...]
+                    [--stages-at STEP=PATTERN,...] [--rows ROW,...] [--aux STEP=PATTERN,...]
                     [--dtype float32|float64|bfloat16|float16] [--oracle ORACLE]
                     [--tokens-from GOLDEN] [--sample-probs TEMPERATURE,TOP_K,TOP_P]
 
@@ -29,7 +29,13 @@ stores those stages at that one step as well (provenance `record.stages_at:
 decode step, whose prefill scores would not fit in a committed file.
 --rows 0,-1 keeps those token rows of every stored stage (provenance
 `record.rows: {STEP: [ROW, ...]}`): every stage of several layers of a real
-model then fits a committed file.
+model then fits a committed file. --aux STEP=PATTERN[,PATTERN] (repeatable,
+parsed as --stages-at) stores those stages at that step with EVERY token
+row, whatever --rows and --logits say, even when --stages stores them too
+(the stored tensor then holds every row), and at a step --steps leaves out
+(then those stages only): auxiliary tensors the scaled policy reads to
+compute error floors, never checked themselves (provenance `record.aux:
+{STEP: [PATTERN, ...]}`, steps in step order, patterns as given).
 
 A forward that overflows is data (overflow.py): every canonical stage of
 every step is watched, in execution order, and at the first non-finite
@@ -181,6 +187,9 @@ def parse_args():
     ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
                     help="keep only these token rows (negative from the end, e.g. 0,-1) of every stage with a "
                          "token axis (tokens/positions stay whole; --logits last keeps the last row)")
+    ap.add_argument("--aux", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this step with every token row (auxiliary tensors for the "
+                         "error floors; repeatable)")
     ap.add_argument("--oracle", default=None, metavar="ORACLE",
                     help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--dtype", choices=list(hf_model.DTYPES), default="float32",
@@ -245,12 +254,14 @@ def parse_args():
 
 def parse_selection(ap, args, model_type, n_layers):
     """What to store (golden_io.select_step's `sel`): patterns, keep,
-    stages_at(_sets), keep_steps, logits, rows."""
+    stages_at(_sets), aux(_sets), keep_steps, logits, rows."""
     sel = types.SimpleNamespace(keep_steps=args.keep_steps, logits=args.logits, rows=args.row_list)
     try:
         sel.patterns, sel.keep = golden_io.parse_stages(args.stages, model_type, n_layers, args.extra)
         sel.stages_at, sel.stages_at_sets = golden_io.parse_stages_at(args.stages_at, model_type, n_layers,
                                                                       args.decode_steps, args.extra)
+        sel.aux, sel.aux_sets = golden_io.parse_stages_at(args.aux, model_type, n_layers, args.decode_steps,
+                                                          args.extra, what="--aux")
     except golden_io.SelectionError as e:
         ap.error(str(e))
     return sel
@@ -473,7 +484,7 @@ def main():
         assert not m.guard.bad, f"float64 run: ops produced other float dtypes: {dict(m.guard.bad)}"
 
     record = golden_io.record_section(sel.keep_steps, args.all_steps, sel.patterns, args.logits, sel.stages_at,
-                                      args.row_list, run.step_tokens)
+                                      args.row_list, run.step_tokens, sel.aux)
     prov = hf_model.build_provenance(args, prompt, m.cfg_dict, run.greedy_ids, run.steps, cache_vs_full, source,
                                      record, sampling, RECORDER)
     if run_sliding(cfg) and (sliding_vs_full_cache is not None or watch.found is None):

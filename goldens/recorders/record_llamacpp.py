@@ -3,7 +3,7 @@
 
 usage: record_llamacpp.py GGUF OUT_FILE --hf-golden HF_GOLDEN [--threads N]
                           [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
-                          [--stages-at STEP=PATTERN,...] [--rows ROW,...]
+                          [--stages-at STEP=PATTERN,...] [--rows ROW,...] [--aux STEP=PATTERN,...]
                           [--kv-type f32|f16] [--oracle ORACLE] [--list-nodes]
 
 GGUF is used as it is, quantised or not (a real model's Q4_K_M file runs
@@ -32,7 +32,7 @@ converter permutes the rows of the Q and K weights (so llama.cpp's
 interleaved-pair RoPE equals HF's rotate-half RoPE); the recorder undoes that
 permutation on q, k, q_rope and k_rope so the golden is in HF's layout.
 
---steps/--stages/--stages-at/--logits/--rows store a subset, as in
+--steps/--stages/--stages-at/--logits/--rows/--aux store a subset, as in
 record_hf.py; by default the same subset the HF golden stored (its provenance
 `record`), so the two files have the same keys and shapes (asserted when
 they stored the same subset). Tokens and positions are stored for every step.
@@ -136,6 +136,8 @@ def parse_args():
                     help="`last`: only the last row of each step's logits (default: as the HF golden)")
     ap.add_argument("--rows", default=None, metavar="ROW[,ROW]",
                     help="keep only these token rows of every stage (default: the HF golden's rows)")
+    ap.add_argument("--aux", action="append", default=None, metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this step with every token row (default: the HF golden's aux)")
     ap.add_argument("--oracle", default=None, metavar="ORACLE",
                     help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
@@ -171,7 +173,7 @@ def read_hf_golden(ap, path):
 def selection(ap, args, hf_prov, model_type, n_layer, steps):
     """What to store: as asked, else what the HF golden stored (its
     `record`). A namespace: keep_steps, patterns, keep, stages_at,
-    stages_at_sets, logits, rows."""
+    stages_at_sets, aux, aux_sets, logits, rows."""
     hf_rec = hf_prov.get("record") or {}
     sel = argparse.Namespace()
     try:
@@ -183,6 +185,10 @@ def selection(ap, args, hf_prov, model_type, n_layer, steps):
             [f"{k}={','.join(v)}" for k, v in (hf_rec.get("stages_at") or {}).items()]
         sel.stages_at, sel.stages_at_sets = golden_io.parse_stages_at(stages_at_args, model_type, n_layer,
                                                                       len(steps) - 1)
+        aux_args = args.aux if args.aux is not None else \
+            [f"{k}={','.join(v)}" for k, v in (hf_rec.get("aux") or {}).items()]
+        sel.aux, sel.aux_sets = golden_io.parse_stages_at(aux_args, model_type, n_layer, len(steps) - 1,
+                                                          what="--aux")
         sel.logits = args.logits or hf_rec.get("logits", "all")
         sel.rows = golden_io.parse_rows(args.rows) if args.rows is not None else hf_rec.get("rows_asked")
     except golden_io.SelectionError as e:
@@ -319,7 +325,8 @@ def main():
             if args.list_nodes:
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set())
+            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
+                sel.aux_sets.get(step, set())
             check_rope_bases(rec.nodes, step, attn)
             # Every stage (the overflow watch looks at all of them); the
             # masked-entry checks on the stages stored, as always.
@@ -360,7 +367,7 @@ def main():
     # Same keys and shapes as the HF golden when both stored the same subset
     # (and neither overflowed: each then stops where its own forward did).
     record = golden_io.record_section(sel.keep_steps, steps, sel.patterns, sel.logits, sel.stages_at, sel.rows,
-                                      step_tokens)
+                                      step_tokens, sel.aux)
     if record == hf_prov.get("record") and watch.found is None and "overflow" not in hf_prov:
         # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
         hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))
