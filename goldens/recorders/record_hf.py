@@ -438,6 +438,8 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                 break
             run.fed.append(feed)
             x = torch.tensor([[feed]], dtype=torch.int64)
+    # A decode step feeds one token, run or not (record.rows names every step).
+    run.step_tokens.update({s: 1 for s in run.not_run})
     return run
 
 
