@@ -2,7 +2,9 @@
 """The house rules a newcomer can rely on, checked in CI (ci/test.sh):
 
 1. every Rust file in src/ is at most 600 lines and opens with a `//!`
-   comment saying why it exists;
+   comment saying why it exists; every Python file under goldens/recorders/,
+   examples/ and ci/ is at most 600 lines and opens with a module docstring
+   saying why it exists;
 2. one module style: a module with children is `name/mod.rs`, never
    `name.rs` beside a `name/` folder;
 3. every repository path the code, the scripts and the docs mention
@@ -14,11 +16,14 @@
    on purpose.
 
 Exit 1 naming each breach (file:line), 0 with a one-line summary."""
+import ast
 import os
 import re
 import sys
 
 MAX_LINES = 600
+# The Python of the repository: the golden recorders, the examples, CI's scripts.
+PY_ROOTS = ("goldens/recorders", "examples", "ci")
 ROOTS = ("src", "docs", "ci", "tests", "specs", "goldens", "examples", "cuda", ".ci")
 SCANNED_EXT = (".rs", ".md", ".py", ".sh", ".yaml", ".toml", ".cuh", ".cu", ".hpp", ".cpp")
 # Paths that are examples of what a user writes, not files of this repository.
@@ -63,6 +68,22 @@ def main():
         if not f.endswith("mod.rs") and os.path.isdir(stem) and os.path.basename(f) not in ("lib.rs", "main.rs"):
             problems.append(f"{f}: both {f} and {stem}/ exist: use {stem}/mod.rs (one module style)")
 
+    # 1, for Python: the recorders', the examples' and CI's scripts.
+    python = sorted(f for f in files if f.endswith(".py") and f.startswith(tuple(r + os.sep for r in PY_ROOTS)))
+    for f in python:
+        text = open(f, encoding="utf-8").read()
+        lines = text.split("\n")
+        n = len(lines) - (1 if lines and lines[-1] == "" else 0)
+        if n > MAX_LINES:
+            problems.append(f"{f}: {n} lines (at most {MAX_LINES}): split it along a seam")
+        try:
+            doc = ast.get_docstring(ast.parse(text, filename=f))
+        except SyntaxError as e:
+            problems.append(f"{f}:{e.lineno}: does not parse as Python ({e.msg})")
+            continue
+        if not doc:
+            problems.append(f"{f}:1: does not open with a module docstring saying why it exists")
+
     # 3: paths mentioned in code, scripts and docs.
     path_re = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*[\w-])" % "|".join(re.escape(r) for r in ROOTS))
     md_re = re.compile(r"(?<![\w/.-])([\w-]+\.md)\b")
@@ -99,7 +120,8 @@ def main():
         print(f"house_rules: {len(problems)} problem(s)")
         return 1
     print(f"house_rules: {len(rust)} Rust files in src/ within {MAX_LINES} lines, each with a `//!` header, one "
-          f"module style; every mentioned path and link exists")
+          f"module style; {len(python)} Python files in {', '.join(r + '/' for r in PY_ROOTS)} within {MAX_LINES} "
+          f"lines, each with a module docstring; every mentioned path and link exists")
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp, the peer of `touchstone bench engine`: libllama through the
-pinned llama-cpp-python sdist's ctypes bindings (as record_llamacpp.py loads
-them), on a GGUF, with the same token ids and the same JSON lines.
+pinned llama-cpp-python sdist's ctypes bindings (as the recorders load them:
+llamacpp_lib.py), on a GGUF, with the same token ids and the same JSON lines.
 
 usage: peer_llamacpp.py GGUF --tokens IDS --decode N --threads T
                         [--reps R] [--warmup W] [--lib-dir DIR]
@@ -36,7 +36,7 @@ from common import (  # noqa: E402
 
 sys.path.insert(0, RECORDERS)
 import build_llamacpp  # noqa: E402
-from record_llamacpp import load_bindings  # noqa: E402
+from llamacpp_lib import load_bindings  # noqa: E402
 
 
 def main():

@@ -4,10 +4,11 @@ version 1, served on stdin/stdout (`touchstone run SPEC --engine hf`).
 
 usage: engine_hf.py [--threads N] [--attn-scale X]
 
-It runs the model as record_hf.py records the `hf` goldens, and taps it with
-record_hf.py's own hooks (`Recorder`: forward hooks on every module, the
-module-level apply_rotary_pos_emb and eager_attention_forward wrapped), so
-its captures are exactly the stages the goldens name:
+It runs the model as record_hf.py records the `hf` goldens (hf_model.load),
+and taps it with the recorders' own hooks (hf_hooks.Recorder: forward hooks
+on every module, the module-level apply_rotary_pos_emb and
+eager_attention_forward wrapped), so its captures are exactly the stages the
+goldens name:
 
 - load: an HF folder (config.json + safetensors) or a `.gguf` file, which
   transformers' GGUF loader dequantises to float32 (gguf-py), tokenizer and
@@ -76,9 +77,9 @@ class HfEngine(Engine):
     def load_model(self, path, storage):
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         import golden_io
-        import record_hf
+        import hf_hooks
+        import hf_model
 
         if storage not in STORAGE:
             raise EngineError(f"unsupported storage {storage!r}: this engine runs f32, bf16 and f16 "
@@ -86,32 +87,20 @@ class HfEngine(Engine):
         if os.path.isfile(path):
             if not path.endswith(".gguf"):
                 raise EngineError(f"{path} is a file but not a .gguf; give an HF model folder or a .gguf file")
-            load_dir, kw = os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
             how = "dequantised to float32 by transformers' GGUF loader"
         else:
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise EngineError(f"{path} has no config.json (an HF model folder needs one; for a GGUF give "
                                   "the .gguf file)")
-            load_dir, kw, how = path, {}, "safetensors"
-        transformers.utils.logging.disable_progress_bar()
+            how = "safetensors"
         if getattr(self, "rec", None) is not None:
             self.rec.remove()  # a second load: unhook the first model
             self.rec = None
-        self.tok = AutoTokenizer.from_pretrained(load_dir, **kw)
-        model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
-                                                     **kw).eval()
-        # As record_hf.py: fresh, 64-byte aligned parameters, so the numbers
-        # do not depend on where the file put each tensor.
-        with torch.no_grad():
-            for prm in model.parameters():
-                prm.data = prm.data.clone()
-            for buf in model.buffers():
-                if buf.data_ptr() % 64:
-                    buf.data = buf.data.clone()
-        if storage != "f32":
-            model.to(getattr(torch, STORAGE[storage]))
-        cfg = model.config
-        assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
+        # As record_hf.py: eager float32, fresh 64-byte aligned parameters (the
+        # numbers do not depend on where the file put each tensor), then cast
+        # to the storage; no hashing, no progress lines.
+        m = hf_model.load(path, None, STORAGE[storage], None)
+        self.tok, model, cfg = m.tok, m.model, m.cfg
         if self.attn_scale is not None:
             for layer in model.model.layers:
                 layer.self_attn.scaling = self.attn_scale
@@ -123,11 +112,11 @@ class HfEngine(Engine):
         self.known_stages = set(golden_io.all_stages(cfg.model_type, n, ["sample_probs"]))
         # Stages another architecture has (q_norm, post norms): skipped.
         self.absent_stages = set(golden_io.all_stages("gemma3_text", n)) - self.known_stages
-        self.sliding = any(w is not None for w in record_hf.layer_windows(cfg))
+        self.sliding = any(w is not None for w in hf_hooks.layer_windows(cfg))
         self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
-        # record_hf's per-layer progress lines would flood the log.
-        record_hf.log = lambda msg: None
         self.rec = TapRecorder(model)
+        # The recorders' per-layer progress lines would flood the log.
+        self.rec.log = lambda msg: None
         self.rec.install()
         self.log(f"{cfg.model_type}, {n} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, {how}, "
                  f"storage {storage}; torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -140,7 +129,7 @@ class HfEngine(Engine):
         model, rec = self.model, self.rec
         want = set(r.taps) - {"sample_probs"}
         if self.qk_norm:
-            # record_hf's q_norm/k_norm hooks find the norm's layout by
+            # The q_norm/k_norm hooks find the norm's layout by
             # comparing its input with the stored projection, tapped or not:
             # q and k are always kept (then dropped if not tapped).
             want |= {f"blk.{li}.{w}" for li in range(self.cfg.num_hidden_layers) for w in ("q", "k")}
@@ -190,10 +179,10 @@ class HfEngine(Engine):
 
 
 def TapRecorder(model):
-    """record_hf.Recorder copying only the stages in `want` (None: all)."""
-    import record_hf
+    """hf_hooks.Recorder copying only the stages in `want` (None: all)."""
+    import hf_hooks
 
-    class Tap(record_hf.Recorder):
+    class Tap(hf_hooks.Recorder):
         want = None
 
         def put(self, name, t):
@@ -239,12 +228,12 @@ def main():
     log = logger(NAME)
     try:
         import torch  # noqa: F401
-        import record_hf
+        import hf_model
     except ImportError as e:
         log(f"cannot import the recorders' packages ({e}): run it with the recorders' venv, created by "
             "`touchstone goldens regen` or goldens/recorders/regen.sh ($TOUCHSTONE_CACHE/recorders-venv)")
         return 2
-    record_hf.make_deterministic()
+    hf_model.make_deterministic()
     torch.set_num_threads(args.threads)
     log(f"protocol 1, pid {os.getpid()}; waiting for requests on stdin")
     return serve(HfEngine(log, args.attn_scale), log)

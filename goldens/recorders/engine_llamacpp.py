@@ -18,8 +18,8 @@ a batch (the prefill's rows are all reported; the graph then keeps every row
 through the last layer), and a fresh context per run (nothing of one run
 leaks into the next).
 
-Stages come from ggml's eval callback through record_llamacpp.py's NODE_MAP
-(the recorder's own canonical(): the same names, layouts, Q/K un-permutation
+Stages come from ggml's eval callback through llamacpp_graph.py's NODE_MAP
+(the recorders' own canonical(): the same names, layouts, Q/K un-permutation
 for Llama and fused-projection splits for Phi-3). With flash attention the
 graph has one FLASH_ATTN_EXT node per layer and no score or probability
 tensor: the load answer says so (`cannot_tap` blk.*.attn_scores and
@@ -77,7 +77,8 @@ sys.path.insert(0, HERE)
 from engine_protocol import Engine, EngineError, logger, serve  # noqa: E402
 import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
-import record_llamacpp as R  # noqa: E402
+import llamacpp_graph as G  # noqa: E402  (the recorders' node map and canonical())
+import llamacpp_lib as L  # noqa: E402  (the recorders' bindings and eval callback)
 
 NAME = "llama.cpp"
 FA = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_*
@@ -94,9 +95,9 @@ class TypeTraits(ctypes.Structure):
                 ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
 
 
-class Observer(R.NodeRecorder):
+class Observer(L.NodeRecorder):
     """The eval callback: every node's name and op, and a copy of every F32
-    node's data (record_llamacpp.NodeRecorder); `probe` keeps names and ops
+    node's data (llamacpp_lib.NodeRecorder); `probe` keeps names and ops
     only."""
 
     def __init__(self, g, probe=False):
@@ -106,7 +107,7 @@ class Observer(R.NodeRecorder):
     def callback(self, t, ask, user_data):
         if self.probe:
             if ask:
-                tt = ctypes.cast(t, ctypes.POINTER(R.GgmlTensor)).contents
+                tt = ctypes.cast(t, ctypes.POINTER(L.GgmlTensor)).contents
                 self.nodes.append({"name": tt.name.decode("utf-8"), "op": self.g.ggml_op_desc(t).decode()})
             return False  # nothing to copy: let the scheduler run the graph whole
         return super().callback(t, ask, user_data)
@@ -133,7 +134,7 @@ class LlamaCppEngine(Engine):
                 f"{sys.executable} {os.path.join(HERE, 'build_llamacpp.py')}` (about 20 minutes on 2 cores; "
                 "`touchstone goldens regen` and goldens/recorders/regen.sh build it too)")
         lib_dir, self.binfo = found
-        self.lc, self.g = R.load_bindings(build_llamacpp.source_dir(), lib_dir)
+        self.lc, self.g = L.load_bindings(build_llamacpp.source_dir(), lib_dir)
         lc = self.lc
         # libllama's log: errors only, to stderr (the protocol owns stdout).
         self.quiet = lc.llama_log_callback(
@@ -174,9 +175,9 @@ class LlamaCppEngine(Engine):
         self.vocab_p = lc.llama_model_get_vocab(model)
         self.vocab = lc.llama_vocab_n_tokens(self.vocab_p)
         arch = self.meta("general.architecture")
-        if arch not in R.ROPE_TYPE:
-            raise EngineError(f"architecture {arch!r} has no node map in record_llamacpp.py "
-                              f"(known: {sorted(R.ROPE_TYPE)})")
+        if arch not in G.ROPE_TYPE:
+            raise EngineError(f"architecture {arch!r} has no node map in llamacpp_graph.py "
+                              f"(known: {sorted(G.ROPE_TYPE)})")
         self.arch = arch
         self.model_type = MODEL_TYPE.get(arch, arch)
         n = int(self.meta(f"{arch}.block_count"))
@@ -212,7 +213,7 @@ class LlamaCppEngine(Engine):
         return buf.value.decode() if n >= 0 else None
 
     def attention(self, arch, n, D):
-        """record_llamacpp.canonical()'s `attn`: the attention scale each
+        """llamacpp_graph.canonical()'s `attn`: the attention scale each
         layer's softmax must apply in total, and each layer's sliding window
         (Gemma 3: llama.cpp's own pattern, every `sliding_window_pattern`-th
         layer (default 6) attends fully). Used only without flash attention,
@@ -310,11 +311,10 @@ class LlamaCppEngine(Engine):
         ctx, cb, cp = self.context(n_total, len(r.prompt), obs)
         batch = lc.llama_batch_init(max(cp.n_batch, len(r.prompt)), 0, 1)
         sampler = Sampler(lc, r.sampling, r.seed, self.vocab)
-        permuted = self.arch in R.QK_PERMUTED
+        permuted = self.arch in G.QK_PERMUTED
+        table = self.node_map(self.arch)
         tensors, tokens = {}, []
         x, pos = list(r.prompt), 0
-        orig_map = R.node_map
-        R.node_map = self.node_map
         try:
             for si in range(r.decode_steps + 1):
                 step = "prefill" if si == 0 else f"decode{si}"
@@ -325,8 +325,8 @@ class LlamaCppEngine(Engine):
                 logits = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(self.vocab,))
                                    .copy() for i in range(T)])
                 if keep:
-                    stages = R.canonical(obs.nodes, step, self.arch, self.n_layer, T, S, permuted, self.dims,
-                                         keep, list(range(pos, S)), self.attn)
+                    stages = G.canonical(obs.nodes, step, self.arch, self.n_layer, T, S, permuted, self.dims,
+                                         keep, list(range(pos, S)), self.attn, table)
                     obs.nodes = []
                     for k, v in stages.items():
                         tensors[f"{step}/{k}"] = v
@@ -340,16 +340,15 @@ class LlamaCppEngine(Engine):
                 if si < r.decode_steps:
                     x = [r.feed(si, tok)]
         finally:
-            R.node_map = orig_map
             sampler.free()
             lc.llama_batch_free(batch)
             lc.llama_free(ctx)
         return tensors, tokens
 
     def node_map(self, arch):
-        """record_llamacpp's node map, with flash attention's attn_ctx: the
+        """The recorders' node map, with flash attention's attn_ctx: the
         fused kernel's output reshaped to [T, H*D] (kqv_out-L RESHAPE)."""
-        m = ORIG_NODE_MAP(arch)
+        m = G.node_map(arch)
         if not self.fa:
             return m
         return [(s, n, "RESHAPE" if s == "blk.{L}.attn_ctx" else op, sel) for s, n, op, sel in m]
@@ -389,9 +388,6 @@ class LlamaCppEngine(Engine):
         eos = self.piece(self.lc.llama_vocab_eos(vocab)) if self.lc.llama_vocab_eos(vocab) >= 0 else ""
         return env.from_string(tmpl.decode("utf-8")).render(
             messages=[{"role": "user", "content": user}], add_generation_prompt=True, bos_token=bos, eos_token=eos)
-
-
-ORIG_NODE_MAP = R.node_map
 
 
 class Sampler:

@@ -1,43 +1,33 @@
 """What the third-party engines under test share: touchstone's subprocess
-protocol, version 1 (docs/testing-your-engine.md), served on stdin/stdout.
+protocol, version 1 (docs/testing-your-engine.md), served on stdin/stdout by
+examples/protocol/protocol_v1.py's loop, the one the reference numpy engines
+serve with too.
 
 engine_hf.py (HF transformers) and engine_llamacpp.py (libllama) are
 engines under test built from the golden recorders: they import the
 recorders' hooks (record_hf.Recorder) and node map (record_llamacpp.NODE_MAP)
 so that an engine's captures are exactly what the goldens call a stage. Each
 subclasses `Engine` below with `load_model` and `forward_run`; this module
-parses and checks the requests (the same refusals for both), writes the run
-file and keeps the protocol's stdout clean:
-
-- the real stdout (fd 1) is kept for protocol lines only; fd 1 itself is
-  pointed at stderr, so anything a library prints from Python or from C
-  (libllama, ggml, torch) lands in the log, never in a response;
-- every response is one JSON line; a refused request is {"ok": false,
-  "error": ...} with a sentence, and the engine keeps serving;
-- a bug in the engine is reported as an internal error with its traceback
-  in the log, and the engine keeps serving.
+parses and checks the requests (the same refusals for both) and writes the
+run file; protocol_v1.serve keeps the protocol's stdout clean (the real
+stdout is kept for protocol lines only; fd 1 and sys.stdout point at stderr,
+so anything a library prints from Python or from C -- libllama, ggml, torch
+-- lands in the log), answers a refused request with {"ok": false, "error":
+...} and a bug with an internal error, and keeps serving.
 """
 import json
 import math
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
 
-PROTOCOL = 1
-OUT_FORMAT = "touchstone-engine-out/1"
-
-
-class EngineError(Exception):
-    """A refused request: its message is the response's `error`."""
-
-
-def int_list(v, what):
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise EngineError(f"{what} must be a list of integer token ids")
-    return v
+# The protocol loop shared with the reference engines of examples/protocol/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "examples", "protocol"))
+from protocol_v1 import (OUT_FORMAT, PROTOCOL, Dispatcher, EngineError, int_list, logger,  # noqa: E402,F401
+                         serve)
 
 
 def parse_sampling(s):
@@ -124,31 +114,18 @@ def write_run(path, tensors, tokens, engine):
     os.replace(tmp, path)
 
 
-class Engine:
+class Engine(Dispatcher):
     """A protocol engine: subclasses set `name` and implement
     `load_model(req, storage) -> answer dict`, `run_checked(Run) -> (tensors,
     tokens)`, `vocab`, `known_stages`, `absent_stages`, and optionally
     `tokenize(text, chat)`."""
 
     name = "engine"
+    ops = ("load", "run", "tokenize", "shutdown")
 
     def __init__(self, log):
         self.log = log
         self.loaded = False
-
-    def handle(self, req):
-        if not isinstance(req, dict):
-            raise EngineError("a request must be a JSON object")
-        op = req.get("op")
-        if op == "load":
-            return self.load(req)
-        if op == "run":
-            return self.run(req)
-        if op == "tokenize":
-            return self.tokenize_req(req)
-        if op == "shutdown":
-            return {"ok": True}
-        raise EngineError(f"unknown op {op!r} (this engine knows load, run, tokenize, shutdown)")
 
     def load(self, req):
         proto = req.get("protocol")
@@ -218,49 +195,3 @@ def vision_model(model):
         return None
     return (f"{c.get('model_type', 'the model')} is a vision-language model; this engine runs text decoders "
             "only (no vision tower, no image in its run requests)")
-
-
-def serve(engine, log):
-    """Serves requests from stdin until `shutdown` or end of input; returns
-    the exit status (0)."""
-    # Keep the real stdout for protocol lines; point fd 1 (C libraries'
-    # printf) and sys.stdout (Python's print) at stderr.
-    proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def reply(obj):
-        proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        proto.flush()
-
-    for line in sys.stdin.buffer:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            log(f"bad request line: {e}")
-            reply({"ok": False, "error": f"the request is not a JSON object on one line: {e}"})
-            continue
-        op = req.get("op") if isinstance(req, dict) else None
-        try:
-            resp = engine.handle(req)
-        except EngineError as e:
-            log(f"{op}: refused: {e}")
-            resp = {"ok": False, "error": str(e)}
-        except Exception as e:  # a bug here: say so, keep serving
-            log(f"{op}: internal error\n{traceback.format_exc()}")
-            resp = {"ok": False, "error": f"internal error in {engine.name} during {op}: {type(e).__name__}: {e}"}
-        reply(resp)
-        if op == "shutdown":
-            log("shutdown")
-            return 0
-    log("end of input; exiting")
-    return 0
-
-
-def logger(name):
-    def log(msg):
-        print(f"[{name}] {msg}", file=sys.stderr, flush=True)
-    return log

@@ -1,8 +1,12 @@
 """Shared by the golden recorders: the golden file format and its
 deterministic writer (record_hf.py and record_llamacpp.py write the same
-format, so an engine test reads either source the same way)."""
+format, so an engine test reads either source the same way), the stage
+vocabulary of each architecture, and the record subsets (--steps, --stages,
+--stages-at, --rows, --logits) with the provenance entry that says what a
+golden holds."""
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
@@ -103,6 +107,28 @@ def save_deterministic(tensors, metadata, path, bf16=()):
         assert f.metadata() == metadata
 
 
+def metadata(prov, fmt=FORMAT):
+    """A golden's `__metadata__`: its format and its provenance as compact
+    sorted-key JSON (nothing that varies between runs)."""
+    return {"format": fmt, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"), allow_nan=False)}
+
+
+def write_golden(tensors, meta, path, log=None, bf16=()):
+    """save_deterministic into `path` through a temporary name and a rename,
+    so a failed run never leaves a half-written golden behind. Replacing a
+    file is what the callers ask for (regen.sh starts from empty folders,
+    goldens regen from a fresh one), but never silently: `log` says so, and
+    what was written."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    save_deterministic(tensors, meta, tmp, bf16)
+    if log is not None and os.path.exists(path):
+        log(f"replacing the existing {path}")
+    os.replace(tmp, path)
+    if log is not None:
+        log(f"wrote {path}: {len(tensors)} tensors, {os.path.getsize(path)} bytes")
+
+
 # ---- stage vocabulary and record subsets (shared by both recorders) --------
 # The canonical block stages in execution order (src/stage/mod.rs). q_norm/k_norm
 # exist only for architectures with a per-head RMSNorm of q and k before RoPE
@@ -137,6 +163,41 @@ def all_stages(model_type, n_layers, extra=()):
     for li in range(n_layers):
         names += [f"blk.{li}.{s}" for s in block_stages(model_type)]
     return names + ["output_norm", "logits"] + [s for s in OPTIONAL_STAGES if s in extra]
+
+
+# A vision-language model's vision stages per block (record_vlm.py).
+VISION_BLOCK_STAGES = ["norm1", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_ctx", "attn_out", "mlp_inp",
+                       "norm2", "mlp_fc1", "mlp_act", "mlp_out", "out"]
+
+
+def vision_stages(model_type, depth, n_deepstack):
+    """A VLM's vision stages (prefill only), in execution order as
+    docs/stages-and-checks.md lists them (`vision.grid` is an integer
+    tensor)."""
+    names = ["vision.pixels", "vision.grid", "vision.patch_embed"]
+    if model_type == "qwen3_vl":
+        names.append("vision.pos_embed")
+    for i in range(depth):
+        names += [f"vision.blk.{i}.{s}" for s in VISION_BLOCK_STAGES]
+    names += ["vision.merger_norm", "vision.merger"] + [f"vision.deepstack.{j}" for j in range(n_deepstack)]
+    return names
+
+
+def vlm_order(model_type, lm_family, depth, n_deepstack, n_layers, prefill):
+    """Every stage of one step of a VLM in execution order: at the prefill
+    the vision stages, `embed`, `inputs_embeds`, then the language model's
+    stages with `blk.{i}.deepstack` after `blk.{i}.out` (Qwen3-VL); a decode
+    step has the language model's stages only."""
+    lm = all_stages(lm_family, n_layers)
+    if not prefill:
+        return lm
+    out = vision_stages(model_type, depth, n_deepstack) + ["embed", "inputs_embeds"]
+    for s in lm[1:]:
+        out.append(s)
+        i = s.split(".")[1] if s.startswith("blk.") and s.endswith(".out") else None
+        if i is not None and int(i) < n_deepstack:
+            out.append(f"blk.{i}.deepstack")
+    return out
 
 
 def pattern_matches(pattern, stage):
@@ -211,24 +272,25 @@ def expected_shape(stage, T, S, dims, logits_last=False):
     }.get(name, (T, E))  # embed, norms (attn_post_norm, ffn_post_norm too), attn_out, ffn_inp, ffn_out, out
 
 
-def parse_stages_at(items, model_type, n_layers, decode_steps, extra=()):
+def parse_stages_at(items, model_type, n_layers, decode_steps, extra=(), what="--stages-at"):
     """`--stages-at STEP=PATTERN[,PATTERN]` (repeatable) -> ({step: patterns},
     {step: selected stage set}): stages stored at that one step only, on top
     of --steps x --stages (a long prompt's [H,T,S] prefill scores would not
-    fit in a committed file, its decode steps' do)."""
+    fit in a committed file, its decode steps' do). `--aux` is parsed the
+    same way (`what` names the option in messages)."""
     pats, sets = {}, {}
     for item in items:
         step, eq, text = item.partition("=")
         step = step.strip()
         if not eq:
-            raise SelectionError(f"--stages-at {item!r}: expected STEP=PATTERN[,PATTERN...]")
+            raise SelectionError(f"{what} {item!r}: expected STEP=PATTERN[,PATTERN...]")
         try:
             parse_steps(step, decode_steps)  # a known step
         except SelectionError as e:
-            raise SelectionError(f"--stages-at {item!r}: {e}") from None
+            raise SelectionError(f"{what} {item!r}: {e}") from None
         if step in pats:
-            raise SelectionError(f"--stages-at: step {step} named twice")
-        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"--stages-at {step}")
+            raise SelectionError(f"{what}: step {step} named twice")
+        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"{what} {step}")
     return pats, sets
 
 
@@ -272,7 +334,8 @@ def take_rows(stage, v, rows, T):
     return np.ascontiguousarray(np.take(v, resolve_rows(rows, T), axis=axis))
 
 
-def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None):
+def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None,
+                   aux=None):
     """The provenance `record` entry, or None when everything was recorded
     (every step, every stage, every logits row): absent means complete, which
     keeps full recordings byte-identical to those made before subsets existed.
@@ -285,12 +348,20 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, ro
     `rows` (from --rows) becomes `rows` ({step: the rows kept there}, for
     every step, given `step_tokens` {step: T}) and `rows_asked` (as given):
     a reader compares a whole tensor with a golden on those rows.
+
+    `aux` ({step: patterns}, from --aux) becomes `aux`, steps in step order
+    and patterns as given: auxiliary tensors stored with every token row
+    (whatever `rows` and `logits` say), read to compute error floors, never
+    checked themselves.
     """
-    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows:
+    if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows \
+            and not aux:
         return None
     rec = {"steps": steps_stored, "stages": patterns, "logits": logits}
     if stages_at:
         rec["stages_at"] = {s: stages_at[s] for s in all_steps if s in stages_at}
+    if aux:
+        rec["aux"] = {s: aux[s] for s in all_steps if s in aux}
     if rows:
         rec["rows_asked"] = list(rows)
         rec["rows"] = {s: resolve_rows(rows, step_tokens[s]) for s in all_steps}
@@ -300,6 +371,30 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, ro
 def stored(step, stage, keep_steps, keep_stages, stages_at_sets):
     """Whether `step/stage` is stored under --steps/--stages/--stages-at."""
     return (step in keep_steps and stage in keep_stages) or stage in stages_at_sets.get(step, ())
+
+
+def select_step(step, tensors, sel, T, keeps=None):
+    """What a golden stores of one step's canonical tensors {stage: array}
+    (every stage, every row; T tokens): tokens and positions always; an
+    auxiliary stage (sel.aux_sets, --aux) whole, every row; any other stage
+    under --steps/--stages/--stages-at, with only the last logits row
+    (sel.logits "last") or only the rows of sel.rows. `keeps(stage)`: False
+    for the stages at and after an overflow (overflow.Watch.keeps)."""
+    out = {}
+    for k, v in tensors.items():
+        if k in ("tokens", "positions"):
+            out[k] = v
+        elif keeps is not None and not keeps(k):
+            continue
+        elif k in sel.aux_sets.get(step, ()):
+            out[k] = v
+        elif stored(step, k, sel.keep_steps, sel.keep, sel.stages_at_sets):
+            if k == "logits" and sel.logits == "last":
+                v = np.ascontiguousarray(v[-1:])
+            elif sel.rows is not None:
+                v = take_rows(k, v, sel.rows, T)
+            out[k] = v
+    return out
 
 
 def sha256_file(path):

@@ -31,7 +31,7 @@ Sources, per model (a source that cannot apply is left out and says why in
   gguf_file=NAME)`: transformers' own conversion of the GGUF vocabulary.
 - `llamacpp`: libllama's `llama_tokenize` on the GGUF (built from the pinned
   llama-cpp-python sdist by build_llamacpp.py, loaded vocab-only through the
-  sdist's ctypes bindings as record_llamacpp.py does). Plain text:
+  sdist's ctypes bindings as llamacpp_lib.py loads them). Plain text:
   add_special=True, parse_special=True, as llama.cpp's own programs tokenise a
   prompt (`common_tokenize(ctx, prompt, true, true)`). Chat: llama.cpp has no
   Jinja in libllama, so the text HF rendered is tokenised with
@@ -130,9 +130,9 @@ class LlamaCpp:
     def __init__(self, cache):
         lib_dir, self.build = build_llamacpp.ensure_built(cache)
         src = build_llamacpp.source_dir(cache)
-        import record_llamacpp
+        import llamacpp_lib
 
-        self.lc, _ = record_llamacpp.load_bindings(src, lib_dir)
+        self.lc, _ = llamacpp_lib.load_bindings(src, lib_dir)
         self.lc.llama_backend_init()
         self.models = {}
 

@@ -3,7 +3,7 @@
 llama.cpp's multimodal library (mtmd).
 
 usage: record_llamacpp_vlm.py GGUF MMPROJ_GGUF OUT_FILE --hf-golden HF_GOLDEN --image PNG
-                              [--threads N] [--list-nodes]
+                              [--threads N] [--list-nodes] [--oracle ORACLE]
 
 GGUF and MMPROJ_GGUF: convert_gguf.py MODEL_DIR X.gguf and convert_gguf.py
 MODEL_DIR X-mmproj.gguf --mmproj (the vendored converter). The libraries:
@@ -48,18 +48,22 @@ to f16 before the patch matmul: vision.patch_embed is ~6e-3 from the
 oracle (HF 1.8e-5), and every later stage, vision and language model,
 inherits an error a few hundred times HF's. The merger's GELU is ggml_gelu
 (tanh form) where HF's PatchMerger uses the exact erf GELU.
+
+An overflow is data, as in record_vlm.py (overflow.py): every stage is
+watched in execution order (golden_io.vlm_order); at the first non-finite
+one nothing more is stored and no later step is decoded (their tokens and
+positions, the HF golden's, are), provenance `overflow` says where
+(`oracle_max_abs` from --oracle), and the key-set comparison with the HF
+golden is left out. Exit 0, one `overflow: ` line on stderr.
 """
 import argparse
 import ctypes
 import importlib
 import json
 import os
-import platform
-import re
 import sys
 
 import numpy as np
-import safetensors
 from safetensors import safe_open
 
 sys.dont_write_bytecode = True
@@ -67,8 +71,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
-import record_llamacpp as rl  # noqa: E402
-from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
+import llamacpp_graph as graph  # noqa: E402  (the text recorder's node map: the LM's stages)
+import llamacpp_lib as lib  # noqa: E402
+import overflow  # noqa: E402  (a forward that overflows is data)
+from golden_io import progress, sha256_file  # noqa: E402
 
 RECORDER = "goldens/recorders/record_llamacpp_vlm.py"
 # GGUF architecture -> the text architecture whose LM node map applies (the
@@ -94,8 +100,8 @@ def log(msg):
     progress("record_llamacpp_vlm.py", msg)
 
 
-class Rec(rl.NodeRecorder):
-    """record_llamacpp.NodeRecorder plus: each node's own address and its
+class Rec(lib.NodeRecorder):
+    """llamacpp_lib.NodeRecorder plus: each node's own address and its
     sources' (to follow the graph), views copied too (Qwen3-VL's q/k/v are
     views of the fused qkv), and an IM2COL's image input (the preprocessed
     pixels, a graph input that is never a node itself)."""
@@ -103,11 +109,11 @@ class Rec(rl.NodeRecorder):
     def callback(self, t, ask, user_data):
         if ask:
             return True
-        tt = ctypes.cast(t, ctypes.POINTER(rl.GgmlTensor)).contents
+        tt = ctypes.cast(t, ctypes.POINTER(lib.GgmlTensor)).contents
         name = tt.name.decode("utf-8")
         op = self.g.ggml_op_desc(t).decode()
         ne = [int(x) for x in tt.ne]
-        data = self.read(t) if tt.type == rl.GGML_TYPE_F32 and op not in ("SET_ROWS", "CPY") else None
+        data = self.read(t) if tt.type == lib.GGML_TYPE_F32 and op not in ("SET_ROWS", "CPY") else None
         srcs = [int(s) if s else 0 for s in tt.src]
         extra = {}
         if op == "IM2COL" and srcs[1]:
@@ -116,18 +122,15 @@ class Rec(rl.NodeRecorder):
                            "op_params": bytes(bytearray(tt.op_params)), **extra})
         return True
 
-    def read(self, t):
-        tt = ctypes.cast(t, ctypes.POINTER(rl.GgmlTensor)).contents
-        if tt.type != rl.GGML_TYPE_F32:
-            return None
-        ne = [int(x) for x in tt.ne]
-        nb = [int(x) for x in tt.nb]
-        n = self.g.ggml_nbytes(t)
-        buf = (ctypes.c_uint8 * n)()
-        self.g.ggml_backend_tensor_get(t, buf, 0, n)
-        flat = np.frombuffer(buf, dtype=np.uint8)
-        return np.lib.stride_tricks.as_strided(flat.view(np.float32), shape=tuple(reversed(ne)),
-                                               strides=tuple(reversed(nb))).copy()
+
+def api_check(api, lg):
+    """llama_get_logits_ith's rows against the graph's result_output: the
+    largest difference (asserted 0 at the end), or, where the logits are
+    not finite, asserted bit for bit here."""
+    if np.isfinite(lg).all():
+        return float(np.abs(api - lg).max())
+    assert np.array_equal(api, lg, equal_nan=True), "llama_get_logits_ith differs from result_output"
+    return 0.0
 
 
 def node(nodes, name, op=None, last=True):
@@ -233,13 +236,15 @@ def main():
     ap.add_argument("--image", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--list-nodes", action="store_true")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE)
     args = ap.parse_args()
 
     cache = os.path.abspath(args.cache_dir)
     lib_dir, binfo = build_llamacpp.ensure_built(cache, mtmd=True)
     src = build_llamacpp.source_dir(cache)
-    lc, g = rl.load_bindings(src, lib_dir)
+    lc, g = lib.load_bindings(src, lib_dir)
     os.environ["MTMD_CPP_LIB"] = lib_dir
     mt = importlib.import_module("llama_cpp.mtmd_cpp")
 
@@ -260,39 +265,21 @@ def main():
     assert sha256_file(args.image) == hf_prov["image"]["sha256"], "not the HF golden's image"
 
     # ---- model, contexts -------------------------------------------------------
-    quiet = lc.llama_log_callback(lambda level, text, ud: None)
-    lc.llama_log_set(quiet, None)
+    quiet = lib.silence(lc)
     mt.mtmd_helper_log_set(quiet, None)
     mt.mtmd_log_set(quiet, None)
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    mparams.use_mmap = False
-    model = lc.llama_model_load_from_file(args.gguf.encode(), mparams)
+    model = lib.open_model(lc, args.gguf)
     assert model, f"cannot load {args.gguf}"
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-    buf = ctypes.create_string_buffer(256)
-    lc.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
-    arch = buf.value.decode()
+    arch = lib.meta_str(lc, model, "general.architecture")
     lm_arch = LM_ARCH[arch]
     n_embd_inp = lc.llama_model_n_embd_inp(model) if hasattr(lc, "llama_model_n_embd_inp") else E
 
     lrec, vrec = Rec(g), Rec(g)
     lcb = lc.ggml_backend_sched_eval_callback(lrec.callback)
     vcb = lc.ggml_backend_sched_eval_callback(vrec.callback)
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 256
-    cparams.n_batch = 256
-    cparams.n_ubatch = 256
-    cparams.n_seq_max = 1
-    cparams.n_threads = args.threads
-    cparams.n_threads_batch = args.threads
-    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cparams.type_k = rl.GGML_TYPE_F32
-    cparams.type_v = rl.GGML_TYPE_F32
-    cparams.cb_eval = lcb
-    cparams.cb_eval_user_data = None
+    cparams = lib.context_params(lc, 256, args.threads, "f32", lcb)
     ctx = lc.llama_init_from_model(model, cparams)
     assert ctx
 
@@ -368,14 +355,12 @@ def main():
     ds_idx = vcfg.get("deepstack_visual_indexes") or []
     out = {}
     pix, (ph, pw) = pixels_from_im2col(vrec.nodes, P, Tp, m)
-    out["prefill/vision.pixels"] = pix
     vs = vision_stages(vrec.nodes, family, vcfg["depth"], ds_idx, N, M, Ev, Hv, Ev // Hv, Fv, E)
+    vs["vision.pixels"] = pix
     # what the LM receives must be the graph's merger (and deepstack) output
-    assert np.array_equal(emb[:, :E], vs["vision.merger"]), "mtmd output != merger node"
+    assert np.array_equal(emb[:, :E], vs["vision.merger"], equal_nan=True), "mtmd output != merger node"
     for j in range(len(ds_idx)):
-        assert np.array_equal(emb[:, E * (j + 1):E * (j + 2)], vs[f"vision.deepstack.{j}"])
-    for k, v in vs.items():
-        out[f"prefill/{k}"] = v
+        assert np.array_equal(emb[:, E * (j + 1):E * (j + 2)], vs[f"vision.deepstack.{j}"], equal_nan=True)
     vrec.nodes = []
 
     # ---- the language model ------------------------------------------------------
@@ -407,9 +392,10 @@ def main():
         nodes = lrec.nodes
         lrec.nodes = []
         S = cell0 + n
-        st = rl.canonical(nodes, "x", lm_arch, n_layer, n, S, False, dims, keep,
-                          list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
-                                                         "windows": [None] * n_layer, "rope_bases": None})
+        st = graph.canonical(nodes, "x", lm_arch, n_layer, n, S, False, dims, keep,
+                             list(range(cell0, cell0 + n)), {"arch": lm_arch, "scale": 1.0 / np.sqrt(D),
+                                                             "windows": [None] * n_layer, "rope_bases": None},
+                             finite=False)
         extra = {}
         # token rows: the embedding lookup, the graph's first GET_ROWS
         # (`embd` in the qwen2vl graph; unnamed in qwen3vl's, whose
@@ -422,7 +408,7 @@ def main():
         if lm_arch == "qwen3":
             for L in range(len(ds_idx)):
                 extra[f"blk.{L}.deepstack"] = np.ascontiguousarray(
-                    rl.pick(nodes, f"deepstack_out-{L}", "ADD", "last", "", L)["data"].reshape(n, E), np.float32)
+                    graph.pick(nodes, f"deepstack_out-{L}", "ADD", "last", "", L)["data"].reshape(n, E), np.float32)
         api = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
                         for i in range(n)])
         return st, extra, api, nodes
@@ -452,7 +438,7 @@ def main():
         if args.list_nodes:
             for i, nd in enumerate(nodes):
                 print(f"lm-{p[0]} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-        api_vs_graph = max(api_vs_graph, float(np.abs(api - st["logits"]).max()))
+        api_vs_graph = max(api_vs_graph, api_check(api, st["logits"]))
         st["inputs_embeds"] = np.ascontiguousarray(inp, dtype=np.float32)
         st.update({k: v for k, v in ex.items() if k != "inp"})
         chunks_out.append((n, st))
@@ -472,25 +458,34 @@ def main():
                 rows.append(a)
         ax = 1 if (k.endswith("attn_probs") or k.endswith("attn_scores")) else 0
         merged[k] = np.ascontiguousarray(np.concatenate(rows, axis=ax), dtype=np.float32)
-    greedy_ids.append(int(merged["logits"][-1].argmax()))
     merged["tokens"] = np.array(hf_tokens, dtype=np.int64)
     merged["positions"] = positions
-    for k, v in merged.items():
-        out[f"prefill/{k}"] = v
+    # Every stage, watched in execution order (overflow.py): what came
+    # before a first non-finite value is stored, then the tokens fed only.
+    watch = overflow.Watch("float32", args.oracle)
+    n_ds = len(ds_idx)
+
+    def keep_step(step, st, prefill):
+        watch.scan(step, st, golden_io.vlm_order(family, lm_arch, vcfg["depth"], n_ds, n_layer, prefill))
+        if np.isfinite(st["logits"]).all():
+            greedy_ids.append(int(st["logits"][-1].argmax()))
+        out.update({f"{step}/{k}": v for k, v in st.items() if k in ("tokens", "positions") or watch.keeps(step, k)})
+    keep_step("prefill", {**vs, **merged}, True)
 
     for step in steps[1:]:
         tok = [int(x) for x in hf[f"{step}/tokens"]]
         p = hf[f"{step}/positions"].reshape(3, -1)
         assert p.shape[1] == 1 and (p == p[0, 0]).all()
+        if watch.found is not None:
+            out[f"{step}/tokens"], out[f"{step}/positions"] = np.array(tok, dtype=np.int64), p.astype(np.int64)
+            continue
         st, ex, api, nodes = decode(toks=tok, pos4=[int(p[0, 0])], cell0=cell)
-        api_vs_graph = max(api_vs_graph, float(np.abs(api - st["logits"]).max()))
+        api_vs_graph = max(api_vs_graph, api_check(api, st["logits"]))
         cell += 1
-        greedy_ids.append(int(st["logits"][-1].argmax()))
         st["embed"] = np.ascontiguousarray(ex["inp"][:, :E], dtype=np.float32)
         st["tokens"] = np.array(tok, dtype=np.int64)
         st["positions"] = p.astype(np.int64)
-        for k, v in st.items():
-            out[f"{step}/{k}"] = v
+        keep_step(step, st, False)
     assert api_vs_graph == 0.0, api_vs_graph
 
     mt.mtmd_input_chunks_free(chunks)
@@ -500,16 +495,17 @@ def main():
     lc.llama_model_free(model)
 
     # ---- the same keys and shapes as the HF golden, less what llama.cpp lacks --
+    # (Where either overflowed, each stops where its own forward did.)
     out = {k: v for k, v in out.items() if k.split("/", 1)[1] != "embed"}
-    missing = sorted(k for k in hf if k not in out and k.split("/", 1)[1] not in STAGE_NOTES)
-    extra = sorted(k for k in out if k not in hf)
-    assert not extra, f"keys the HF golden does not have: {extra}"
-    assert not missing, f"unexpected missing keys: {missing}"
+    if watch.found is None and "overflow" not in hf_prov:
+        missing = sorted(k for k in hf if k not in out and k.split("/", 1)[1] not in STAGE_NOTES)
+        extra = sorted(k for k in out if k not in hf)
+        assert not extra, f"keys the HF golden does not have: {extra}"
+        assert not missing, f"unexpected missing keys: {missing}"
     for k, v in out.items():
-        assert v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
-        assert np.isfinite(v).all() if v.dtype.kind == "f" else True, f"{k} not finite"
+        assert k not in hf or v.shape == hf[k].shape, f"{k}: {v.shape} vs HF {hf[k].shape}"
 
-    versions, build = rl.versions_and_build(binfo)
+    versions, build = lib.versions_and_build(binfo)
     prov = {
         "source": "llama.cpp",
         "recorder": RECORDER,
@@ -545,14 +541,14 @@ def main():
         # approximation, HF's is exact: a model difference, not a rounding.)
         "arithmetic": {"storage": "f32", "kv": "f32", "patch": "f16"},
     }
-    metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
-    tmp = args.out_file + ".tmp"
-    save_deterministic(out, metadata, tmp)
-    os.replace(tmp, args.out_file)
+    if watch.found is not None:
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, [], [], [])
+    golden_io.write_golden(out, golden_io.metadata(prov), args.out_file)
     print(json.dumps({"out": args.out_file, "tensors": len(out), "sha256": sha256_file(args.out_file),
                       "greedy_ids": greedy_ids, "hf_greedy_ids": hf_prov["greedy_ids"],
                       "not_recorded": sorted(STAGE_NOTES)}))
+    watch.report()
     return 0
 
 

@@ -84,13 +84,30 @@ Provenance: source, dtype (HF sources), arithmetic (llama.cpp: the map the
 spec declares, --arithmetic, else {storage f32, activations exact, kv
 --kv-type} for an F32/F16 GGUF), k, n_vocab, prompt_set {path, sha256} (the
 path relative to this checkout's root when the file is inside it, else as
-given), prompts (names in order), token_counts, the model (record_hf.py's
-describe_source keys: gguf_sha256 and `model` for a GGUF, model_sha256 /
-hf_model_sha256 and tokenizer_sha256 for an HF folder), model_config (as
-record_hf.py stores it; llama.cpp copies the oracle's), tool versions,
-settings, tokenisation details, and the sha256 of --tokens-from and
---oracle. Nothing that varies between runs (no time, host, pid or absolute
-path): a rerun is byte-identical.
+given), prompts (the names written, in order), token_counts (theirs), the
+model (model_source.py's keys: gguf_sha256 and `model` for a GGUF,
+model_sha256 / hf_model_sha256 and tokenizer_sha256 for an HF folder),
+model_config (as record_hf.py stores it; llama.cpp copies the oracle's),
+tool versions, settings, tokenisation details, and the sha256 of
+--tokens-from and --oracle. Nothing that varies between runs (no time,
+host, pid or absolute path): a rerun is byte-identical.
+
+An overflow is data (overflow.py). A prompt whose logits are not all finite
+is left out of the file (no tensor of it; `prompts` and `token_counts` list
+the others) and named in provenance `overflow`: {dtype, prompts: [{prompt,
+position: the first position whose logits are non-finite, stage: the
+earliest stage of that forward holding a non-finite value (every stage
+tapped again, in execution order, with the stage recorders' hooks or node
+map; `logits` where it cannot tell: llama.cpp without a model config), row:
+that stage's first such token row, nonfinite and max_abs_finite_before of
+that stage's tensor, oracle_max_abs: the --oracle file's largest |logit|
+over the prompt when the stage is `logits` (else null: the file holds no
+other stage), oracle_logit_max: its max |logit| at `position`, tokens: the
+ids fed}]}. The other prompts are written as before, so the format stays
+touchstone-next-token/1: every prompt `prompts` lists has all its tensors. A
+--tokens-from file gives a left-out prompt's ids from its entry; an --oracle
+that left a prompt out is refused (exit 2: nothing to measure against).
+Exit 0 and one line on stderr starting `overflow: `.
 
 User errors (a missing file, bad YAML, an unknown key, a duplicate or badly
 formed name, an empty text, K < 1, tokens that differ from --tokens-from or
@@ -98,219 +115,48 @@ formed name, an empty text, K < 1, tokens that differ from --tokens-from or
 """
 import argparse
 import contextlib
-import hashlib
-import io
 import json
 import os
-import platform
-import re
 import sys
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
-import safetensors  # noqa: E402
 import yaml  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 
 import golden_io  # noqa: E402
-from golden_io import progress, save_deterministic, sha256_file  # noqa: E402
+from golden_io import progress, sha256_file  # noqa: E402
+from next_token_io import (FORMAT, UserError, distribution_summary, left_out, overflowed, read_golden,  # noqa: E402
+                           read_prompt_set, set_path_for_provenance)
 
-FORMAT = "touchstone-next-token/1"
 RECORDER = "goldens/recorders/record_next_token.py"
 TOOL = "record_next_token.py"
 # source -> HF dtype (None: llama.cpp)
 SOURCES = {"oracle": "float64", "hf": "float32", "hf-bf16": "bfloat16", "hf-f16": "float16", "llama.cpp": None}
-NAME_RE = re.compile(r"[a-z0-9-]+")
 N_CTX = 256  # record_llamacpp.py's context (and batch) size
-_KEEP = []  # ctypes callbacks handed to libllama: never garbage-collected
-
-
-class UserError(Exception):
-    """A problem with the inputs: reported as one line, exit 2."""
 
 
 def log(msg):
     progress(TOOL, msg)
 
 
-# ---- the prompt set -----------------------------------------------------------
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a key given twice in one mapping is an error (PyYAML
-    would keep the last silently)."""
-
-
-def _unique_mapping(loader, node, deep=False):
-    seen = set()
-    for k, _ in node.value:
-        key = loader.construct_object(k, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", k.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def read_prompt_set(path):
-    """[(name, text)] of a prompt set, and the file's sha256; UserError for
-    anything malformed."""
-    if not os.path.isfile(path):
-        raise UserError(f"--prompts {path}: no such file")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        stream = io.StringIO(raw.decode("utf-8"))
-        stream.name = path  # PyYAML names it in its messages
-        doc = yaml.load(stream, Loader=_UniqueKeyLoader)
-    except UnicodeDecodeError as e:
-        raise UserError(f"--prompts {path}: not UTF-8 ({e})") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"--prompts {path}: bad YAML: {' '.join(str(e).split())}") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"--prompts {path}: expected a mapping with the key `prompts`, got {type(doc).__name__}")
-    unknown = sorted(str(k) for k in doc if k != "prompts")
-    if unknown:
-        raise UserError(f"--prompts {path}: unknown key(s) {', '.join(unknown)} (the only key is `prompts`)")
-    items = doc.get("prompts")
-    if not isinstance(items, list) or not items:
-        raise UserError(f"--prompts {path}: `prompts` must be a non-empty list of {{name, text}}")
-    out, seen = [], set()
-    for i, it in enumerate(items):
-        where = f"--prompts {path}: prompt {i + 1}"
-        if not isinstance(it, dict):
-            raise UserError(f"{where}: expected a mapping {{name, text}}, got {type(it).__name__}")
-        unknown = sorted(str(k) for k in it if k not in ("name", "text"))
-        if unknown:
-            raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: name, text)")
-        name, text = it.get("name"), it.get("text")
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise UserError(f"{where}: name {name!r} must match [a-z0-9-]+")
-        where = f"--prompts {path}: prompt `{name}`"
-        if name in seen:
-            raise UserError(f"{where}: the name is used twice")
-        seen.add(name)
-        if not isinstance(text, str):
-            raise UserError(f"{where}: `text` must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise UserError(f"{where}: the text is empty")
-        out.append((name, text))
-    return out, hashlib.sha256(raw).hexdigest()
-
-
-def set_path_for_provenance(path):
-    """The prompt set's path as provenance records it: relative to this
-    checkout's root when the file is inside it (so regen.sh and `touchstone
-    goldens regen`, run from anywhere, record the same bytes), else as given."""
-    real = os.path.realpath(path)
-    root = os.path.realpath(ROOT)
-    if real.startswith(root + os.sep):
-        return os.path.relpath(real, root).replace(os.sep, "/")
-    return path
-
-
-# ---- next-token golden files ----------------------------------------------------
-def read_golden(path, what, names, set_sha):
-    """(provenance, {name: {key: array}}) of a next-token golden of the same
-    prompt set; UserError otherwise."""
-    if not os.path.isfile(path):
-        raise UserError(f"{what} {path}: no such file")
-    try:
-        with safe_open(path, "np") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
-        raise UserError(f"{what} {path}: not a safetensors file ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{what} {path}: not a {FORMAT} file (format {meta.get('format')!r})")
-    prov = json.loads(meta["provenance"])
-    if prov.get("prompts") != names:
-        raise UserError(f"{what} {path}: recorded for prompts {prov.get('prompts')}, the set has {names}")
-    if prov.get("prompt_set", {}).get("sha256") != set_sha:
-        raise UserError(f"{what} {path}: recorded from another version of the prompt set (sha256 "
-                        f"{prov.get('prompt_set', {}).get('sha256')}, the set's is {set_sha}): record it again")
-    per = {n: {} for n in names}
-    for k, v in tensors.items():
-        n, _, key = k.partition("/")
-        per[n][key] = v
-    return prov, per
-
-
-def distribution_summary(logits, K, oracle_ids=None):
-    """From one prompt's logits [T,V] (float64, exact upcast): top-K ids and
-    log-probabilities, the log-probabilities at `oracle_ids` [T,K], and the
-    max |logit| per position."""
-    assert logits.dtype == np.float64 and logits.ndim == 2
-    assert np.isfinite(logits).all(), "non-finite logits"
-    m = logits.max(axis=1, keepdims=True)
-    lse = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
-    lp = logits - lse
-    # A stable sort of -lp keeps equal values in index order: ties go to the
-    # lower id.
-    top = np.ascontiguousarray(np.argsort(-lp, axis=1, kind="stable")[:, :K]).astype(np.int64)
-    out = {
-        "top_ids": top,
-        "top_logprobs": np.ascontiguousarray(np.take_along_axis(lp, top, axis=1)),
-        "logit_max": np.ascontiguousarray(np.abs(logits).max(axis=1)),
-    }
-    assert (np.diff(out["top_logprobs"], axis=1) <= 0).all()
-    if oracle_ids is not None:
-        out["at_oracle"] = np.ascontiguousarray(np.take_along_axis(lp, oracle_ids, axis=1))
-    return out
-
-
 # ---- HF ------------------------------------------------------------------------------
 def hf_run(args, prompts, forced):
-    """Loads MODEL as record_hf.py does and yields (name, tokens, logits
-    float64 [T,V]) per prompt; also returns provenance pieces."""
-    import record_hf  # torch and transformers: only the HF sources need them
-    import hf_loading
-    import oracle_f64  # the float64 oracle, streamed layer by layer (after record_hf: its BASE_RSS)
+    """Loads MODEL as record_hf.py does (hf_model.load) and returns the ids
+    of every prompt, forward(name) -> (ids, logits float64 [T,V]), finish()
+    and the provenance pieces."""
+    import hf_model  # torch and transformers: only the HF sources need them
+    import oracle_f64
     import tokenizers
     import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from model_source import describe_source, hf_versions, weights_provenance
 
-    record_hf.make_deterministic()
-    transformers.utils.logging.disable_progress_bar()
-    source = record_hf.describe_source(args.model)
-    if source["kind"] == "hf":
-        load_dir, load_kw = args.model, {}
-        with open(os.path.join(args.model, "config.json")) as f:
-            cfg_file = json.load(f)
-    else:
-        load_dir, load_kw = source["dir"], {"gguf_file": source["file"]}
-        log(f"{source['file']}: {source['architecture']} `{source['general_name']}`, "
-            "dequantised to float32 by transformers' GGUF loader")
-    log(f"loading {args.model}")
-    tok = AutoTokenizer.from_pretrained(load_dir, **load_kw)
-    # As record_hf.py: a GGUF dequantised a block of rows at a time (the load's peak).
-    with hf_loading.lean_gguf_loading() if source["kind"] == "gguf" else contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
-                                                     **load_kw).eval()
-    # As record_hf.py: every parameter in a fresh, 64-byte aligned allocation
-    # (torch's CPU kernels round differently for differently aligned operands).
-    hf_loading.fresh_weights(model)
-    assert model.model.layers[0].self_attn.config._attn_implementation == "eager"
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    cfg = model.config
-    model_bytes = oracle_f64.f32_bytes(model)
-    log(f"loaded in float32: {model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
-        f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
-    guard, patched, f64_bytes = None, None, None
-    if args.dtype == "float64":
-        patched = oracle_f64.to_float64(model)
-        f64_bytes = model.oracle_f64_bytes
-        guard = oracle_f64.F32Guard()
-        log(f"float64, streamed layer by layer ({patched})")
-    elif args.dtype in ("bfloat16", "float16"):
-        model.to(getattr(torch, args.dtype))
-        assert all(p.dtype == getattr(torch, args.dtype) for p in model.parameters())
-        log(f"cast to {args.dtype} (HF's float32 islands kept)")
+    hf_model.make_deterministic()
+    source = describe_source(args.model)
+    m = hf_model.load(args.model, source, args.dtype, log)
+    model, cfg, tok, guard = m.model, m.cfg, m.tok, m.guard
     raw = None
     if source["kind"] == "hf":
         raw = tokenizers.Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
@@ -336,54 +182,47 @@ def hf_run(args, prompts, forced):
         ids = ids_of[name]
         x = torch.tensor([ids], dtype=torch.int64)
         pos = torch.arange(len(ids), dtype=torch.int64)[None]
-        with torch.no_grad():
-            if guard is not None:
-                with guard:
-                    res = model(input_ids=x, position_ids=pos, use_cache=False, return_dict=True)
-            else:
-                res = model(input_ids=x, position_ids=pos, use_cache=False, return_dict=True)
-            lg = res.logits[0]
-            forward.logits_dtype = str(lg.dtype).replace("torch.", "")
-            assert lg.shape == (len(ids), cfg.vocab_size), lg.shape
-            # float32 / bfloat16 / float16 -> float64 is exact.
-            with oracle_f64.allowed(guard):
-                out = lg.detach().to(torch.float64).numpy().copy()
+        with torch.no_grad(), guard or contextlib.nullcontext():
+            res = model(input_ids=x, position_ids=pos, use_cache=False, return_dict=True)
+        lg = res.logits[0]
+        forward.logits_dtype = str(lg.dtype).replace("torch.", "")
+        assert lg.shape == (len(ids), cfg.vocab_size), lg.shape
+        # float32 / bfloat16 / float16 -> float64 is exact.
+        with oracle_f64.allowed(guard):
+            out = lg.detach().to(torch.float64).numpy().copy()
         return ids, out
     forward.logits_dtype = None
     # The `memory:` line, logged once the file is written (goldens regen keeps it).
-    forward.memory = lambda: oracle_f64.memory_line(model_bytes, f64_bytes)
+    forward.memory = lambda: oracle_f64.memory_line(m.model_bytes, m.f64_bytes)
+
+    def stages(name):
+        """Every canonical stage of the prompt's forward, tapped by the stage
+        recorders' hooks (only for a prompt whose logits went non-finite:
+        where did it start?), and their execution order."""
+        import golden_io
+        from hf_hooks import Recorder
+        ids = ids_of[name]
+        r = Recorder(model)
+        r.guard, r.log, r.step, r.S = guard, (lambda msg: None), name, len(ids)
+        r.install()
+        try:
+            with torch.no_grad(), guard or contextlib.nullcontext():
+                res = model(input_ids=torch.tensor([ids], dtype=torch.int64),
+                            position_ids=torch.arange(len(ids), dtype=torch.int64)[None], use_cache=False,
+                            output_attentions=True, return_dict=True)
+            for li, a in enumerate(res.attentions):
+                r.put(f"blk.{li}.attn_probs", a)
+        finally:
+            r.remove()
+        return r.rec, golden_io.all_stages(cfg.model_type, cfg.num_hidden_layers)
+    forward.stages = stages
 
     def finish():
         if guard is not None:
             assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
 
-    if source["kind"] == "hf":
-        cfg_dict = cfg_file
-    else:
-        cfg_dict = json.loads(cfg.to_json_string(use_diff=False))
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "pyyaml": yaml.__version__,
-    }
-    prov = {"model_config": cfg_dict, "versions": versions}
-    if source["kind"] == "gguf":
-        versions["gguf"] = record_hf._dist_version("gguf")
-        versions["accelerate"] = record_hf._dist_version("accelerate")
-        prov["gguf_sha256"] = source["sha256"]
-        prov["model"] = {k: source[k] for k in ("format", "file", "sha256", "general_name", "architecture",
-                                                 "file_type")}
-    elif source["sharded"]:
-        prov["model"] = {"format": "safetensors-sharded", "files": source["files"]}
-        prov["tokenizer_sha256"] = source["tokenizer_sha256"]
-    else:
-        prov["model_sha256"] = source["files"]["model.safetensors"]
-        prov["hf_model_sha256"] = source["files"]["model.safetensors"]
-        prov["tokenizer_sha256"] = source["tokenizer_sha256"]
+    prov = weights_provenance({"model_config": m.cfg_dict, "versions": hf_versions(pyyaml=yaml.__version__)},
+                              source, hf_model_sha256=True)
     settings = {
         "engine": "hf transformers",
         "device": "cpu",
@@ -393,8 +232,8 @@ def hf_run(args, prompts, forced):
         "tf32": False,
         "forward": "one pass over each prompt's tokens, positions 0..T-1, no KV cache",
     }
-    if patched is not None:
-        settings["float64"] = patched
+    if m.patched is not None:
+        settings["float64"] = m.patched
     if args.dtype in ("bfloat16", "float16"):
         settings["cast"] = f"float32 weights cast to {args.dtype} after loading; HF's float32 islands kept"
     tokenization = {
@@ -409,36 +248,24 @@ def hf_run(args, prompts, forced):
 
 # ---- llama.cpp ---------------------------------------------------------------------
 def llamacpp_run(args, prompts, ids_of, model_config):
-    import ctypes
-
     import build_llamacpp
-    import record_llamacpp
+    import llamacpp_lib as lib
 
     with open(args.model, "rb") as f:
         if f.read(4) != b"GGUF":
             raise UserError(f"{args.model} is not a GGUF file (no GGUF magic); --source llama.cpp runs a .gguf")
     lib_dir, binfo = build_llamacpp.ensure_built(os.path.abspath(args.cache_dir))
     src = build_llamacpp.source_dir(os.path.abspath(args.cache_dir))
-    lc, _ = record_llamacpp.load_bindings(src, lib_dir)
+    lc, g = lib.load_bindings(src, lib_dir)
     log(f"loading {args.model}")
-    quiet = lc.llama_log_callback(lambda level, text, ud: None)
-    _KEEP.append(quiet)  # libllama calls it for as long as the process lives
-    lc.llama_log_set(quiet, None)
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    mparams.use_mmap = False
-    model = lc.llama_model_load_from_file(args.model.encode(), mparams)
+    lib.silence(lc)
+    model = lib.open_model(lc, args.model)
     if not model:
         raise UserError(f"libllama could not load {args.model}")
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-
-    def meta(key):
-        buf = ctypes.create_string_buffer(256)
-        n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-        return buf.value.decode() if n >= 0 else None
-    arch, general_name, file_type = meta("general.architecture"), meta("general.name"), meta("general.file_type")
+    arch, general_name, file_type = (lib.meta_str(lc, model, k) for k in
+                                     ("general.architecture", "general.name", "general.file_type"))
     file_type = None if file_type is None else int(file_type)
     log(f"{arch} `{general_name}`, vocab {n_vocab}")
 
@@ -474,36 +301,20 @@ def llamacpp_run(args, prompts, ids_of, model_config):
         if any(t >= n_vocab for t in ids):
             raise UserError(f"prompt `{name}`: token ids exceed llama.cpp's vocabulary of {n_vocab}")
 
-    kv_type = {"f32": record_llamacpp.GGML_TYPE_F32, "f16": record_llamacpp.GGML_TYPE_F16}[args.kv_type]
-
-    def forward(name):
+    def forward(name, rec=None):
+        """(ids, logits float64 [T,V]) of one prompt; `rec`: a NodeRecorder
+        to observe the graph with (stages())."""
         ids = ids_of[name]
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = N_CTX
-        cparams.n_batch = N_CTX
-        cparams.n_ubatch = N_CTX
-        cparams.n_seq_max = 1
-        cparams.n_threads = args.threads
-        cparams.n_threads_batch = args.threads
-        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cparams.swa_full = True
-        cparams.type_k = kv_type
-        cparams.type_v = kv_type
-        ctx = lc.llama_init_from_model(model, cparams)
+        cb = None if rec is None else lc.ggml_backend_sched_eval_callback(rec.callback)
+        ctx = lc.llama_init_from_model(model, lib.context_params(lc, N_CTX, args.threads, args.kv_type, cb,
+                                                                 swa_full=True))
         assert ctx, "context init failed"
         batch = lc.llama_batch_init(N_CTX, 0, 1)
         try:
-            batch.n_tokens = len(ids)
-            for i, t in enumerate(ids):
-                batch.token[i] = t
-                batch.pos[i] = i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1  # every row: one distribution per position
+            lib.fill_batch(batch, ids, range(len(ids)))  # every row: one distribution per position
             rc = lc.llama_decode(ctx, batch)
             assert rc == 0, f"{name}: llama_decode returned {rc}"
-            lg = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
-                           for i in range(len(ids))])
+            lg = lib.all_logits(lc, ctx, len(ids), n_vocab)
         finally:
             lc.llama_batch_free(batch)
             lc.llama_free(ctx)
@@ -511,11 +322,29 @@ def llamacpp_run(args, prompts, ids_of, model_config):
         return ids, lg.astype(np.float64)
     forward.logits_dtype = "float32"
 
+    def stages(name):
+        """Every canonical stage of the prompt's graph (llamacpp_graph's
+        map; needs the model config of --tokens-from/--oracle), for a prompt
+        whose logits went non-finite, and their execution order."""
+        if model_config is None:
+            return None, None
+        import golden_io
+        import llamacpp_graph as graph
+        rec = lib.NodeRecorder(g)
+        ids, _ = forward(name, rec)
+        dims = golden_io.model_dims(model_config)
+        order = golden_io.all_stages(arch, dims[-1])
+        st = graph.canonical(rec.nodes, name, arch, dims[-1], len(ids), len(ids), arch in graph.QK_PERMUTED, dims,
+                             set(order), list(range(len(ids))), graph.attention_layout(model_config, arch, dims),
+                             checked=set(), finite=False)
+        return st, order
+    forward.stages = stages
+
     def finish():
         lc.llama_model_free(model)
 
     gguf_sha = sha256_file(args.model)
-    versions, build = record_llamacpp.versions_and_build(binfo, pyyaml=yaml.__version__)
+    versions, build = lib.versions_and_build(binfo, pyyaml=yaml.__version__)
     prov = {
         "versions": versions,
         "build": build,
@@ -662,6 +491,10 @@ def record(args):
     if args.k > n_vocab:
         raise UserError(f"--k {args.k} exceeds the vocabulary of {n_vocab}")
     if oracle is not None:
+        gone = sorted(left_out(o_prov))
+        if gone:
+            raise UserError(f"--oracle {args.oracle} left out prompt(s) {gone} (its logits went non-finite): there "
+                            "is nothing to measure this source against there")
         for n in names:
             want = [int(x) for x in oracle[n]["tokens"]]
             if ids_of[n] != want:
@@ -670,15 +503,23 @@ def record(args):
             raise UserError(f"--oracle {args.oracle} has a vocabulary of {o_prov.get('n_vocab')}, this model "
                             f"{n_vocab}")
 
-    out = {}
+    out, skipped = {}, []
     for i, (name, _) in enumerate(prompts):
         log(f"{name}: {len(ids_of[name])} tokens ({i + 1}/{len(prompts)})")
         ids, logits = forward(name)
+        if not np.isfinite(logits).all():
+            # An overflow is data: the prompt is left out, the provenance says
+            # where its forward went non-finite.
+            skipped.append(overflowed(name, ids, logits, forward.stages, oracle))
+            log(f"{name}: non-finite logits from position {skipped[-1]['position']} on (first at "
+                f"{skipped[-1]['stage']}): left out")
+            continue
         s = distribution_summary(logits, args.k, None if oracle is None else oracle[name]["top_ids"])
         out[f"{name}/tokens"] = np.array(ids, dtype=np.int64)
         for k, v in s.items():
             out[f"{name}/{k}"] = v
     finish()
+    written = [n for n in names if n not in {e["prompt"] for e in skipped}]
 
     prov.update({
         "source": args.source,
@@ -686,8 +527,8 @@ def record(args):
         "k": args.k,
         "n_vocab": n_vocab,
         "prompt_set": {"path": set_path_for_provenance(args.prompts), "sha256": set_sha},
-        "prompts": names,
-        "token_counts": {n: len(ids_of[n]) for n in names},
+        "prompts": written,
+        "token_counts": {n: len(ids_of[n]) for n in written},
         "settings": settings,
         "tokenization": tokenization,
         "logits_dtype": forward.logits_dtype,
@@ -702,23 +543,22 @@ def record(args):
         prov["tokens_from"] = {"source": tf_prov.get("source"), "sha256": sha256_file(args.tokens_from)}
     if args.oracle is not None:
         prov["oracle"] = {"sha256": sha256_file(args.oracle)}
-    metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
-    tmp = args.out_file + ".tmp"
-    save_deterministic(out, metadata, tmp)
-    if os.path.exists(args.out_file):
-        log(f"replacing the existing {args.out_file}")
-    os.replace(tmp, args.out_file)
+    if skipped:
+        prov["overflow"] = {"dtype": args.dtype or "float32", "prompts": skipped}
+    golden_io.write_golden(out, golden_io.metadata(prov, FORMAT), args.out_file, log)
     size = os.path.getsize(args.out_file)
-    log(f"wrote {args.out_file}: {len(out)} tensors, {size} bytes")
     if hasattr(forward, "memory"):
         log(forward.memory())
     summary = {"out": args.out_file, "source": args.source, "bytes": size, "sha256": sha256_file(args.out_file),
-               "tokens": sum(len(v) for v in ids_of.values())}
+               "tokens": sum(len(ids_of[n]) for n in written), "left_out": [e["prompt"] for e in skipped]}
     if oracle is not None:
-        top1 = sum(int((out[f"{n}/top_ids"][:, 0] == oracle[n]["top_ids"][:, 0]).sum()) for n in names)
+        top1 = sum(int((out[f"{n}/top_ids"][:, 0] == oracle[n]["top_ids"][:, 0]).sum()) for n in written)
         summary["top1_agreement_with_oracle"] = f"{top1}/{summary['tokens']}"
     print(json.dumps(summary))
+    if skipped:
+        print(f"overflow: {len(skipped)} of {len(names)} prompt(s) left out ({args.dtype or 'float32'}): " + "; ".join(
+            f"{e['prompt']} from position {e['position']} (first at {e['stage']}, row {e['row']}: {e['nonfinite']} "
+            f"non-finite), oracle_max_abs {e['oracle_max_abs']}" for e in skipped), file=sys.stderr, flush=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 """Record golden tensors of a vision-language model (Qwen2-VL, Qwen3-VL) with HF transformers.
 
 usage: record_vlm.py MODEL_DIR OUT_FILE --prompt TEXT --image PNG [--chat] [--decode-steps N]
-                     [--dtype float32|float64]
+                     [--dtype float32|float64] [--oracle ORACLE]
 
 MODEL_DIR is an HF folder as make_vlm_model.py writes it (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with the chat
@@ -62,10 +62,11 @@ the vision hidden/heads/head dim/MLP width, E the LM hidden, T tokens:
 Patch order everywhere in the vision tower is the processor's (merge-window
 order: t, h/m, w/m, m, m).
 
---dtype float64 records the ORACLE: the whole model converted to float64
-(tiny models: no streaming needed; record_hf.py's streamed oracle equals the
-whole-model conversion, docs/goldens.md) and the processor's float32
-pixel_values widened exactly to float64 before the forward. HF's float32
+--dtype float64 records the ORACLE (vlm_oracle_f64.py): the whole model
+converted to float64 (tiny models: no streaming needed; record_hf.py's
+streamed oracle equals the whole-model conversion, docs/goldens.md) and the
+processor's float32 pixel_values widened exactly to float64 before the
+forward. HF's float32
 islands are replaced for the run by the same formulas in float64 (each
 checked against HF's own float32 version): the LM's RMSNorm (q_norm/k_norm
 too), the LM's M-RoPE tables (inv_freq 1/theta^(2i/d) and angles in float64,
@@ -73,12 +74,23 @@ then HF's own recomposition_frequencies), the vision tower's 2-D RoPE tables,
 apply_rotary_pos_emb_vision (HF casts q, k, cos, sin to float32), the eager
 softmax (dtype=float32 in HF), and Qwen3-VL's bilinear interpolation weights
 of the learned position embeddings (HF computes them in float32; here the
-same taps, the weights in float64). record_hf.py's F32Guard asserts no
+same taps, the weights in float64). oracle_f64.py's F32Guard asserts no
 operation of any forward produced a floating tensor of another dtype. Stored
 tensors are the float64 values rounded once to float32; vision.pixels is the
 processor's float32 input as given.
 
-`__metadata__`: format touchstone-golden/1 and provenance (record_hf.py's
+The hooks: hf_hooks.Recorder for the LM, vlm_hooks.VisionRecorder for the
+vision tower and the fusion.
+
+An overflow is data (overflow.py): every stage of every step is watched in
+execution order (the vision stages, embed, inputs_embeds, then the LM's,
+golden_io.vlm_order); at the first non-finite one nothing more is stored,
+the steps after it are not run (each is fed the previous step's greedy
+pick, which non-finite logits do not give), provenance `overflow` says where
+(`oracle_max_abs` from --oracle, the float64 oracle's golden) and the
+cross-checks run on the steps before it; exit 0, one `overflow: ` line.
+
+`__metadata__`: format touchstone-golden/1 and provenance (hf_model.py's
 build_provenance: versions (+ pillow), prompt {text, chat, rendered,
 token_ids}, greedy_ids, decode_steps, steps, model_config (config.json as
 saved, vision_config included), seeds, dtype, model_sha256,
@@ -113,9 +125,15 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_io  # noqa: E402
-from golden_io import FORMAT, progress, save_deterministic, sha256_file  # noqa: E402
-from oracle_f64 import F32Guard, allowed, rms_forward_f64  # noqa: E402
-import record_hf  # noqa: E402  (Recorder, build_provenance, make_deterministic, attention statistics)
+from golden_io import progress, sha256_file  # noqa: E402
+import hf_model  # noqa: E402  (determinism, provenance)
+import overflow  # noqa: E402  (a forward that overflows is data)
+import vlm_oracle_f64  # noqa: E402
+from hf_hooks import Recorder, attention_rows, attention_summary, config_dims  # noqa: E402
+from model_source import folder_source  # noqa: E402
+from oracle_f64 import F32Guard, allowed  # noqa: E402
+from golden_io import vision_stages  # noqa: E402
+from vlm_hooks import VisionRecorder, images_only, processor_settings, std_line, vision_shape  # noqa: E402
 
 RECORDER = "goldens/recorders/record_vlm.py"
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -124,322 +142,23 @@ FAMILIES = {
     "qwen2_vl": (Qwen2VLForConditionalGeneration, Qwen2VLProcessor, "qwen2"),
     "qwen3_vl": (Qwen3VLForConditionalGeneration, Qwen3VLProcessor, "qwen3"),
 }
-VISION_BLOCK_STAGES = ["norm1", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_ctx", "attn_out", "mlp_inp",
-                       "norm2", "mlp_fc1", "mlp_act", "mlp_out", "out"]
 
 
 def log(msg):
     progress("record_vlm.py", msg)
 
 
-def vision_stages(model_type, depth, n_deepstack):
-    names = ["vision.pixels", "vision.grid", "vision.patch_embed"]
-    if model_type == "qwen3_vl":
-        names.append("vision.pos_embed")
-    for i in range(depth):
-        names += [f"vision.blk.{i}.{s}" for s in VISION_BLOCK_STAGES]
-    names += ["vision.merger_norm", "vision.merger"] + [f"vision.deepstack.{j}" for j in range(n_deepstack)]
-    return names
-
-
-def vision_shape(stage, N, M, Ev, Hv, Dv, Fv, E, C):
-    name = stage.split(".")[-1]
-    if stage.startswith("vision.deepstack.") or stage == "vision.merger":
-        return (M, E)
-    return {"pixels": (N, C), "grid": (1, 3), "q": (N, Hv, Dv), "k": (N, Hv, Dv), "v": (N, Hv, Dv),
-            "q_rope": (N, Hv, Dv), "k_rope": (N, Hv, Dv), "attn_probs": (Hv, N, N), "attn_ctx": (N, Hv * Dv),
-            "mlp_fc1": (N, Fv), "mlp_act": (N, Fv)}.get(name, (N, Ev))
-
-
-# ---- the float64 oracle -------------------------------------------------------
-
-def _inv_freq_f64(theta, dim):
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-
-
-def to_float64_vlm(model, modeling):
-    """Convert the whole (tiny) model to float64 and replace HF's float32
-    islands by the same formulas in float64 (see the module docstring).
-    Returns what was patched (for the log); the patches stay for the
-    process's lifetime (one recording per process)."""
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    model.to(torch.float64)
-    assert all(p.dtype == torch.float64 for p in model.parameters())
-    for mod in model.modules():
-        for bname, buf in list(mod._buffers.items()):
-            if buf is not None and buf.is_floating_point():
-                mod._buffers[bname] = buf.to(torch.float64)
-    cfg = model.config
-    tc, vc = cfg.text_config, cfg.vision_config
-    patched = {}
-    # LM M-RoPE tables: inv_freq and angles in float64, HF's own
-    # recomposition (Qwen2-VL: sections; Qwen3-VL: interleaved).
-    rot = model.model.language_model.rotary_emb
-    D = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    rp = tc.rope_parameters
-    assert rp["rope_type"] == "default" and rot.attention_scaling == 1.0, rp
-    inv64 = _inv_freq_f64(rp["rope_theta"], D)
-    assert torch.allclose(rot.original_inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0)
-
-    def rope_forward(self, x, position_ids):
-        position_ids = position_ids.expand(3, -1, -1)
-        freqs = position_ids[..., None].to(torch.float64) * inv64
-        cos = self.recomposition_frequencies(freqs.cos())
-        sin = self.recomposition_frequencies(freqs.sin())
-        return cos.to(x.dtype), sin.to(x.dtype)
-    rot.forward = types.MethodType(rope_forward, rot)
-    patched["lm_rope"] = f"float64, theta {rp['rope_theta']}, mrope_section {rp['mrope_section']}"
-    # Vision 2-D RoPE tables.
-    vrot = model.model.visual.rotary_pos_emb
-    Dv = vc.embed_dim // vc.num_heads if cfg.model_type == "qwen2_vl" else vc.hidden_size // vc.num_heads
-    vrp = vc.rope_parameters
-    assert vrp["rope_type"] == "axial" and vrot.attention_scaling == 1.0, vrp
-    vinv64 = _inv_freq_f64(vrp["rope_theta"], Dv // 2)
-    assert torch.allclose(vrot.original_inv_freq.to(torch.float64), vinv64, rtol=1e-6, atol=0)
-
-    def vrope_forward(self, x, position_ids):
-        freqs = position_ids[..., None].to(torch.float64) * vinv64
-        return self.recomposition_frequencies(freqs.cos()), self.recomposition_frequencies(freqs.sin())
-    vrot.forward = types.MethodType(vrope_forward, vrot)
-    patched["vision_rope"] = f"float64, theta {vrp['rope_theta']}"
-    # apply_rotary_pos_emb_vision without its float32 casts.
-    rotate_half = modeling.rotate_half
-
-    def rope_vision_f64(q, k, cos, sin):
-        assert q.dtype == k.dtype == cos.dtype == sin.dtype == torch.float64
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-    modeling.apply_rotary_pos_emb_vision = rope_vision_f64
-    # RMSNorm (LM layers, final norm, q_norm/k_norm).
-    norms = 0
-    for name, mod in model.named_modules():
-        if type(mod).__name__.endswith("RMSNorm"):
-            mod.forward = types.MethodType(rms_forward_f64, mod)
-            norms += 1
-        elif "Norm" in type(mod).__name__:
-            assert isinstance(mod, torch.nn.LayerNorm), f"{name}: {type(mod).__name__} has no float64 replacement"
-    patched["rmsnorm_modules"] = norms
-    # Softmax in float64 where HF asks for float32.
-    real_softmax = torch.nn.functional.softmax
-
-    def softmax(input, dim=None, _stacklevel=3, dtype=None):
-        if dtype == torch.float32 and input.dtype == torch.float64:
-            dtype = torch.float64
-        return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
-    torch.nn.functional.softmax = softmax
-    patched["softmax"] = "float64"
-    if cfg.model_type == "qwen3_vl":
-        orig_interp = modeling.get_vision_interpolation_indices_and_weights
-
-        def interp_f64(grid_thw, num_grid_per_side, mode="bilinear", align_corners=False, spatial_merge_size=1,
-                       padding="border", kwargs=None):
-            # HF's taps (integers) and float32 weights, for the check.
-            with allowed(GUARD[0]):
-                idx, w32 = orig_interp(grid_thw, num_grid_per_side, mode=mode, align_corners=align_corners,
-                                       spatial_merge_size=spatial_merge_size, padding=padding, kwargs=kwargs)
-            assert mode == "bilinear" and align_corners and padding == "border" and grid_thw.shape[0] == 1
-            t, h, w = (int(v) for v in grid_thw[0])
-            side, m = num_grid_per_side, spatial_merge_size
-            within = torch.arange(t * h * w) % (h * w)
-            in_col, in_row = within % m, (within // m) % m
-            block_col, block_row = (within // (m * m)) % (w // m), within // (m * m * (w // m))
-            row, col = block_row * m + in_row, block_col * m + in_col
-
-            def axis(index, size):
-                src = index.to(torch.float64) * (side - 1) / max(size - 1, 1)
-                floor = torch.floor(src)
-                offsets = torch.arange(0, 2)
-                taps = (floor.long()[:, None] + offsets).clamp(0, side - 1)
-                weights = (1 - (src[:, None] - floor[:, None] - offsets).abs()).clamp(min=0)
-                return taps, weights
-            ht, hw_ = axis(row, h)
-            wt, ww = axis(col, w)
-            idx64 = (ht[:, :, None] * side + wt[:, None, :]).reshape(-1, 4)
-            w64 = (hw_[:, :, None] * ww[:, None, :]).reshape(-1, 4)
-            assert torch.equal(idx64, idx), "interpolation taps differ from HF's"
-            with allowed(GUARD[0]):
-                assert torch.allclose(w64, w32.to(torch.float64), rtol=0, atol=1e-6), "weights differ from HF's"
-            return idx, w64
-        modeling.get_vision_interpolation_indices_and_weights = interp_f64
-        patched["pos_embed_interpolation"] = "float64 bilinear weights"
-    return patched
-
-
-GUARD = [None]  # the F32Guard of a float64 run (the interpolation patch reads it)
-
-
-# ---- hooks ---------------------------------------------------------------------
-
-class VisionRecorder:
-    """Forward hooks and wrappers that copy every vision stage (prefill only)
-    and the fusion stages into `rec`."""
-
-    def __init__(self, model, modeling, lm_recorder, guard):
-        self.model, self.modeling, self.lm, self.guard = model, modeling, lm_recorder, guard
-        self.rec = {}
-        self.handles = []
-        self.block = None
-        self.orig_rope_vision = None
-        self.orig_eager = None
-        self.orig_deepstack = None
-        self.vision_attn_cls = type(model.model.visual.blocks[0].attn)
-
-    def put(self, name, t, drop_batch=False):
-        assert name not in self.rec, f"{name} recorded twice"
-        with allowed(self.guard):
-            if drop_batch:
-                assert t.shape[0] == 1, (name, t.shape)
-                t = t[0]
-            self.rec[name] = t.detach().to(torch.float32).contiguous().numpy().copy()
-
-    def install(self):
-        vis = self.model.model.visual
-        fwd = lambda mod, fn: self.handles.append(mod.register_forward_hook(fn))
-        pre = lambda mod, fn: self.handles.append(mod.register_forward_pre_hook(fn))
-        qwen3 = self.model.config.model_type == "qwen3_vl"
-        fwd(vis.patch_embed, lambda m, i, o: self.put("vision.patch_embed", o))
-        if qwen3:
-            # The input of block 0 is patch_embed + the interpolated position
-            # embeddings (Qwen3VLVisionModel.forward; reshape(seq_len, -1) is a no-op).
-            pre(vis.blocks[0], lambda m, i: self.put("vision.pos_embed", i[0]))
-        for bi, blk in enumerate(vis.blocks):
-            p = f"vision.blk.{bi}."
-
-            def enter(m, i, bi=bi):
-                self.block = bi
-            pre(blk, enter)
-            fwd(blk.norm1, lambda m, i, o, p=p: self.put(p + "norm1", o))
-            a = blk.attn
-
-            def qkv(m, i, o, p=p, a=a):
-                N = o.shape[0]
-                q, k, v = o.reshape(N, 3, a.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-                self.put(p + "q", q)
-                self.put(p + "k", k)
-                self.put(p + "v", v)
-            fwd(a.qkv, qkv)
-            pre(a.proj, lambda m, i, p=p: self.put(p + "attn_ctx", i[0]))
-            fwd(a.proj, lambda m, i, o, p=p: self.put(p + "attn_out", o))
-            pre(blk.norm2, lambda m, i, p=p: self.put(p + "mlp_inp", i[0]))
-            fwd(blk.norm2, lambda m, i, o, p=p: self.put(p + "norm2", o))
-            fc1, fc2 = (blk.mlp.fc1, blk.mlp.fc2) if hasattr(blk.mlp, "fc1") else (blk.mlp.linear_fc1,
-                                                                                   blk.mlp.linear_fc2)
-            fwd(fc1, lambda m, i, o, p=p: self.put(p + "mlp_fc1", o))
-            pre(fc2, lambda m, i, p=p: self.put(p + "mlp_act", i[0]))
-            fwd(fc2, lambda m, i, o, p=p: self.put(p + "mlp_out", o))
-            fwd(blk, lambda m, i, o, p=p: self.put(p + "out", o))
-        merger_norm = vis.merger.ln_q if hasattr(vis.merger, "ln_q") else vis.merger.norm
-        if qwen3:
-            assert not vis.merger.use_postshuffle_norm
-        fwd(merger_norm, lambda m, i, o: self.put("vision.merger_norm", o))
-        fwd(vis.merger, lambda m, i, o: self.put("vision.merger", o))
-        for j, dm in enumerate(getattr(vis, "deepstack_merger_list", [])):
-            fwd(dm, lambda m, i, o, j=j: self.put(f"vision.deepstack.{j}", o))
-        lm = self.model.model.language_model
-
-        def lm_enter(m, args, kwargs):
-            # The LM's input: embed with the image rows replaced (prefill).
-            if "vision.merger" in self.rec and "inputs_embeds" not in self.rec:
-                self.put("inputs_embeds", kwargs["inputs_embeds"], drop_batch=True)
-        self.handles.append(lm.register_forward_pre_hook(lm_enter, with_kwargs=True))
-
-        def rope_enter(m, i):
-            pos = i[1]  # [3, 1, T]
-            assert pos.ndim == 3 and pos.shape[:2] == (3, 1), pos.shape
-            assert "positions" not in self.lm.rec
-            self.lm.rec["positions"] = pos[:, 0].numpy().astype(np.int64).copy()
-        pre(lm.rotary_emb, rope_enter)
-
-        # apply_rotary_pos_emb_vision: q, k [N, Hv, Dv] after the 2-D rotary.
-        self.orig_rope_vision = self.modeling.apply_rotary_pos_emb_vision
-        orig_rv = self.orig_rope_vision
-
-        def rope_vision(q, k, cos, sin):
-            qe, ke = orig_rv(q, k, cos, sin)
-            self.put(f"vision.blk.{self.block}.q_rope", qe)
-            self.put(f"vision.blk.{self.block}.k_rope", ke)
-            return qe, ke
-        self.modeling.apply_rotary_pos_emb_vision = rope_vision
-
-        # The module's eager attention serves the vision tower and the LM:
-        # vision calls go to HF's function (record_hf's wrapper, installed
-        # first, expects LM layers), LM calls to record_hf's wrapper; the
-        # weights returned are HF's attention probabilities.
-        lm_eager = self.modeling.eager_attention_forward
-        hf_eager = self.lm.orig_eager
-        self.orig_eager = lm_eager
-        vcls = self.vision_attn_cls
-
-        def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-            if isinstance(module, vcls):
-                assert attention_mask is None and not module.is_causal and kwargs.get("is_causal") is False
-                out, w = hf_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                  **kwargs)
-                N = query.shape[2]
-                assert w.shape == (1, module.num_heads, N, N), "the vision attention ran in chunks"
-                self.put(f"vision.blk.{self.block}.attn_probs", w, drop_batch=True)
-                return out, w
-            out, w = lm_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-            self.lm.put(f"blk.{self.lm.layer}.attn_probs", w)
-            return out, w
-        self.modeling.eager_attention_forward = eager
-
-        if hasattr(lm, "_deepstack_process"):
-            self.orig_deepstack = lm._deepstack_process
-            orig_ds = self.orig_deepstack
-
-            def deepstack(hidden_states, visual_pos_masks, visual_embeds):
-                out = orig_ds(hidden_states, visual_pos_masks, visual_embeds)
-                self.lm.put(f"blk.{self.lm.layer}.deepstack", out)
-                return out
-            lm._deepstack_process = deepstack
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-        if self.orig_rope_vision is not None:
-            self.modeling.apply_rotary_pos_emb_vision = self.orig_rope_vision
-        if self.orig_eager is not None:
-            self.modeling.eager_attention_forward = self.orig_eager
-        if self.orig_deepstack is not None:
-            del self.model.model.language_model._deepstack_process  # back to the class's method
-
-
-def images_only(proc_cls):
-    """The family's processor class, unchanged but for accepting no video
-    processor: transformers' video processors need torchvision, which the
-    recorders do not install (images only; the processor's __call__ touches
-    the video processor only when videos are given)."""
-    class ImagesOnly(proc_cls):
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-    ImagesOnly.__name__ = proc_cls.__name__
-    return ImagesOnly
-
-
-def processor_settings(ip):
-    return {"class": type(ip).__name__, "do_resize": bool(ip.do_resize), "resample": int(ip.resample),
-            "size": {"shortest_edge": int(ip.size["shortest_edge"]), "longest_edge": int(ip.size["longest_edge"])},
-            "do_rescale": bool(ip.do_rescale), "rescale_factor": float(ip.rescale_factor),
-            "do_normalize": bool(ip.do_normalize), "image_mean": [float(x) for x in ip.image_mean],
-            "image_std": [float(x) for x in ip.image_std], "do_convert_rgb": bool(ip.do_convert_rgb),
-            "patch_size": int(ip.patch_size), "temporal_patch_size": int(ip.temporal_patch_size),
-            "merge_size": int(ip.merge_size)}
-
-
-def std_line(rec):
-    """Per-stage-group standard deviations (a sanity print: nothing
-    saturated, nothing vanishing)."""
-    out = {}
-    for k, v in rec.items():
-        if v.dtype == np.int64 or k.endswith("pixels"):
-            continue
-        g = k.split(".")[-1] if "blk." in k else k
-        out.setdefault(g, []).append(float(v.astype(np.float64).std()))
-    return {g: round(float(np.mean(s)), 3) for g, s in sorted(out.items())}
+def vision_attention_rows(rec, depth, Hv, N):
+    """(row max, row max x N, normalised entropy) of every vision attention
+    row (a sanity print: nothing saturated, nothing uniform)."""
+    rows = []
+    for bi in range(depth):
+        pr = rec[f"vision.blk.{bi}.attn_probs"].astype(np.float64)  # [Hv,N,N]
+        for h in range(Hv):
+            mx = pr[h].max(-1)
+            ent = -(pr[h] * np.log(np.clip(pr[h], 1e-300, 1))).sum(-1) / np.log(N)
+            rows += list(zip(mx, mx * N, ent))
+    return rows
 
 
 def main():
@@ -451,13 +170,17 @@ def main():
     ap.add_argument("--chat", action="store_true", help="render with the chat template (one user message)")
     ap.add_argument("--decode-steps", type=int, default=4)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--oracle", default=None, metavar="ORACLE",
+                    help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     args = ap.parse_args()
+    if args.oracle is not None:
+        overflow.check_oracle(args.oracle)
     if args.prompt.count(PLACEHOLDER) != 1:
         ap.error(f"--prompt must hold {PLACEHOLDER} exactly once")
     if args.decode_steps < 0:
         ap.error("--decode-steps must be >= 0")
-    args.tokens_from = None  # for record_hf.build_provenance
-    record_hf.make_deterministic()
+    args.tokens_from = None  # for hf_model.build_provenance
+    hf_model.make_deterministic()
     transformers.utils.logging.disable_progress_bar()
 
     with open(os.path.join(args.model, "config.json")) as f:
@@ -509,9 +232,9 @@ def main():
     guard = None
     patched = None
     if args.dtype == "float64":
-        patched = to_float64_vlm(model, modeling)
+        patched = vlm_oracle_f64.to_float64_vlm(model, modeling)
         guard = F32Guard()
-        GUARD[0] = guard
+        vlm_oracle_f64.GUARD[0] = guard
         pixel_in = pixels.to(torch.float64)
         # get_rope_index's integer bookkeeping: get_vision_position_ids
         # computes `(arange(t) * time_interval).long()`, a float32 product of
@@ -533,7 +256,7 @@ def main():
 
     # ---- record -------------------------------------------------------------
     shim = types.SimpleNamespace(model=lm, lm_head=model.lm_head, config=cfg.text_config)
-    r = record_hf.Recorder(shim)
+    r = Recorder(shim)
     r.guard = guard
     r.install()
     v = VisionRecorder(model, modeling, r, guard)
@@ -542,14 +265,14 @@ def main():
     n_layers = tcfg.num_hidden_layers
     n_ds = len(getattr(cfg.vision_config, "deepstack_visual_indexes", []) or [])
     depth = cfg.vision_config.depth
-    dims = record_hf.config_dims(tcfg)
+    dims = config_dims(tcfg)
     H_, KV_, D_, E_ = dims[:4]
     vc = cfg.vision_config
     Ev = vc.embed_dim if mt == "qwen2_vl" else vc.hidden_size
     Hv = vc.num_heads
     Fv = int(vc.embed_dim * vc.mlp_ratio) if mt == "qwen2_vl" else vc.intermediate_size
     lm_expected = golden_io.all_stages(stage_family, n_layers) + ["tokens", "positions"]
-    out, steps, greedy_ids = {}, [], []
+    out, steps, greedy_ids, clean, not_run, step_last_logits = {}, [], [], [], [], []
     att_rows = {"prefill": [], "decode": []}
     vision_rows = []
     stds = {}
@@ -557,10 +280,11 @@ def main():
     x = ids
     past, pos = None, 0
     model.model.rope_deltas = None
+    watch = overflow.Watch(args.dtype, args.oracle)
+    all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     try:
         with torch.no_grad():
-            for si in range(args.decode_steps + 1):
-                step = "prefill" if si == 0 else f"decode{si}"
+            for si, step in enumerate(all_steps):
                 steps.append(step)
                 r.rec.clear()
                 v.rec.clear()
@@ -572,8 +296,8 @@ def main():
                     res = model(input_ids=x, past_key_values=past, use_cache=True, return_dict=True, **kw)
                 past = res.past_key_values
                 assert past.get_seq_length() == pos + T
-                # LM stages (record_hf's Recorder + the attention probabilities).
-                assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy())
+                # LM stages (hf_hooks.Recorder + the attention probabilities).
+                assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy(), equal_nan=True)
                 r.rec["tokens"] = x[0].numpy().astype(np.int64)
                 positions = r.rec["positions"]
                 want = lm_expected + ([f"blk.{i}.deepstack" for i in range(n_ds)] if si == 0 else [])
@@ -585,12 +309,6 @@ def main():
                         assert val.shape == (T, E_), (k, val.shape)
                     else:
                         assert val.shape == golden_io.expected_shape(k, T, pos + T, dims), (k, val.shape)
-                    if val.dtype != np.int64:
-                        assert np.isfinite(val).all(), f"{step}/{k} is not finite"
-                    out[f"{step}/{k}"] = val
-                for li in range(n_layers):
-                    att_rows["prefill" if si == 0 else "decode"] += record_hf.attention_rows(
-                        r.rec[f"blk.{li}.attn_probs"], np.arange(pos, pos + T))
                 if si == 0:
                     # Vision and fusion stages.
                     v.rec["vision.pixels"] = pixels[0:N].numpy().copy()
@@ -601,27 +319,34 @@ def main():
                         shape = (T, E_) if k == "inputs_embeds" else vision_shape(
                             k, N, M, Ev, Hv, Ev // Hv, Fv, E_, pixels.shape[1])
                         assert val.shape == shape, (k, val.shape, shape)
-                        if val.dtype != np.int64:
-                            assert np.isfinite(val).all(), f"prefill/{k} is not finite"
-                        out[f"prefill/{k}"] = val
-                    for bi in range(depth):
-                        pr = v.rec[f"vision.blk.{bi}.attn_probs"].astype(np.float64)  # [Hv,N,N]
-                        for h in range(Hv):
-                            mx = pr[h].max(-1)
-                            ent = -(pr[h] * np.log(np.clip(pr[h], 1e-300, 1))).sum(-1) / np.log(N)
-                            vision_rows += list(zip(mx, mx * N, ent))
-                    stds = std_line({**v.rec, **r.rec})
                 else:
                     # Decode: text position + rope delta, the same in all 3 rows.
                     assert (positions == positions[0:1]).all(), positions
+                # Every stage, vision first, watched in execution order
+                # (overflow.py); what came before an overflow is stored.
+                tensors = {**v.rec, **r.rec}
+                if watch.scan(step, tensors, golden_io.vlm_order(mt, stage_family, depth, n_ds, n_layers, si == 0)):
+                    clean.append(step)
+                    for li in range(n_layers):
+                        att_rows["prefill" if si == 0 else "decode"] += attention_rows(
+                            r.rec[f"blk.{li}.attn_probs"], np.arange(pos, pos + T))
+                    if si == 0:
+                        vision_rows = vision_attention_rows(v.rec, depth, Hv, N)
+                        stds = std_line(tensors)
+                out.update({f"{step}/{k}": val for k, val in tensors.items()
+                            if k in ("tokens", "positions") or watch.keeps(step, k)})
+                pos += T
+                if not np.isfinite(res.logits[0]).all():
+                    not_run = all_steps[si + 1:]  # no greedy pick to feed them
+                    log(f"{step}: {T} token(s): non-finite logits, {len(not_run)} later step(s) not run")
+                    break
                 greedy = int(res.logits[0, -1].argmax())
                 greedy_ids.append(greedy)
                 log(f"{step}: {T} token(s), positions t {positions[0].min()}..{positions[0].max()}, "
                     f"greedy {greedy}")
                 fed.append(greedy)
-                pos += T
                 x = torch.tensor([[greedy]], dtype=torch.int64)
-                last_logits = res.logits[0, -1].to(torch.float64).numpy().copy()
+                step_last_logits.append(res.logits[0, -1].to(torch.float64).numpy().copy())
     finally:
         v.remove()
         r.remove()
@@ -630,18 +355,23 @@ def main():
         p = out[f"{step}/positions"]
         assert p.shape == (3, 1) and int(p[0, 0]) == len(prompt_ids) + si - 1 + rope_deltas, (step, p, rope_deltas)
 
-    # KV-cache cross-check: one forward over prompt + fed tokens.
-    full = torch.tensor([fed[:-1]], dtype=torch.int64)
-    mm_full = torch.cat([mm_types, torch.zeros((1, full.shape[1] - mm_types.shape[1]), dtype=mm_types.dtype)], 1)
-    model.model.rope_deltas = None
-    with torch.no_grad(), guard or contextlib.nullcontext():
-        lf = model(input_ids=full, pixel_values=pixel_in, image_grid_thw=grid, mm_token_type_ids=mm_full,
-                   use_cache=False).logits[0, -1].to(torch.float64).numpy()
-    cache_vs_full = float(np.abs(lf - last_logits).max())
-    assert cache_vs_full < 1e-3, cache_vs_full
+    # KV-cache cross-check: one forward over prompt + fed tokens, up to the
+    # last step before any overflow.
+    cache_vs_full = None
+    if clean:
+        full = torch.tensor([fed[:len(prompt_ids) + len(clean) - 1]], dtype=torch.int64)
+        mm_full = torch.cat([mm_types, torch.zeros((1, full.shape[1] - mm_types.shape[1]), dtype=mm_types.dtype)],
+                            1)
+        model.model.rope_deltas = None
+        with torch.no_grad(), guard or contextlib.nullcontext():
+            lf = model(input_ids=full, pixel_values=pixel_in, image_grid_thw=grid, mm_token_type_ids=mm_full,
+                       use_cache=False).logits[0, -1].to(torch.float64).numpy()
+        cache_vs_full = overflow.finite_or_none(np.abs(lf - step_last_logits[len(clean) - 1]).max())
+        assert watch.found is not None or cache_vs_full < 1e-3, cache_vs_full
     if guard is not None:
         assert not guard.bad, f"float64 run: ops produced other float dtypes: {dict(guard.bad)}"
-    # HF's own greedy generation on the same inputs must pick the same ids.
+    # HF's own greedy generation on the same inputs must pick the same ids
+    # (the steps with finite logits: all of them without an overflow).
     model.model.rope_deltas = None
     with torch.no_grad():
         gen = model.generate(input_ids=ids, attention_mask=inputs["attention_mask"], pixel_values=pixel_in,
@@ -649,17 +379,14 @@ def main():
                              max_new_tokens=args.decode_steps + 1, min_new_tokens=args.decode_steps + 1,
                              eos_token_id=None, pad_token_id=tok.pad_token_id)
     gen_ids = gen[0, len(prompt_ids):].tolist()
-    assert gen_ids == greedy_ids, f"generate() picked {gen_ids}, the recording {greedy_ids}"
+    assert gen_ids[:len(greedy_ids)] == greedy_ids, f"generate() picked {gen_ids}, the recording {greedy_ids}"
 
     # ---- provenance ---------------------------------------------------------
     prompt = {"text": args.prompt, "token_ids": prompt_ids}
     if args.chat:
         prompt = {"text": args.prompt, "chat": True, "rendered": text, "token_ids": prompt_ids}
-    source = {"kind": "hf", "sharded": False,
-              "files": {"model.safetensors": sha256_file(os.path.join(args.model, "model.safetensors"))},
-              "tokenizer_sha256": sha256_file(os.path.join(args.model, "tokenizer.json"))}
-    prov = record_hf.build_provenance(args, prompt, cfg_file, greedy_ids, steps, cache_vs_full, source, None, None)
-    prov["recorder"] = RECORDER
+    prov = hf_model.build_provenance(args, prompt, cfg_file, greedy_ids, steps, cache_vs_full,
+                                     folder_source(args.model), None, None, RECORDER)
     prov["versions"]["pillow"] = PIL.__version__
     prov["image"] = {"file": os.path.basename(args.image), "sha256": sha256_file(args.image), "size": [H, W]}
     prov["preprocessor_sha256"] = sha256_file(os.path.join(args.model, "preprocessor_config.json"))
@@ -669,30 +396,29 @@ def main():
     prov["generate_ids"] = gen_ids
     if patched is not None:
         prov["float64"] = patched
-    metadata = {"format": FORMAT, "provenance": json.dumps(prov, sort_keys=True, separators=(",", ":"))}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_file)), exist_ok=True)
-    tmp = args.out_file + ".tmp"
-    save_deterministic(out, metadata, tmp)
-    os.replace(tmp, args.out_file)
-    log(f"wrote {args.out_file}: {len(out)} tensors, {os.path.getsize(args.out_file)} bytes")
+    if watch.found is not None:
+        prov["overflow"] = watch.found
+        prov["overflow_skipped"] = overflow.skipped(watch.found, clean, not_run, ["cache_vs_full", "generate"])
+    golden_io.write_golden(out, golden_io.metadata(prov), args.out_file, log)
     va = np.array(vision_rows)
     print(json.dumps({
         "out": args.out_file, "tensors": len(out), "bytes": os.path.getsize(args.out_file),
         "sha256": sha256_file(args.out_file), "grid_thw": grid[0].tolist(), "prompt_tokens": len(prompt_ids),
         "greedy_ids": greedy_ids, "greedy_text": tok.decode(greedy_ids), "rope_deltas": rope_deltas,
         "cache_vs_full_max_abs_diff": cache_vs_full, "dtype": args.dtype,
-        "logits_absmax": round(float(max(np.abs(out[f"{s}/logits"]).max() for s in steps)), 4),
+        "logits_absmax": round(float(max(np.abs(out[f"{s}/logits"]).max() for s in clean)), 4) if clean else None,
         "last_logits_top2_gap": [round(float(np.sort(out[f"{s}/logits"][-1])[-1] - np.sort(out[f"{s}/logits"][-1])[-2]), 4)
-                                 for s in steps],
-        "lm_attention": {"prefill_rows": record_hf.attention_summary(att_rows["prefill"]),
-                         "decode_rows": record_hf.attention_summary(att_rows["decode"]) if att_rows["decode"] else None},
+                                 for s in clean],
+        "lm_attention": {"prefill_rows": attention_summary(att_rows["prefill"]) if att_rows["prefill"] else None,
+                         "decode_rows": attention_summary(att_rows["decode"]) if att_rows["decode"] else None},
         "vision_attention": {"rows": len(va), "row_max_x_n_mean": round(float(va[:, 1].mean()), 2),
                              "row_max_x_n_median": round(float(np.median(va[:, 1])), 2),
                              "row_max_mean": round(float(va[:, 0].mean()), 4),
                              "normalized_entropy_mean": round(float(va[:, 2].mean()), 3),
-                             "rows_max_above_0.9": int((va[:, 0] > 0.9).sum())},
+                             "rows_max_above_0.9": int((va[:, 0] > 0.9).sum())} if len(va) else None,
         "prefill_std": stds,
     }))
+    watch.report()
 
 
 if __name__ == "__main__":

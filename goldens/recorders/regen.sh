@@ -148,7 +148,7 @@ NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetenso
 
 # Arguments from a spec, NUL-separated (a prompt may hold newlines):
 #   prompt SPEC  -> --prompt TEXT [--chat] [--decode-steps N]
-#   record SPEC  -> [--steps ..] [--stages ..] [--logits last] [--rows ..]   (its `record:`)
+#   record SPEC  -> [--steps ..] [--stages ..] [--logits last] [--rows ..] [--aux ..]   (its `record:`)
 #   kv SPEC      -> [--kv-type f16] (llama.cpp's KV cache as the spec declares it)
 #   next_token SPEC -> PROMPT_SET GOLDEN_FOLDER of its `next_token` run check (or nothing)
 #   arithmetic SPEC -> llama.cpp's declared arithmetic as a JSON map (or nothing)
@@ -179,6 +179,10 @@ elif what == "record":
         out += ["--logits", "last"]
     if r.get("rows"):
         out += ["--rows", ",".join(str(x) for x in r["rows"])]
+    # `aux: {STEP: [PATTERN, ...]}` (the shape of the provenance's record.aux):
+    # auxiliary stages stored with every row, at that step.
+    for step, pats in (r.get("aux") or {}).items():
+        out += ["--aux", f"{step}={','.join(pats)}"]
 elif what == "kv":
     # llama.cpp's KV cache as the spec's declared arithmetic says (as
     # `touchstone goldens regen` passes it).
