@@ -271,6 +271,17 @@ pub enum GoldensAction {
         #[arg(long, value_enum, default_value_t = SourceArg::All)]
         source: SourceArg,
     },
+    /// Print the subset arguments `regen` passes the HF and llama.cpp
+    /// recorders for a spec (`--steps`, `--stages`, `--stages-at`, `--logits`,
+    /// `--rows` and the auxiliary stages its floors read, `--aux`), one per
+    /// line: what goldens/recorders/regen.sh records a compact golden with.
+    Args {
+        /// The spec.
+        spec: PathBuf,
+        /// Separate the arguments with NUL bytes instead of newlines.
+        #[arg(short = '0', long)]
+        null: bool,
+    },
     /// Delete pending goldens.
     Reject {
         /// Spec files or folders of specs whose pending goldens to delete (default: as for `run`).

@@ -90,6 +90,11 @@ pub struct RecordSpec {
     /// first and the last; negative rows count from the end); default all.
     /// The engine's tensor is compared with a golden on the golden's rows.
     pub rows: Option<Vec<i64>>,
+    /// Stage patterns recorded at one step only, beside `stages`
+    /// (`{decode2: ["blk.*.attn_scores"]}`: a long prompt's decode-step
+    /// scores, without every step's).
+    #[serde(default)]
+    pub stages_at: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

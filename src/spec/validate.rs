@@ -190,6 +190,21 @@ impl Spec {
                 StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages: {msg}")))?;
             }
         }
+        for (step, pats) in &self.record.stages_at {
+            if crate::stage::Step::parse(step).is_none() {
+                return Err(self.located(
+                    text,
+                    step,
+                    format!("record.stages_at: `{step}` is not a step (expected `prefill` or `decodeN`, N >= 1)"),
+                ));
+            }
+            if pats.is_empty() {
+                return Err(self.located(text, step, format!("record.stages_at.{step} is empty")));
+            }
+            for s in pats {
+                StagePattern::parse(s).map_err(|msg| self.located(text, s, format!("record.stages_at: {msg}")))?;
+            }
+        }
         if let Some(rows) = &self.record.rows {
             let twice = rows.iter().enumerate().find(|(i, r)| rows[..*i].contains(r));
             if rows.is_empty() || twice.is_some() {

@@ -264,10 +264,15 @@ impl<'a> FloorAt<'a> {
         }
         if let Stage::Block(_, b) = stage {
             match b {
+                // y = x₁·cos − x₂·sin evaluated at the storage's precision (HF
+                // at bf16 holds cos and sin in bf16 and rounds each product and
+                // the sum): two roundings of each of two products of a pair of
+                // norm ≤ √2·M, and one of the sum, beyond the one storing
+                // already counts: 2√2·u_store·M; plus the f32 angle's u·P.
                 BlockStage::QRope | BlockStage::KRope => {
                     let p = s.saturating_sub(1) as f64;
-                    own += self.c * U_ACC * p;
-                    notes.push(format!("angle u·P, P {p}"));
+                    own += self.c * (U_ACC * p + 2.0 * 2f64.sqrt() * a.u_store());
+                    notes.push(format!("rotation at {} and angle u·P, P {p}", a.storage));
                 }
                 // The cache's rounding of k (v), and of the operand a kernel
                 // converts to the cache's type to multiply with it (ggml

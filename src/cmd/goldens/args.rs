@@ -66,7 +66,7 @@ pub(super) fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<V
              (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
         )));
     };
-    if args.steps.is_some() || args.stages.is_some() || args.rows.is_some() || args.logits_last {
+    if args.steps.is_some() || args.stages.is_some() || args.rows.is_some() || args.logits_last || !args.stages_at.is_empty() {
         return Err(Error::Usage(format!(
             "spec `{spec}`: `record:` subsets are not supported for vision-language goldens (record_vlm.py records \
              every stage)"
@@ -102,6 +102,9 @@ pub(super) fn subset_args(args: &RecordArgs) -> Vec<String> {
     }
     if let Some(s) = &args.stages {
         out.extend(["--stages".to_string(), s.join(",")]);
+    }
+    for (step, pats) in &args.stages_at {
+        out.extend(["--stages-at".to_string(), format!("{step}={}", pats.join(","))]);
     }
     if args.logits_last {
         out.extend(["--logits".to_string(), "last".to_string()]);

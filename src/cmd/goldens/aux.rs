@@ -23,7 +23,9 @@ use crate::stage::{Stage, Step};
 /// whole recording or a VLM's, which record every stage); `decode_steps` is
 /// the number the recording makes.
 pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64>) -> Result<Vec<String>> {
-    if args.image.is_some() || (args.steps.is_none() && args.stages.is_none() && args.rows.is_none()) {
+    if args.image.is_some()
+        || (args.steps.is_none() && args.stages.is_none() && args.rows.is_none() && args.stages_at.is_empty())
+    {
         return Ok(Vec::new());
     }
     let cfg = crate::model::read_config(model)?;
@@ -42,9 +44,27 @@ pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64
             .collect::<Result<_>>()?,
         None => Step::sequence(decode_steps.unwrap_or(0) as usize),
     };
-    let aux = aux_stages(&Stage::of_model(&cfg, false), &steps, args.rows.is_some(), &|s: Stage| {
-        patterns.as_ref().is_none_or(|ps| ps.iter().any(|p| p.matches(s)))
-    }, &|s| floor_reads(&cfg, s));
+    // `record.stages_at`: more stages at one step.
+    let mut at: BTreeMap<Step, Vec<StagePattern>> = BTreeMap::new();
+    for (name, ps) in &args.stages_at {
+        let step = Step::parse(name).ok_or_else(|| Error::Usage(format!("record.stages_at: `{name}` is not a step")))?;
+        for p in ps {
+            at.entry(step)
+                .or_default()
+                .push(StagePattern::parse(p).map_err(|e| Error::Usage(format!("record.stages_at: {e}")))?);
+        }
+    }
+    let mut all_steps = steps.clone();
+    all_steps.extend(at.keys().filter(|s| !steps.contains(s)));
+    all_steps.sort();
+    let kept = |step: Step, s: Stage| {
+        (steps.contains(&step) && patterns.as_ref().is_none_or(|ps| ps.iter().any(|p| p.matches(s))))
+            || at.get(&step).is_some_and(|ps| ps.iter().any(|p| p.matches(s)))
+    };
+    let sampled = args.sample_probs.is_some();
+    let aux = aux_stages(&Stage::of_model(&cfg, sampled), &all_steps, args.rows.is_some(), &kept, &|s| {
+        floor_reads(&cfg, s)
+    });
     Ok(aux
         .into_iter()
         .flat_map(|(step, stages)| {
@@ -56,19 +76,19 @@ pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64
 
 /// Per step, the stages to record beside the subset (see the module
 /// comment): `stages` are the model's, `kept` says which the subset records
-/// at its `steps`, `rows` whether it keeps only some token rows, `reads` what
-/// a stage's floor reads.
+/// at which of its `steps`, `rows` whether it keeps only some token rows,
+/// `reads` what a stage's floor reads.
 fn aux_stages(
     stages: &[Stage],
     steps: &[Step],
     rows: bool,
-    kept: &dyn Fn(Stage) -> bool,
+    kept: &dyn Fn(Step, Stage) -> bool,
     reads: &dyn Fn(Stage) -> Vec<Stage>,
 ) -> BTreeMap<Step, BTreeSet<Stage>> {
-    let recorded = |step: Step, s: Stage| steps.contains(&step) && kept(s);
+    let recorded = |step: Step, s: Stage| kept(step, s);
     let mut aux: BTreeMap<Step, BTreeSet<Stage>> = BTreeMap::new();
     for &step in steps {
-        for &s in stages.iter().filter(|s| kept(**s)) {
+        for &s in stages.iter().filter(|s| kept(step, **s)) {
             let cache = cache_stage(s);
             for f in reads(s) {
                 // A decode step has no image: nothing of the tower to read.
@@ -107,7 +127,7 @@ mod tests {
             Stage::Block(0, Out) => vec![b(0, FfnInp), b(0, FfnOut)],
             _ => vec![],
         };
-        let kept = |s: Stage| matches!(s, Stage::Block(0, AttnScores | Out));
+        let kept = |_: Step, s: Stage| matches!(s, Stage::Block(0, AttnScores | Out));
         let steps = [Step::Prefill, Step::Decode(2)];
         let aux = aux_stages(&stages, &steps, true, &kept, &reads);
         // The scores' query and the out's inputs where they are judged…
@@ -122,7 +142,7 @@ mod tests {
         }
         assert_eq!(aux[&Step::Decode(1)].len(), 1);
         // A whole recording of every step needs no cache beside it.
-        let all = |_: Stage| true;
+        let all = |_: Step, _: Stage| true;
         let aux = aux_stages(&stages, &[Step::Prefill, Step::Decode(1)], false, &all, &reads);
         assert!(aux.is_empty(), "{aux:?}");
     }

@@ -96,6 +96,8 @@ pub struct RecordArgs {
     pub steps: Option<Vec<String>>,
     /// `record.stages` patterns (default: every stage).
     pub stages: Option<Vec<String>>,
+    /// `record.stages_at`: step → stage patterns recorded there only.
+    pub stages_at: std::collections::BTreeMap<String, Vec<String>>,
     /// `record.logits: last`: only the last row of each step's logits.
     pub logits_last: bool,
     /// `record.rows`: the token rows kept of every stage.

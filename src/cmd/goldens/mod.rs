@@ -120,6 +120,7 @@ fn record_args(spec: &Spec) -> RecordArgs {
         image: spec.prompt.image.clone(),
         steps: spec.record.steps.clone(),
         stages: spec.record.stages.clone(),
+        stages_at: spec.record.stages_at.clone(),
         logits_last: spec.record.logits == crate::spec::LogitsRows::Last,
         rows: spec.record.rows.clone(),
         kv_f16: spec
@@ -200,6 +201,16 @@ pub fn execute(action: GoldensAction) -> Result<Outcome> {
                 "{}",
                 pending::accept(&refs(&jobs(&specs_or_default(specs)?, filter(source))?))?
             );
+            Ok(Outcome::Passed)
+        }
+        GoldensAction::Args { spec, null } => {
+            let sp = Spec::load(&spec)?;
+            let args = record_args(&sp);
+            let golden = sp.goldens.values().next().or(sp.oracle.as_ref()).cloned().unwrap_or_default();
+            let mut out = args::subset_args(&args);
+            out.extend(aux::aux_args(&sp.model, &args, args::decode_steps(&golden, &args))?);
+            let sep = if null { "\0" } else { "\n" };
+            print!("{}", out.iter().map(|a| format!("{a}{sep}")).collect::<String>());
             Ok(Outcome::Passed)
         }
         GoldensAction::Reject { specs, source } => {

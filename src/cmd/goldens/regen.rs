@@ -238,8 +238,23 @@ fn stage(ctx: &mut Ctx, j: &Job, out: &Path, memory: Vec<String>) -> Result<Stag
     let bytes = std::fs::read(out).map_err(|e| Error::io(out, e))?;
     let memory: String = memory.iter().map(|m| format!("  {m}\n")).collect();
     if matches!(j.recorder, Recorder::NextToken(_)) {
-        check_next_token_file(out, &g.source)?;
-        let overflow = String::new();
+        let src = check_next_token_file(out, &g.source)?;
+        let overflow = if src.overflowed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  OVERFLOW: `{}`'s forward went non-finite on {} of its {} prompt(s), left out of the file ({}); the \
+                 next_token check does not count it as a reference there\n",
+                g.source,
+                src.overflowed.len(),
+                src.overflowed.len() + src.prompts.len(),
+                src.overflowed
+                    .iter()
+                    .map(|o| format!("`{}`: {}", o.name, o.at))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
         write_atomic(&g.pending(), &bytes)?;
         ctx.fresh_nt.insert(g.golden.clone(), g.pending());
         let (desc, differs) = next_token::describe(&g.golden, &g.pending())?;

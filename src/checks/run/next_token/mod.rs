@@ -239,13 +239,23 @@ fn evaluate(c: &NextTokenCheck, facts: &Facts, engine: &dyn Engine) -> Result<Ve
     let mine = facts.arithmetic;
     let mut peers = Vec::new();
     let mut others = Vec::new();
+    let mut overflowed = Vec::new();
     for r in &set.refs {
         let a = arithmetic_of(facts, r)?;
-        if a == mine {
+        if a == mine && r.prompts.is_empty() {
+            // Its forward overflowed on every prompt: no measure of anything.
+            overflowed.push(format!("{} overflowed on every prompt (first at {})", r.name, r.overflowed[0].at));
+        } else if a == mine {
             peers.push(r);
         } else {
             others.push((r, a));
         }
+    }
+    if peers.is_empty() && !overflowed.is_empty() {
+        return Ok(Verdict::not_applicable(format!(
+            "not applicable: the references of the engine's arithmetic {mine} are no measure here: {}",
+            overflowed.join("; ")
+        )));
     }
     if peers.is_empty() {
         let have: Vec<String> = others.iter().map(|(r, a)| format!("{} ({a})", r.name)).collect();
@@ -270,13 +280,17 @@ fn evaluate(c: &NextTokenCheck, facts: &Facts, engine: &dyn Engine) -> Result<Ve
     // prompt's few dozen positions are a noisy sample of what the
     // arithmetic does; each prompt is then judged against it.
     let mut measured = Vec::new();
-    for (j, o) in set.oracle.prompts.iter().enumerate() {
+    for o in set.oracle.prompts.iter() {
         let rows = engine_rows(c, facts, engine, o, &taps).map_err(|e| format!("prompt `{}`: {e}", o.name))?;
         let e = Measured::of_rows(o, &rows, k);
-        let peer_m: Vec<Measured> = peers.iter().map(|r| Measured::of_reference(o, &r.prompts[j], k)).collect();
+        // A peer that overflowed on this prompt measures nothing here.
+        let peer_m: Vec<(&str, Measured)> = peers
+            .iter()
+            .filter_map(|r| r.prompt(&o.name).map(|p| (r.name.as_str(), Measured::of_reference(o, p, k))))
+            .collect();
         measured.push((o, e, peer_m));
     }
-    let all_peers: Vec<&Measured> = measured.iter().flat_map(|(_, _, p)| p.iter()).collect();
+    let all_peers: Vec<&Measured> = measured.iter().flat_map(|(_, _, p)| p.iter().map(|(_, m)| m)).collect();
     let m_max = set.oracle.prompts.iter().flat_map(|o| o.logit_max.iter().copied()).fold(0.0, f64::max);
     let a = Allowance::new(factor, &all_peers, floor_delta(facts, m_max));
     let mut report = Vec::new();
@@ -288,11 +302,11 @@ fn evaluate(c: &NextTokenCheck, facts: &Facts, engine: &dyn Engine) -> Result<Ve
         let (kl, kt) = Measured::worst(&e.kl);
         let (mm, mt) = Measured::worst(&e.margin);
         worst_ratio = worst_ratio.max(kl / a.kl).max(mm / a.margin);
-        totals.add(e, o, k, &peers.iter().map(|r| r.name.as_str()).zip(peer_m).collect::<Vec<_>>());
+        totals.add(e, o, k, &peer_m.iter().map(|(n, m)| (*n, m)).collect::<Vec<_>>());
         let d = c.rule.decode_steps.min(o.tokens.len() - 1);
         let step = |t: usize| step_of(t, o.tokens.len() - d);
-        let r_kl = peer_m.iter().map(|m| Measured::worst(&m.kl).0).fold(0.0, f64::max);
-        let r_m = peer_m.iter().map(|m| Measured::worst(&m.margin).0).fold(0.0, f64::max);
+        let r_kl = peer_m.iter().map(|(_, m)| Measured::worst(&m.kl).0).fold(0.0, f64::max);
+        let r_m = peer_m.iter().map(|(_, m)| Measured::worst(&m.margin).0).fold(0.0, f64::max);
         report.push(format!(
             "  `{}` ({} tokens): KL {} at {} (references {}), margin error {} at {} (references {})",
             o.name,

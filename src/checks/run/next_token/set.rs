@@ -46,6 +46,26 @@ pub struct Source {
     pub path: PathBuf,
     pub provenance: Value,
     pub prompts: Vec<PromptRec>,
+    /// Prompts its forward overflowed on (provenance `overflow.prompts`):
+    /// left out of the file, named with their tokens and where it went
+    /// non-finite. An overflowing reference is data, not a broken file.
+    pub overflowed: Vec<Overflowed>,
+}
+
+/// A prompt a source's forward went non-finite on.
+#[derive(Debug, Clone)]
+pub struct Overflowed {
+    pub name: String,
+    pub tokens: Vec<u32>,
+    /// `stage at position N` as the recorder saw it.
+    pub at: String,
+}
+
+impl Source {
+    /// The source's record of prompt `name`, if it has one.
+    pub fn prompt(&self, name: &str) -> Option<&PromptRec> {
+        self.prompts.iter().find(|p| p.name == name)
+    }
 }
 
 /// Every source's file of one prompt set, checked against each other.
@@ -117,19 +137,35 @@ impl NextTokenSet {
     }
 }
 
-/// A reference must hold the oracle's prompts, tokens and K, with `at_oracle`.
+/// A reference must hold the oracle's prompts (but those its forward
+/// overflowed on, which it names), tokens and K, with `at_oracle`.
 fn agree(oracle: &Source, r: &Source, k: usize) -> Result<()> {
     let bad = |m: String| Error::golden(&r.path, m);
     let names = |s: &Source| s.prompts.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
-    if names(r) != names(oracle) {
+    let expected: Vec<String> = names(oracle)
+        .into_iter()
+        .filter(|n| !r.overflowed.iter().any(|o| &o.name == n))
+        .collect();
+    if names(r) != expected || r.overflowed.iter().any(|o| oracle.prompt(&o.name).is_none()) {
         return Err(bad(format!(
-            "its prompts {:?} are not the oracle's {:?} ({}): record them together",
+            "its prompts {:?} (and {:?} it overflowed on) are not the oracle's {:?} ({}): record them together",
             names(r),
+            r.overflowed.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(),
             names(oracle),
             oracle.path.display()
         )));
     }
-    for (p, o) in r.prompts.iter().zip(&oracle.prompts) {
+    for o in &r.overflowed {
+        let want = &oracle.prompt(&o.name).expect("checked above").tokens;
+        if &o.tokens != want {
+            return Err(bad(format!(
+                "prompt `{}` (which it overflowed on) names other tokens than the oracle's: {:?} vs {want:?}",
+                o.name, o.tokens
+            )));
+        }
+    }
+    for p in &r.prompts {
+        let o = oracle.prompt(&p.name).expect("checked above");
         if p.tokens != o.tokens {
             return Err(bad(format!(
                 "prompt `{}` was recorded with other tokens than the oracle's: {:?} vs {:?}",
@@ -244,7 +280,8 @@ pub(crate) fn read_source(path: &Path) -> Result<Source> {
             logit_max,
         });
     }
-    if prompts.is_empty() {
+    let overflowed = overflowed(&provenance).map_err(bad)?;
+    if prompts.is_empty() && overflowed.is_empty() {
         return Err(bad("the provenance lists no prompts".into()));
     }
     Ok(Source {
@@ -252,7 +289,37 @@ pub(crate) fn read_source(path: &Path) -> Result<Source> {
         path: path.to_path_buf(),
         provenance,
         prompts,
+        overflowed,
     })
+}
+
+/// `overflow.prompts` of a provenance: each `{prompt, tokens, stage,
+/// position, …}` the recorder left out.
+fn overflowed(prov: &Value) -> std::result::Result<Vec<Overflowed>, String> {
+    let Some(list) = prov.pointer("/overflow/prompts") else {
+        return Ok(Vec::new());
+    };
+    let list = list.as_array().ok_or("provenance `overflow.prompts` is not a list")?;
+    list.iter()
+        .map(|e| {
+            let name = e
+                .get("prompt")
+                .and_then(Value::as_str)
+                .ok_or("an `overflow.prompts` entry has no `prompt` name")?;
+            let tokens = e
+                .get("tokens")
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<Vec<u32>>>())
+                .ok_or(format!("`overflow.prompts` entry `{name}` has no token list"))?;
+            let stage = e.get("stage").and_then(Value::as_str).unwrap_or("?");
+            let pos = e.get("position").and_then(Value::as_u64).map_or("?".to_string(), |p| p.to_string());
+            Ok(Overflowed {
+                name: name.to_string(),
+                tokens,
+                at: format!("{stage} at position {pos}"),
+            })
+        })
+        .collect()
 }
 
 fn i64s(b: &[u8]) -> Vec<i64> {
