@@ -120,6 +120,17 @@ export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONHASHSEE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYBIN="$VENV/bin/python"
 
+# The touchstone binary says what a compact golden records (`touchstone
+# goldens args SPEC`: the spec's `record:` subset and the auxiliary stages
+# its floors read), so this script records exactly what `touchstone goldens
+# regen` does: $TOUCHSTONE, else this checkout's release build (built if absent).
+TS="${TOUCHSTONE:-$ROOT/target/release/touchstone}"
+if [ ! -x "$TS" ]; then
+    say "building $TS (cargo build --release)"
+    cargo build --release --quiet --manifest-path "$ROOT/Cargo.toml" || die "cargo build --release failed; set TOUCHSTONE=/path/to/touchstone"
+fi
+record_args() { "$TS" goldens args -0 "$1" || die "touchstone goldens args $1 failed"; }
+
 # REGEN_ONLY=vlm: the images and the vision-language models only.
 ONLY="${REGEN_ONLY:-}"
 case "$ONLY" in
@@ -148,7 +159,6 @@ NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetenso
 
 # Arguments from a spec, NUL-separated (a prompt may hold newlines):
 #   prompt SPEC  -> --prompt TEXT [--chat] [--decode-steps N]
-#   record SPEC  -> [--steps ..] [--stages ..] [--logits last] [--rows ..] [--aux ..]   (its `record:`)
 #   kv SPEC      -> [--kv-type f16] (llama.cpp's KV cache as the spec declares it)
 #   next_token SPEC -> PROMPT_SET GOLDEN_FOLDER of its `next_token` run check (or nothing)
 #   arithmetic SPEC -> llama.cpp's declared arithmetic as a JSON map (or nothing)
@@ -169,20 +179,6 @@ if what == "prompt":
         out.append("--chat")
     if "decode_steps" in p:
         out += ["--decode-steps", str(p["decode_steps"])]
-elif what == "record":
-    r = spec.get("record") or {}
-    if r.get("steps"):
-        out += ["--steps", ",".join(r["steps"])]
-    if r.get("stages"):
-        out += ["--stages", ",".join(r["stages"])]
-    if r.get("logits") == "last":
-        out += ["--logits", "last"]
-    if r.get("rows"):
-        out += ["--rows", ",".join(str(x) for x in r["rows"])]
-    # `aux: {STEP: [PATTERN, ...]}` (the shape of the provenance's record.aux):
-    # auxiliary stages stored with every row, at that step.
-    for step, pats in (r.get("aux") or {}).items():
-        out += ["--aux", f"{step}={','.join(pats)}"]
 elif what == "kv":
     # llama.cpp's KV cache as the spec's declared arithmetic says (as
     # `touchstone goldens regen` passes it).
@@ -281,19 +277,19 @@ if [ -z "$ONLY" ]; then
 dir="$OUT/qwen2-tiny"
 mapfile -d '' LONG_PROMPT < <(spec_args prompt "$ROOT/specs/qwen2-tiny-long.yaml")
 [ "${LONG_PROMPT[0]:-}" = --prompt ] || die "cannot read the prompt of specs/qwen2-tiny-long.yaml"
-LONG_ARGS=(--decode-steps 2 --steps prefill,decode2 --stages 'blk.*.q_rope,blk.*.attn_out,logits'
-           --stages-at 'decode2=blk.*.attn_scores' --logits last)
+mapfile -d '' LONG_ARGS < <(record_args "$ROOT/specs/qwen2-tiny-long.yaml")
 for kind in hf oracle; do
     dt=float32; [ "$kind" = oracle ] && dt=float64
     say "[qwen2-tiny] recording the long-prompt golden into $dir/long-$kind.safetensors ($dt)"
-    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/long-$kind.safetensors" --prompt "${LONG_PROMPT[1]}" \
+    "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/long-$kind.safetensors" "${LONG_PROMPT[@]}" \
         "${LONG_ARGS[@]}" --dtype "$dt" >/dev/null || die "record_hf.py (long, $dt) failed"
 done
+mapfile -d '' SAMPLING_ARGS < <(record_args "$ROOT/specs/qwen2-tiny-sampling.yaml")
 for kind in hf oracle; do
     dt=float32; [ "$kind" = oracle ] && dt=float64
     say "[qwen2-tiny] recording the sampling golden into $dir/sampling-$kind.safetensors ($dt)"
     "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/sampling-$kind.safetensors" --decode-steps 3 \
-        --sample-probs 0.7,40,0.9 --stages logits,sample_probs --dtype "$dt" >/dev/null \
+        --sample-probs 0.7,40,0.9 "${SAMPLING_ARGS[@]}" --dtype "$dt" >/dev/null \
         || die "record_hf.py --sample-probs ($dt) failed"
 done
 # qwen2-tiny on a prompt given as token ids (specs/qwen2-tiny-tokens.yaml).
@@ -329,7 +325,7 @@ for r in $REALS; do
     mkdir -p "$dir" || die "cannot create $dir"
     rm -f "$dir"/*.safetensors
     mapfile -d '' RP < <(spec_args prompt "$REAL_SPEC")
-    mapfile -d '' RR < <(spec_args record "$REAL_SPEC")
+    mapfile -d '' RR < <(record_args "$REAL_SPEC")
     mapfile -d '' RK < <(spec_args kv "$REAL_SPEC")
     case "${RP[0]:-}" in --prompt|--prompt-tokens) ;; *) die "cannot read the prompt of $REAL_SPEC";; esac
     say "[$REAL] recording HF goldens from ${REAL_MODEL[0]} into $dir/hf.safetensors (minutes)"
