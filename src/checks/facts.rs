@@ -49,9 +49,8 @@ pub struct Facts<'a> {
     pub tolerance: &'a BTreeMap<DType, TolSpec>,
     /// The scaled policy's parameters (`scaled:`).
     pub scaled: &'a ScaledSpec,
-    /// Floor terms one run shares between its checks (the runner's; None:
-    /// each floor computed afresh).
-    pub floor_memo: Option<&'a super::floor::FloorMemo>,
+    /// What one run's checks share (the runner's; None: each computed afresh).
+    pub memo: Option<&'a super::memo::Memo>,
 }
 
 impl<'a> Facts<'a> {

@@ -100,9 +100,9 @@ pub fn floor_of<'s>(
     let compute = || floor_at(facts, oracle, step, arith, judged).floor(stage, m, x);
     // A source's floor is the same in every check that asks for it (the
     // memo is one run's: `judged` None is that run's engine).
-    match facts.floor_memo {
-        Some(memo) => memo.floor(
-            (judged.unwrap_or("\0engine").to_string(), step, stage, arith.name()),
+    match facts.memo {
+        Some(memo) => memo.get_or(
+            format!("floor {} {step} {stage} {arith}", judged.unwrap_or("\0engine")),
             compute,
         ),
         None => compute(),

@@ -155,7 +155,7 @@ impl Plan {
             oracle: oracle.as_deref(),
             tolerance: &spec.tolerance,
             scaled: &spec.scaled,
-            floor_memo: None,
+            memo: None,
         };
         let mut checks = stages::plan(&spec, &facts)?;
         for rc in run_checks {
@@ -206,7 +206,7 @@ impl Plan {
             oracle: self.oracle.as_deref(),
             tolerance: &self.spec.tolerance,
             scaled: &self.spec.scaled,
-            floor_memo: None,
+            memo: None,
         }
     }
 

@@ -209,10 +209,10 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
             .with_text(texts(plan, None).0, None);
         return (run, Ok(()));
     }
-    // Floor terms the checks of this run share (this engine's captures).
-    let memo = floor::FloorMemo::default();
+    // What the checks of this run share (this engine's captures).
+    let memo = crate::checks::memo::Memo::default();
     let mut facts = plan.facts();
-    facts.floor_memo = Some(&memo);
+    facts.memo = Some(&memo);
     // The engine's arithmetic: what it declares, else plain at its storage.
     if let Some(a) = engine.arithmetic() {
         facts.arithmetic = a;

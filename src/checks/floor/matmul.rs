@@ -24,8 +24,8 @@ use rayon::prelude::*;
 
 use super::{q8, reduction_len, Floor, FloorAt, Source};
 use crate::arithmetic::{Activations, U_ACC};
-use crate::checks::stage::exact_dot::{dot_and_abs, dot_f64};
-use crate::checks::stage::{projection, weight_and_bias};
+use crate::checks::exact_dot::{dot_and_abs, dot_f64};
+use crate::checks::projection::{projection, weight_and_bias};
 use crate::stage::{BlockStage, Stage};
 use crate::tensor::Tensor;
 
@@ -53,8 +53,8 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
         Activations::Exact => 0,
     };
     let compute = || terms(at, &wname, &xo, &yo, block).map(Arc::new);
-    let terms = match at.facts.floor_memo {
-        Some(memo) => memo.matmul((at.step, stage, block), compute)?,
+    let terms = match at.facts.memo {
+        Some(memo) => memo.get_or(format!("matmul terms {} {stage} {block}", at.step), compute)?,
         None => compute()?,
     };
     let (w, _, _) = weight_and_bias(at.facts, &wname).ok()?;

@@ -37,7 +37,6 @@ mod attention;
 mod elementwise;
 mod graph;
 mod matmul;
-pub mod memo;
 pub mod q8;
 mod vision;
 
@@ -50,7 +49,6 @@ use crate::stage::{BlockStage, Stage, Step, VisionStage};
 use crate::tensor::Tensor;
 
 pub use graph::{cache_stage, floor_reads, inputs, matmul_input, reduction_len};
-pub use memo::FloorMemo;
 
 /// A floor and how it was formed.
 #[derive(Clone, Debug, PartialEq)]

@@ -24,9 +24,4 @@ super::registry::table!(StageRule;
 // The golden check at one stage, which `greedy_tokens` asks for the logits' allowance.
 pub use golden::{GoldenCheck, SUSPECT_REFERENCE};
 
-pub(crate) mod exact_dot;
 mod recompute;
-
-// A projection's weight as `linear` reads it, which the scaled policy's floor
-// carries an input's error through (`checks::floor`).
-pub(crate) use linear::{projection, weight_and_bias};

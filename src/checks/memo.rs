@@ -1,25 +1,21 @@
-//! What one run's floors share, computed once: the oracle-only terms of a
-//! matmul stage (each element's Σ|W·x| and 8-bit quantisation effect, read
-//! off the model file's weight and the oracle's input; the LM head's alone is
-//! a 136M-product pass on a 0.5B model) and each source's floor at a stage,
-//! which the engine's golden checks against every reference, the
-//! references' own checks and the row judge all ask for. Held by the runner
-//! for one run (an engine's captures are that run's), lent through `Facts`.
+//! What the checks of one run share, computed once: the scaled policy's
+//! oracle-only terms of a matmul stage (each element's Σ|W·x| and 8-bit
+//! quantisation effect, read off the model file's weight and the oracle's
+//! input; the LM head's alone is a 136M-product pass on a 0.5B model) and
+//! each source's floor at a stage, which the engine's golden checks against
+//! every reference, the references' own checks and the row judge all ask
+//! for. Held by the runner for one run (an engine's captures are that run's),
+//! lent through `Facts`; values of any type, so it needs to know none.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use super::matmul::MatmulTerms;
-use super::Floor;
-use crate::stage::{Stage, Step};
-
+/// Values of any type, each under a key of its own (type, text).
 #[derive(Debug, Default)]
-pub struct FloorMemo {
-    /// (step, stage, q8 block or 0) → the oracle-only terms (None: no weight).
-    matmul: Mutex<HashMap<(Step, Stage, usize), Option<Arc<MatmulTerms>>>>,
-    /// (source, step, stage, arithmetic) → its floor.
-    floors: Mutex<HashMap<(String, Step, Stage, String), Floor>>,
+pub struct Memo {
+    values: Mutex<HashMap<(TypeId, String), Arc<dyn Any + Send + Sync>>>,
 }
 
 /// The value under `k`, or `f`'s, kept for the next asker. `f` runs with no
@@ -38,17 +34,13 @@ fn get_or<K: Eq + Hash, V: Clone>(map: &Mutex<HashMap<K, V>>, k: K, f: impl FnOn
     lock().entry(k).or_insert(v).clone()
 }
 
-impl FloorMemo {
-    pub(super) fn matmul(
-        &self,
-        key: (Step, Stage, usize),
-        f: impl FnOnce() -> Option<Arc<MatmulTerms>>,
-    ) -> Option<Arc<MatmulTerms>> {
-        get_or(&self.matmul, key, f)
-    }
-
-    pub(crate) fn floor(&self, key: (String, Step, Stage, String), f: impl FnOnce() -> Floor) -> Floor {
-        get_or(&self.floors, key, f)
+impl Memo {
+    /// The `V` under `key`, computed by `f` where there is none yet.
+    pub fn get_or<V: Clone + Send + Sync + 'static>(&self, key: String, f: impl FnOnce() -> V) -> V {
+        let any = get_or(&self.values, (TypeId::of::<V>(), key), || {
+            Arc::new(f()) as Arc<dyn Any + Send + Sync>
+        });
+        any.downcast_ref::<V>().expect("keyed by its type").clone()
     }
 }
 
