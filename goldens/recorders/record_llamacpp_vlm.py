@@ -420,7 +420,11 @@ def main():
             n = len(p[1])
             pos = [int(x) for x in hf_pos[0, cell:cell + n]]
             assert (hf_pos[:, cell:cell + n] == hf_pos[0, cell:cell + n]).all()
-            pos4 = pos  # a token batch: llama.cpp repeats the position over the M-RoPE sections
+            # A token batch: llama.cpp repeats the position over t, h and w and sets
+            # the 4th (e) to 0 (llama-graph.cpp, llm_graph_input_pos::set_input);
+            # interleaved M-RoPE pairs outside the t/h/w strides turn by e in ggml
+            # (Qwen3-VL's sections [4, 2, 2]: pair 7 never turns), HF's by t.
+            pos4 = pos
             st, ex, api, nodes = decode(toks=p[1], pos4=pos4, cell0=cell)
             pos_rows.append(np.array([pos] * 3, dtype=np.int64))
             inp = ex["inp"][:, :E]
