@@ -335,7 +335,7 @@ def take_rows(stage, v, rows, T):
 
 
 def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, rows=None, step_tokens=None,
-                   aux=None):
+                   aux=None, aux_rows=None):
     """The provenance `record` entry, or None when everything was recorded
     (every step, every stage, every logits row): absent means complete, which
     keeps full recordings byte-identical to those made before subsets existed.
@@ -352,32 +352,38 @@ def record_section(steps_stored, all_steps, patterns, logits, stages_at=None, ro
     `aux` ({step: patterns}, from --aux) becomes `aux`, steps in step order
     and patterns as given: auxiliary tensors stored with every token row
     (whatever `rows` and `logits` say), read to compute error floors, never
-    checked themselves.
+    checked themselves. `aux_rows` (from --aux-rows) becomes `aux_rows`: the
+    same, but stored on the rows `rows` keeps (a stage's inputs, read on the
+    rows it is judged on).
     """
     if steps_stored == all_steps and patterns == ["*"] and logits == "all" and not stages_at and not rows \
-            and not aux:
+            and not aux and not aux_rows:
         return None
     rec = {"steps": steps_stored, "stages": patterns, "logits": logits}
     if stages_at:
         rec["stages_at"] = {s: stages_at[s] for s in all_steps if s in stages_at}
     if aux:
         rec["aux"] = {s: aux[s] for s in all_steps if s in aux}
+    if aux_rows:
+        rec["aux_rows"] = {s: aux_rows[s] for s in all_steps if s in aux_rows}
     if rows:
         rec["rows_asked"] = list(rows)
         rec["rows"] = {s: resolve_rows(rows, step_tokens[s]) for s in all_steps}
     return rec
 
 
-def stored(step, stage, keep_steps, keep_stages, stages_at_sets):
-    """Whether `step/stage` is stored under --steps/--stages/--stages-at."""
-    return (step in keep_steps and stage in keep_stages) or stage in stages_at_sets.get(step, ())
+def stored(step, stage, keep_steps, keep_stages, stages_at_sets, aux_rows_sets=None):
+    """Whether `step/stage` is stored under --steps/--stages/--stages-at
+    (or --aux-rows: on the kept rows, as these are)."""
+    return (step in keep_steps and stage in keep_stages) or stage in stages_at_sets.get(step, ()) \
+        or stage in (aux_rows_sets or {}).get(step, ())
 
 
 def select_step(step, tensors, sel, T, keeps=None):
     """What a golden stores of one step's canonical tensors {stage: array}
     (every stage, every row; T tokens): tokens and positions always; an
     auxiliary stage (sel.aux_sets, --aux) whole, every row; any other stage
-    under --steps/--stages/--stages-at, with only the last logits row
+    under --steps/--stages/--stages-at/--aux-rows, with only the last logits row
     (sel.logits "last") or only the rows of sel.rows. `keeps(stage)`: False
     for the stages at and after an overflow (overflow.Watch.keeps)."""
     out = {}
@@ -388,7 +394,7 @@ def select_step(step, tensors, sel, T, keeps=None):
             continue
         elif k in sel.aux_sets.get(step, ()):
             out[k] = v
-        elif stored(step, k, sel.keep_steps, sel.keep, sel.stages_at_sets):
+        elif stored(step, k, sel.keep_steps, sel.keep, sel.stages_at_sets, getattr(sel, "aux_rows_sets", None)):
             if k == "logits" and sel.logits == "last":
                 v = np.ascontiguousarray(v[-1:])
             elif sel.rows is not None:

@@ -36,6 +36,8 @@ row, whatever --rows and --logits say, even when --stages stores them too
 (then those stages only): auxiliary tensors the scaled policy reads to
 compute error floors, never checked themselves (provenance `record.aux:
 {STEP: [PATTERN, ...]}`, steps in step order, patterns as given).
+--aux-rows STEP=PATTERN[,PATTERN] is the same on the rows --rows keeps (a
+recorded stage's inputs, read on the rows it is judged on; `record.aux_rows`).
 
 A forward that overflows is data (overflow.py): every canonical stage of
 every step is watched, in execution order, and at the first non-finite
@@ -190,6 +192,8 @@ def parse_args():
     ap.add_argument("--aux", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
                     help="also store these stages at this step with every token row (auxiliary tensors for the "
                          "error floors; repeatable)")
+    ap.add_argument("--aux-rows", action="append", default=[], metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this step on the --rows rows (auxiliary; repeatable)")
     ap.add_argument("--oracle", default=None, metavar="ORACLE",
                     help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--dtype", choices=list(hf_model.DTYPES), default="float32",
@@ -262,6 +266,8 @@ def parse_selection(ap, args, model_type, n_layers):
                                                                       args.decode_steps, args.extra)
         sel.aux, sel.aux_sets = golden_io.parse_stages_at(args.aux, model_type, n_layers, args.decode_steps,
                                                           args.extra, what="--aux")
+        sel.aux_rows, sel.aux_rows_sets = golden_io.parse_stages_at(args.aux_rows, model_type, n_layers,
+                                                                    args.decode_steps, args.extra, what="--aux-rows")
     except golden_io.SelectionError as e:
         ap.error(str(e))
     return sel
@@ -486,7 +492,7 @@ def main():
         assert not m.guard.bad, f"float64 run: ops produced other float dtypes: {dict(m.guard.bad)}"
 
     record = golden_io.record_section(sel.keep_steps, args.all_steps, sel.patterns, args.logits, sel.stages_at,
-                                      args.row_list, run.step_tokens, sel.aux)
+                                      args.row_list, run.step_tokens, sel.aux, sel.aux_rows)
     prov = hf_model.build_provenance(args, prompt, m.cfg_dict, run.greedy_ids, run.steps, cache_vs_full, source,
                                      record, sampling, RECORDER)
     if run_sliding(cfg) and (sliding_vs_full_cache is not None or watch.found is None):

@@ -138,6 +138,8 @@ def parse_args():
                     help="keep only these token rows of every stage (default: the HF golden's rows)")
     ap.add_argument("--aux", action="append", default=None, metavar="STEP=PATTERN[,PATTERN]",
                     help="also store these stages at this step with every token row (default: the HF golden's aux)")
+    ap.add_argument("--aux-rows", action="append", default=None, metavar="STEP=PATTERN[,PATTERN]",
+                    help="also store these stages at this step on the kept rows (default: the HF golden's aux_rows)")
     ap.add_argument("--oracle", default=None, metavar="ORACLE",
                     help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
@@ -189,6 +191,10 @@ def selection(ap, args, hf_prov, model_type, n_layer, steps):
             [f"{k}={','.join(v)}" for k, v in (hf_rec.get("aux") or {}).items()]
         sel.aux, sel.aux_sets = golden_io.parse_stages_at(aux_args, model_type, n_layer, len(steps) - 1,
                                                           what="--aux")
+        aux_rows_args = args.aux_rows if args.aux_rows is not None else \
+            [f"{k}={','.join(v)}" for k, v in (hf_rec.get("aux_rows") or {}).items()]
+        sel.aux_rows, sel.aux_rows_sets = golden_io.parse_stages_at(aux_rows_args, model_type, n_layer,
+                                                                    len(steps) - 1, what="--aux-rows")
         sel.logits = args.logits or hf_rec.get("logits", "all")
         sel.rows = golden_io.parse_rows(args.rows) if args.rows is not None else hf_rec.get("rows_asked")
     except golden_io.SelectionError as e:
@@ -326,7 +332,7 @@ def main():
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
             want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
-                sel.aux_sets.get(step, set())
+                sel.aux_sets.get(step, set()) | sel.aux_rows_sets.get(step, set())
             check_rope_bases(rec.nodes, step, attn)
             # Every stage (the overflow watch looks at all of them); the
             # masked-entry checks on the stages stored, as always.
@@ -367,7 +373,7 @@ def main():
     # Same keys and shapes as the HF golden when both stored the same subset
     # (and neither overflowed: each then stops where its own forward did).
     record = golden_io.record_section(sel.keep_steps, steps, sel.patterns, sel.logits, sel.stages_at, sel.rows,
-                                      step_tokens, sel.aux)
+                                      step_tokens, sel.aux, sel.aux_rows)
     if record == hf_prov.get("record") and watch.found is None and "overflow" not in hf_prov:
         # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
         hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))

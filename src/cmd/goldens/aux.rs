@@ -65,13 +65,22 @@ pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64
     let aux = aux_stages(&Stage::of_model(&cfg, sampled), &all_steps, args.rows.is_some(), &kept, &|s| {
         floor_reads(&cfg, s)
     });
-    Ok(aux
-        .into_iter()
-        .flat_map(|(step, stages)| {
+    let flag = |flag: &'static str, m: BTreeMap<Step, BTreeSet<Stage>>| {
+        m.into_iter().flat_map(move |(step, stages)| {
             let list: Vec<String> = stages.iter().map(Stage::to_string).collect();
-            ["--aux".to_string(), format!("{step}={}", list.join(","))]
+            [flag.to_string(), format!("{step}={}", list.join(","))]
         })
-        .collect())
+    };
+    Ok(flag("--aux", aux.whole).chain(flag("--aux-rows", aux.rows)).collect())
+}
+
+/// The stages to record beside a subset, per step.
+#[derive(Debug, Default)]
+struct Aux {
+    /// Every token row (the KV caches).
+    whole: BTreeMap<Step, BTreeSet<Stage>>,
+    /// On the subset's rows (the recorded stages' inputs).
+    rows: BTreeMap<Step, BTreeSet<Stage>>,
 }
 
 /// Per step, the stages to record beside the subset (see the module
@@ -84,9 +93,9 @@ fn aux_stages(
     rows: bool,
     kept: &dyn Fn(Step, Stage) -> bool,
     reads: &dyn Fn(Stage) -> Vec<Stage>,
-) -> BTreeMap<Step, BTreeSet<Stage>> {
+) -> Aux {
     let recorded = |step: Step, s: Stage| kept(step, s);
-    let mut aux: BTreeMap<Step, BTreeSet<Stage>> = BTreeMap::new();
+    let mut aux = Aux::default();
     for &step in steps {
         for &s in stages.iter().filter(|s| kept(step, **s)) {
             let cache = cache_stage(s);
@@ -98,11 +107,11 @@ fn aux_stages(
                 if Some(f) == cache {
                     for earlier in Step::sequence(step.index()) {
                         if rows || !recorded(earlier, f) {
-                            aux.entry(earlier).or_default().insert(f);
+                            aux.whole.entry(earlier).or_default().insert(f);
                         }
                     }
                 } else if !recorded(step, f) {
-                    aux.entry(step).or_default().insert(f);
+                    aux.rows.entry(step).or_default().insert(f);
                 }
             }
         }
@@ -130,20 +139,23 @@ mod tests {
         let kept = |_: Step, s: Stage| matches!(s, Stage::Block(0, AttnScores | Out));
         let steps = [Step::Prefill, Step::Decode(2)];
         let aux = aux_stages(&stages, &steps, true, &kept, &reads);
-        // The scores' query and the out's inputs where they are judged…
+        // The scores' query and the out's inputs where they are judged, on
+        // their rows…
         for step in steps {
             for s in [b(0, QRope), b(0, FfnInp), b(0, FfnOut)] {
-                assert!(aux[&step].contains(&s), "{step} {s}");
+                assert!(aux.rows[&step].contains(&s), "{step} {s}");
             }
         }
-        // …and the keys at every step up to the judged one, decode1 included.
+        // …and the keys at every step up to the judged one, decode1
+        // included, every row.
         for step in [Step::Prefill, Step::Decode(1), Step::Decode(2)] {
-            assert!(aux[&step].contains(&b(0, KRope)), "{step}");
+            assert!(aux.whole[&step].contains(&b(0, KRope)), "{step}");
         }
-        assert_eq!(aux[&Step::Decode(1)].len(), 1);
-        // A whole recording of every step needs no cache beside it.
+        assert_eq!(aux.whole[&Step::Decode(1)].len(), 1);
+        assert!(!aux.rows.contains_key(&Step::Decode(1)));
+        // A whole recording of every step needs nothing beside it.
         let all = |_: Step, _: Stage| true;
         let aux = aux_stages(&stages, &[Step::Prefill, Step::Decode(1)], false, &all, &reads);
-        assert!(aux.is_empty(), "{aux:?}");
+        assert!(aux.whole.is_empty() && aux.rows.is_empty(), "{aux:?}");
     }
 }
