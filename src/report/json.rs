@@ -40,6 +40,7 @@ struct JsonRun<'a> {
     skipped: Option<&'a str>,
     notes: &'a [String],
     suspect_references: Vec<super::notes::SuspectReference>,
+    largest_ratios: Vec<super::notes::LargestRatio>,
     prompt_text: Option<&'a str>,
     continuation_text: Option<&'a str>,
 }
@@ -77,6 +78,7 @@ pub fn to_string_with(report: &Report, shard: Option<&Shard>) -> String {
                 skipped: r.skipped.as_deref(),
                 notes: &r.notes,
                 suspect_references: r.suspect_references(),
+                largest_ratios: r.largest_ratios(),
                 prompt_text: r.prompt_text.as_deref(),
                 continuation_text: r.continuation_text.as_deref(),
             })

@@ -76,3 +76,50 @@ impl SuiteRun {
             .collect()
     }
 }
+
+/// The largest scaled-policy ratio of a kind of check in a run: its error
+/// over the base its allowance is `factor` times (the engine's golden checks
+/// against `max(reference error, floor)`, a reference's own against its
+/// floor), and where.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LargestRatio {
+    /// `engine`, or the reference's source name.
+    pub of: String,
+    pub ratio: f64,
+    pub at: String,
+}
+
+impl SuiteRun {
+    /// The engine's largest ratio over its golden checks, then each
+    /// reference's over its `references_agree` (sources in name order):
+    /// how close a run came to its allowances, read off the checks' `ratio`
+    /// metric. Empty where no scaled check ran.
+    pub fn largest_ratios(&self) -> Vec<LargestRatio> {
+        let mut by: BTreeMap<String, (f64, String)> = BTreeMap::new();
+        for o in &self.outcomes {
+            let Some(r) = o.metrics.get("ratio").copied().filter(|r| !r.is_nan()) else { continue };
+            let of = match &o.family {
+                crate::checks::Family::Golden { .. } => "engine".to_string(),
+                crate::checks::Family::ReferencesAgree { other, .. } => other.clone(),
+                _ => continue,
+            };
+            let e = by.entry(of).or_insert((f64::NEG_INFINITY, String::new()));
+            if r > e.0 {
+                // The place, and the check where it is the engine's (one of
+                // several golden checks at a stage).
+                let at = match (o.id.rsplit_once("::"), &o.family) {
+                    (Some((at, c)), crate::checks::Family::Golden { .. }) => format!("{at} ({c})"),
+                    (Some((at, _)), _) => at.to_string(),
+                    (None, _) => o.id.clone(),
+                };
+                *e = (r, at);
+            }
+        }
+        let mut out: Vec<LargestRatio> = by
+            .into_iter()
+            .map(|(of, (ratio, at))| LargestRatio { of, ratio, at })
+            .collect();
+        out.sort_by_key(|r| r.of != "engine");
+        out
+    }
+}

@@ -99,6 +99,16 @@ fn render_run(out: &mut String, run: &SuiteRun, view: View) {
     for s in run.suspect_references() {
         let _ = writeln!(out, "note: {}", s.sentence());
     }
+    // How close the run came to its allowances (error / base; each check
+    // allows up to the spec's factor): the engine's, then each reference's.
+    let ratios = run.largest_ratios();
+    if !ratios.is_empty() {
+        let text: Vec<String> = ratios
+            .iter()
+            .map(|r| format!("{} {:.3} {}", r.of, r.ratio, r.at))
+            .collect();
+        let _ = writeln!(out, "largest ratios: {}", text.join(", "));
+    }
     // (check, source) of every golden check, one column each.
     let sources: Vec<(String, String)> = {
         let mut s: Vec<(String, String)> = run
