@@ -482,12 +482,15 @@ fn regen_passes_the_spec_prompt_and_record_and_keeps_work_files_out_of_the_check
     let args: Vec<&str> = call.split(' ').collect();
     assert_eq!(args[0], "record_hf.py", "{call}");
     assert_eq!(args[1], s(&model_dir()), "{call}");
-    // The recorder wrote into the temporary work folder ...
+    // The recorder wrote into the temporary work folder, and was given what
+    // the floors of the subset read (`record.aux`): layer 0's KV cache at the
+    // step the subset skips, the logits' input where it judges them ...
     assert!(args[2].starts_with(&s(&tmp)), "{call}");
     assert!(
         call.ends_with(
             " --prompt def f(x): --chat --decode-steps 2 --steps prefill,decode2 --stages embed,blk.0.*,logits \
-             --logits last"
+             --logits last --aux decode1=blk.0.v,blk.0.k_rope --aux-rows prefill=output_norm \
+             --aux-rows decode2=output_norm"
         ),
         "{call}"
     );
@@ -1121,5 +1124,46 @@ fn next_token_recordings_are_checked_reviewed_and_accepted_only_as_a_consistent_
     let after: Vec<Vec<u8>> = NT_FILES.iter().map(|f| std::fs::read(nt.join(f)).unwrap()).collect();
     assert!(before == after, "accept changed a next-token golden");
     assert!(pending(&nt.join("hf.safetensors")).exists());
+    let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
+}
+
+/// A recorder that fails leaves the others recording: its golden is named
+/// NOT RECORDED with why, the others are pending and said to be, and regen
+/// exits 2 naming it (a llama.cpp recorder failing, the HF golden recorded).
+#[test]
+fn a_failing_recorder_is_named_and_the_others_carry_on() {
+    let sc = scratch("failing");
+    // A second source, llama.cpp, whose recorder fails.
+    let llama = sc.dir.path().join("llamacpp.safetensors");
+    std::fs::copy(&sc.golden, &llama).unwrap();
+    let text = std::fs::read_to_string(&sc.spec).unwrap().replace(
+        &format!("  hf: {}\n", s(&sc.golden)),
+        &format!("  hf: {}\n  llama.cpp: {}\n", s(&sc.golden), s(&llama)),
+    );
+    assert!(text.contains("llama.cpp:"), "{text}");
+    std::fs::write(&sc.spec, text).unwrap();
+    let p = sc.dir.path().join("fake-python-fails");
+    std::fs::write(
+        &p,
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nscript=\"$(basename \"$1\")\"; shift\n\
+         case \"$script\" in record_llamacpp.py|convert_gguf.py) echo 'AssertionError: the graph has no node kq-0' >&2; exit 1;; esac\n\
+         cp \"$FAKE_GOLDEN\" \"$2\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = touchstone_env(
+        &["goldens", "regen", &s(&sc.spec), "--python", &s(&p)],
+        &[("FAKE_GOLDEN", &s(&sc.golden))],
+    );
+    assert_eq!(o.code, 2, "{}", o.all());
+    assert!(o.stdout.contains("`llama.cpp`: NOT RECORDED"), "{}", o.stdout);
+    assert!(o.stdout.contains("the graph has no node kq-0"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("pending (what `touchstone goldens accept` would take):") && o.stdout.contains("`hf`"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stderr.contains("1 golden(s) not recorded") && o.stderr.contains("llama.cpp"), "{}", o.stderr);
+    assert!(pending(&sc.golden).exists() && !pending(&llama).exists());
     let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }

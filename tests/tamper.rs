@@ -121,3 +121,48 @@ fn untampered_copy_passes() {
     let o = touchstone(&["run", &s.display().to_string(), "--only", "golden"]);
     assert_eq!(o.code, 0, "{}", o.all());
 }
+
+/// A storage the oracle's values do not fit is said once, not failed check
+/// by check: an oracle whose `prefill/blk.1.out` passes f16's 65504 (a copy,
+/// scaled there) makes a run at f16 name that stage and value in one note
+/// and skip every check from it on; every check before it still runs.
+#[test]
+fn an_oracle_beyond_the_storage_range_is_said_once_and_its_checks_skipped() {
+    use touchstone::tensor::io::{read_safetensors, write_safetensors};
+    let d = tempfile::tempdir().unwrap();
+    let oracle = d.path().join("oracle.safetensors");
+    let mut f = read_safetensors(&root().join("goldens/qwen2-tiny/oracle.safetensors")).unwrap();
+    for x in f.floats.get_mut("prefill/blk.1.out").unwrap().data_mut() {
+        *x *= 1e5;
+    }
+    write_safetensors(&oracle, &f.floats, &f.ints, &f.metadata).unwrap();
+    let text = std::fs::read_to_string(root().join("specs/qwen2-tiny.yaml"))
+        .unwrap()
+        .replace("../goldens/qwen2-tiny/oracle.safetensors", &oracle.display().to_string())
+        .replace("../goldens/", &format!("{}/goldens/", root().display()));
+    let s = write(d.path(), "s.yaml", &text);
+    let report = d.path().join("r.json");
+    let o = touchstone(&["run", &s.display().to_string(), "--storage", "f16", "-q", "--json", &report.display().to_string()]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let note = "note: storage f16 cannot hold this model's values: the oracle's prefill/blk.1.out reaches";
+    assert_eq!(o.stdout.matches(note).count(), 1, "{}", o.stdout);
+    let j = json(&report);
+    let checks = j["checks"].as_array().unwrap();
+    let (mut before, mut after) = (0, 0);
+    for c in checks {
+        let at = (c["step"].as_str(), c["stage"].as_str());
+        let past = match at {
+            (Some("prefill"), Some(st)) => !(st == "embed" || st.starts_with("blk.0.") || (st.starts_with("blk.1.") && st != "blk.1.out")),
+            (Some(_), Some(_)) => true,
+            _ => !matches!(c["check"].as_str(), Some("weights")),
+        };
+        if past {
+            assert_eq!(c["status"], "skip", "{}", c["id"]);
+            after += 1;
+        } else {
+            assert_eq!(c["status"], "pass", "{}: {}", c["id"], c["message"]);
+            before += 1;
+        }
+    }
+    assert!(before > 100 && after > 100, "{before} judged before, {after} skipped");
+}
