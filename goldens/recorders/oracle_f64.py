@@ -281,8 +281,16 @@ def to_float64(model):
             norms += 1
         else:
             assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"
-    # Softmax: eager_attention_forward asks for dtype=torch.float32 and casts
-    # back; in a float64 run it is computed in float64 instead.
+    softmax_float64()
+    # Last: the hooks only widen what the patches above expect.
+    model.oracle_f64_bytes = stream_float64(model)
+    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
+
+
+def softmax_float64():
+    """Softmax in float64 where HF asks for float32: eager_attention_forward
+    asks for dtype=torch.float32 and casts back; in a float64 run it is
+    computed in float64 instead (torch.nn.functional.softmax, patched)."""
     real_softmax = torch.nn.functional.softmax
 
     def softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -290,9 +298,6 @@ def to_float64(model):
             dtype = torch.float64
         return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
     torch.nn.functional.softmax = softmax
-    # Last: the hooks only widen what the patches above expect.
-    model.oracle_f64_bytes = stream_float64(model)
-    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
 
 
 def f32_bytes(model):

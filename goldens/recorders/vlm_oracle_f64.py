@@ -18,7 +18,7 @@ import types
 
 import torch
 
-from oracle_f64 import allowed, rms_forward_f64
+from oracle_f64 import allowed, rms_forward_f64, softmax_float64
 
 GUARD = [None]  # the F32Guard of a float64 run (the interpolation patch reads it)
 
@@ -90,13 +90,7 @@ def to_float64_vlm(model, modeling):
             assert isinstance(mod, torch.nn.LayerNorm), f"{name}: {type(mod).__name__} has no float64 replacement"
     patched["rmsnorm_modules"] = norms
     # Softmax in float64 where HF asks for float32.
-    real_softmax = torch.nn.functional.softmax
-
-    def softmax(input, dim=None, _stacklevel=3, dtype=None):
-        if dtype == torch.float32 and input.dtype == torch.float64:
-            dtype = torch.float64
-        return real_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
-    torch.nn.functional.softmax = softmax
+    softmax_float64()
     patched["softmax"] = "float64"
     if cfg.model_type == "qwen3_vl":
         orig_interp = modeling.get_vision_interpolation_indices_and_weights

@@ -72,6 +72,41 @@ fn agrees(recomputed: f64, recorded: f32, scale: f64, worst: &mut f64) {
     *worst = worst.max(d);
 }
 
+/// The largest own, inherited and summed terms over the judged elements.
+#[derive(Default)]
+struct Terms {
+    own: f64,
+    inh: f64,
+    total: f64,
+}
+
+impl Terms {
+    fn add(&mut self, own: f64, inh: f64) {
+        self.own = self.own.max(own);
+        self.inh = self.inh.max(inh);
+        self.total = self.total.max(own + inh);
+    }
+
+    /// The floor, where the oracle's recomputation matched its recording.
+    fn floor(self, worst: f64, how: impl FnOnce(f64, f64) -> String) -> Option<Floor> {
+        (worst <= TRUST).then(|| Floor {
+            own: self.own,
+            inherited: self.inh,
+            total: self.total,
+            how: how(self.own, self.inh),
+        })
+    }
+}
+
+/// |x − y|, infinite where the source's value is not finite.
+fn gap(x: f64, y: f64) -> f64 {
+    if x.is_finite() {
+        (x - y).abs()
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// The oracle's recomputation is trusted up to this relative disagreement
 /// with its recorded stage (f32 storage of the operands: ~1e-7).
 const TRUST: f64 = 1e-4;
@@ -95,7 +130,7 @@ fn scores<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) ->
     }
     let (scale, group, a) = (cfg.attn_scale, h_n / kv, at.arith);
     let per_a = U_ACC * (d as f64).sqrt() + 2.0 * a.u_kv();
-    let (mut own, mut inh, mut total, mut a_max, mut worst) = (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut t, mut a_max, mut worst) = (Terms::default(), 0.0f64, 0.0f64);
     for h in 0..h_n {
         let g = h / group;
         for (r, &p) in pos.iter().enumerate() {
@@ -112,23 +147,16 @@ fn scores<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) ->
                 let (sx, s0, aa) = (sx * scale, s0 * scale, aa * scale);
                 let rec = so.data()[(h * r_n + r) * s_n + j];
                 agrees(s0, rec, aa, &mut worst);
-                let o = at.c * (per_a * aa + a.u_store() * (rec as f64).abs());
-                let i = if sx.is_finite() { (sx - s0).abs() } else { f64::INFINITY };
-                own = own.max(o);
-                inh = inh.max(i);
-                total = total.max(o + i);
+                t.add(at.c * (per_a * aa + a.u_store() * (rec as f64).abs()), gap(sx, s0));
                 a_max = a_max.max(aa);
             }
         }
     }
-    (worst <= TRUST).then(|| Floor {
-        own,
-        inherited: inh,
-        total,
-        how: format!(
+    t.floor(worst, |own, inh| {
+        format!(
             "own ≤ {own:.2e} (D {d}, Σ|q·k| ≤ {a_max:.3e}) + inherited ≤ {inh:.2e} (recomputed from {q} and {s_n} \
              keys of {k}, exact)"
-        ),
+        )
     })
 }
 
@@ -159,7 +187,7 @@ fn probs<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> 
         return None;
     }
     let a = at.arith;
-    let (mut own, mut inh, mut total, mut worst) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut t, mut worst) = (Terms::default(), 0.0f64);
     for h in 0..h_n {
         for (r, &p) in pos.iter().enumerate() {
             let at_row = (h * r_n + r) * s_n;
@@ -175,21 +203,12 @@ fn probs<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> 
                 let rec = op.data()[at_row + j] as f64;
                 agrees(po[j], rec as f32, 1.0, &mut worst);
                 let arg = (so[j] as f64 - m).abs();
-                let o = at.c * po[j] * (U_ACC * ((s_n as f64).sqrt() + arg) + a.u_store());
-                let i = if px[j].is_finite() { (px[j] - po[j]).abs() } else { f64::INFINITY };
-                own = own.max(o);
-                inh = inh.max(i);
-                total = total.max(o + i);
+                t.add(at.c * po[j] * (U_ACC * ((s_n as f64).sqrt() + arg) + a.u_store()), gap(px[j], po[j]));
             }
         }
     }
-    (worst <= TRUST).then(|| Floor {
-        own,
-        inherited: inh,
-        total,
-        how: format!(
-            "own ≤ {own:.2e} (S {s_n}) + inherited ≤ {inh:.2e} (softmax of {scores} recomputed, exact)"
-        ),
+    t.floor(worst, |own, inh| {
+        format!("own ≤ {own:.2e} (S {s_n}) + inherited ≤ {inh:.2e} (softmax of {scores} recomputed, exact)")
     })
 }
 
@@ -212,7 +231,7 @@ fn ctx<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> Op
     }
     let (group, a) = (h_n / kv, at.arith);
     let per_a = U_ACC * (s_n as f64).sqrt() + 2.0 * a.u_kv();
-    let (mut own, mut inh, mut total, mut a_max, mut worst) = (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut t, mut a_max, mut worst) = (Terms::default(), 0.0f64, 0.0f64);
     for h in 0..h_n {
         let g = h / group;
         for r in 0..r_n {
@@ -228,22 +247,15 @@ fn ctx<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> Op
                 }
                 let rec = oc.data()[(r * h_n + h) * d + i];
                 agrees(c0, rec, aa, &mut worst);
-                let o = at.c * (per_a * aa + a.u_store() * (rec as f64).abs());
-                let e = if cx.is_finite() { (cx - c0).abs() } else { f64::INFINITY };
-                own = own.max(o);
-                inh = inh.max(e);
-                total = total.max(o + e);
+                t.add(at.c * (per_a * aa + a.u_store() * (rec as f64).abs()), gap(cx, c0));
                 a_max = a_max.max(aa);
             }
         }
     }
-    (worst <= TRUST).then(|| Floor {
-        own,
-        inherited: inh,
-        total,
-        how: format!(
+    t.floor(worst, |own, inh| {
+        format!(
             "own ≤ {own:.2e} (S {s_n}, Σp·|v| ≤ {a_max:.3e}) + inherited ≤ {inh:.2e} (recomputed from {probs} and \
              {s_n} values of {v}, exact)"
-        ),
+        )
     })
 }
