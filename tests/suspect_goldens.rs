@@ -57,7 +57,12 @@ fn first_source(path: &Path) -> Result<String, Failed> {
 /// the recorded layer nearest the middle, at the prefill; the logits where
 /// the golden records no block stage.
 fn mid_stage(g: &GoldenSet, layers: usize) -> Option<(Step, Stage)> {
-    let recorded: Vec<(Step, Stage)> = g.keys().copied().filter(|(s, _)| *s == Step::Prefill).collect();
+    // The stages it records for checking (not those kept for the floors).
+    let recorded: Vec<(Step, Stage)> = g
+        .keys()
+        .copied()
+        .filter(|(s, st)| *s == Step::Prefill && g.records(*s, *st))
+        .collect();
     let layer_of = |st: &Stage| match st {
         Stage::Block(l, _) => Some(*l),
         _ => None,
