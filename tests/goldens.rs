@@ -1159,11 +1159,17 @@ fn a_failing_recorder_is_named_and_the_others_carry_on() {
     assert!(o.stdout.contains("`llama.cpp`: NOT RECORDED"), "{}", o.stdout);
     assert!(o.stdout.contains("the graph has no node kq-0"), "{}", o.stdout);
     assert!(
-        o.stdout.contains("pending (what `touchstone goldens accept` would take):") && o.stdout.contains("`hf`"),
+        o.stdout
+            .contains("pending (what `touchstone goldens accept` would take):")
+            && o.stdout.contains("`hf`"),
         "{}",
         o.stdout
     );
-    assert!(o.stderr.contains("1 golden(s) not recorded") && o.stderr.contains("llama.cpp"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("1 golden(s) not recorded") && o.stderr.contains("llama.cpp"),
+        "{}",
+        o.stderr
+    );
     assert!(pending(&sc.golden).exists() && !pending(&llama).exists());
     let _ = touchstone_env(&["goldens", "reject", &s(&sc.spec)], &[]);
 }

@@ -43,8 +43,8 @@ fn specs() -> Vec<PathBuf> {
 
 /// The spec's first golden source as written (`goldens:`' first key).
 fn first_source(path: &Path) -> Result<String, Failed> {
-    let v: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let v: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     v.get("goldens")
         .and_then(|g| g.as_mapping())
         .and_then(|m| m.keys().next())
@@ -90,7 +90,12 @@ fn trial(path: PathBuf) -> Result<(), Failed> {
     let engine = Replay::new(&cpu);
     let filter = Filter(Some(vec!["*::golden:*".into(), "*::references_agree:*".into()]));
     let base = run_on(&plan, &engine, &filter, &|id| id.to_string());
-    let failed: Vec<&str> = base.outcomes.iter().filter(|o| o.status == Status::Fail).map(|o| o.id.as_str()).collect();
+    let failed: Vec<&str> = base
+        .outcomes
+        .iter()
+        .filter(|o| o.status == Status::Fail)
+        .map(|o| o.id.as_str())
+        .collect();
     if !failed.is_empty() {
         return Err(format!("the untampered goldens fail: {failed:?}").into());
     }
@@ -99,7 +104,10 @@ fn trial(path: PathBuf) -> Result<(), Failed> {
     let (step, stage) = mid_stage(golden, plan.config.layers).ok_or("no stage to damage")?;
     let key = format!("{step}/{stage}");
     let mut file = read_safetensors(&golden.path).map_err(|e| e.to_string())?;
-    let t = file.floats.get_mut(&key).ok_or_else(|| format!("{key} not in the golden"))?;
+    let t = file
+        .floats
+        .get_mut(&key)
+        .ok_or_else(|| format!("{key} not in the golden"))?;
     let row = *t.shape().last().unwrap();
     let last = t.numel() - row;
     let big = (last..t.numel())
@@ -126,13 +134,24 @@ fn trial(path: PathBuf) -> Result<(), Failed> {
         .filter(|o| o.status == Status::Fail)
         .map(|o| o.id.clone())
         .collect();
-    let d = run.suspect_golden.as_ref().ok_or_else(|| format!("no suspect golden; failures {failing:?}"))?;
+    let d = run
+        .suspect_golden
+        .as_ref()
+        .ok_or_else(|| format!("no suspect golden; failures {failing:?}"))?;
     if (d.step.as_str(), d.stage.as_str()) != (step.to_string().as_str(), stage.to_string().as_str()) {
-        return Err(format!("suspect golden at {}/{}, damaged {key}; failures {failing:?}", d.step, d.stage).into());
+        return Err(format!(
+            "suspect golden at {}/{}, damaged {key}; failures {failing:?}",
+            d.step, d.stage
+        )
+        .into());
     }
     let engine_fails: Vec<&String> = failing.iter().filter(|id| id.contains("::golden:")).collect();
     if !engine_fails.is_empty() || run.first_divergence.is_some() {
-        return Err(format!("engine failures {engine_fails:?}, first divergence {:?}", run.first_divergence).into());
+        return Err(format!(
+            "engine failures {engine_fails:?}, first divergence {:?}",
+            run.first_divergence
+        )
+        .into());
     }
     // The damaged source's own check: against the oracle (`oracle~SOURCE`),
     // or, in a spec without one, against the first source or by it.
@@ -143,7 +162,11 @@ fn trial(path: PathBuf) -> Result<(), Failed> {
     if failing.is_empty() || !failing.iter().all(own) {
         return Err(format!("failures {failing:?}, expected only `{source}`'s references_agree at {key}").into());
     }
-    eprintln!("{}: {key} damaged in `{source}` (values {start}..{}): suspect golden there, nothing else", spec.name, start + 32);
+    eprintln!(
+        "{}: {key} damaged in `{source}` (values {start}..{}): suspect golden there, nothing else",
+        spec.name,
+        start + 32
+    );
     Ok(())
 }
 

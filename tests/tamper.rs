@@ -138,11 +138,22 @@ fn an_oracle_beyond_the_storage_range_is_said_once_and_its_checks_skipped() {
     write_safetensors(&oracle, &f.floats, &f.ints, &f.metadata).unwrap();
     let text = std::fs::read_to_string(root().join("specs/qwen2-tiny.yaml"))
         .unwrap()
-        .replace("../goldens/qwen2-tiny/oracle.safetensors", &oracle.display().to_string())
+        .replace(
+            "../goldens/qwen2-tiny/oracle.safetensors",
+            &oracle.display().to_string(),
+        )
         .replace("../goldens/", &format!("{}/goldens/", root().display()));
     let s = write(d.path(), "s.yaml", &text);
     let report = d.path().join("r.json");
-    let o = touchstone(&["run", &s.display().to_string(), "--storage", "f16", "-q", "--json", &report.display().to_string()]);
+    let o = touchstone(&[
+        "run",
+        &s.display().to_string(),
+        "--storage",
+        "f16",
+        "-q",
+        "--json",
+        &report.display().to_string(),
+    ]);
     assert_eq!(o.code, 0, "{}", o.all());
     let note = "note: storage f16 cannot hold this model's values: the oracle's prefill/blk.1.out reaches";
     assert_eq!(o.stdout.matches(note).count(), 1, "{}", o.stdout);
@@ -152,7 +163,9 @@ fn an_oracle_beyond_the_storage_range_is_said_once_and_its_checks_skipped() {
     for c in checks {
         let at = (c["step"].as_str(), c["stage"].as_str());
         let past = match at {
-            (Some("prefill"), Some(st)) => !(st == "embed" || st.starts_with("blk.0.") || (st.starts_with("blk.1.") && st != "blk.1.out")),
+            (Some("prefill"), Some(st)) => {
+                !(st == "embed" || st.starts_with("blk.0.") || (st.starts_with("blk.1.") && st != "blk.1.out"))
+            }
             (Some(_), Some(_)) => true,
             _ => !matches!(c["check"].as_str(), Some("weights")),
         };

@@ -8,7 +8,9 @@
 #     sampling-oracle.safetensors (--sample-probs 0.7,40,0.9), and
 #     tokens-{hf,llamacpp,oracle}.safetensors (the token-id prompt of
 #     specs/qwen2-tiny-tokens.yaml)
-#   goldens/qwen2.5-0.5b/: hf, llamacpp and oracle .safetensors, from the
+#   goldens/qwen2.5-0.5b/ (and gemma3-270m/, gemma3-270m-neartie/): hf,
+#     llamacpp and oracle .safetensors and the 16-bit HF goldens a spec
+#     declares (hf-bf16, hf-f16), from the
 #     prompt and `record:` of specs/qwen2.5-0.5b.yaml, when the real model's
 #     GGUF is in $TOUCHSTONE_CACHE/models/ (ci/fetch_real_model.py puts it
 #     there); skipped with a message otherwise.
@@ -27,6 +29,8 @@
 #        REGEN_ONLY=vlm goldens/recorders/regen.sh [OUT_DIR]
 #            only the images and the vision-language models (no text
 #            model; libmtmd is built if missing), compared the same way
+#        REGEN_ONLY=reals goldens/recorders/regen.sh [OUT_DIR]
+#            only the real models (each whose GGUF is cached)
 #
 #   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
 #            per model; a relative path is taken from the current directory.
@@ -50,7 +54,7 @@ die() { echo "regen.sh: error: $*" >&2; exit 2; }
 say() { echo "regen.sh: $*"; }
 
 [ $# -le 1 ] || die "usage: $0 [OUT_DIR]"
-case "${1:-}" in -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -131,16 +135,19 @@ if [ ! -x "$TS" ]; then
 fi
 record_args() { "$TS" goldens args -0 "$1" || die "touchstone goldens args $1 failed"; }
 
-# REGEN_ONLY=vlm: the images and the vision-language models only.
+# REGEN_ONLY=vlm: the images and the vision-language models only;
+# REGEN_ONLY=reals: the real models only (their GGUFs cached).
 ONLY="${REGEN_ONLY:-}"
 case "$ONLY" in
     "") ;;
     vlm) say "REGEN_ONLY=vlm: the test images and the vision-language models only"
          MODELS="";;  # REALS is emptied where it is set, below
-    *) die "REGEN_ONLY=$ONLY: the only value is 'vlm'";;
+    reals) say "REGEN_ONLY=reals: the real models only"
+         MODELS="";;
+    *) die "REGEN_ONLY=$ONLY: the values are 'vlm' and 'reals'";;
 esac
 
-if [ -z "$ONLY" ]; then
+if [ "$ONLY" != vlm ]; then
     say "libllama from the pinned llama-cpp-python sdist (build_llamacpp.py; cached builds are reused)"
     LIBDIR="$("$PYBIN" "$HERE/build_llamacpp.py")" || die "build_llamacpp.py failed"
     say "libllama in $LIBDIR"
@@ -152,7 +159,7 @@ EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safete
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
 REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
-[ -z "$ONLY" ] || REALS=""  # REGEN_ONLY=vlm
+[ "$ONLY" != vlm ] || REALS=""  # REGEN_ONLY=vlm
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 # A spec's next-token goldens (record_next_token.py), in its next_token folder.
 NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetensors llamacpp.safetensors"
@@ -205,6 +212,12 @@ elif what == "arithmetic":
         a = {"storage": "f32", "activations": a} if a in ("q8_0", "q8_k") else {"storage": a}
     if isinstance(a, dict):
         out.append(json.dumps(a, sort_keys=True, separators=(",", ":")))
+elif what == "halves":
+    # The 16-bit HF goldens the spec declares: DTYPE FILE pairs.
+    for src, dt in (("hf-bf16", "bfloat16"), ("hf-f16", "float16")):
+        g = (spec.get("goldens") or {}).get(src)
+        if g:
+            out += [dt, os.path.basename(g)]
 elif what == "model":
     m = spec["model"]
     out.append(os.path.join(cache, "models", m[len("cache:"):]) if m.startswith("cache:")
@@ -337,6 +350,19 @@ for r in $REALS; do
     say "[$REAL] recording llama.cpp goldens into $dir/llamacpp.safetensors"
     "$PYBIN" "$HERE/record_llamacpp.py" "${REAL_MODEL[0]}" "$dir/llamacpp.safetensors" \
         --hf-golden "$dir/hf.safetensors" "${RR[@]}" "${RK[@]}" >/dev/null || die "record_llamacpp.py ($REAL) failed"
+    # The spec's 16-bit HF goldens (hf-bf16, hf-f16): the same weights cast, fed
+    # the HF golden's tokens, told the oracle (where one overflows, its
+    # provenance gives the oracle's magnitude there), as `goldens regen` records them.
+    mapfile -d '' RH < <(spec_args halves "$REAL_SPEC")
+    REAL_MORE=""
+    for ((i = 0; i < ${#RH[@]}; i += 2)); do
+        say "[$REAL] recording the ${RH[i]} HF golden into $dir/${RH[i+1]}"
+        "$PYBIN" "$HERE/record_hf.py" "${REAL_MODEL[0]}" "$dir/${RH[i+1]}" --dtype "${RH[i]}" \
+            --tokens-from "$dir/hf.safetensors" "${RR[@]}" --oracle "$dir/oracle.safetensors" >/dev/null \
+            || die "record_hf.py --dtype ${RH[i]} ($REAL) failed"
+        REAL_MORE="$REAL_MORE ${RH[i+1]}"
+    done
+    eval "MORE_${REAL//[.-]/_}=\"\$REAL_MORE\""
     record_next_token "$REAL_SPEC" "${REAL_MODEL[0]}" "${REAL_MODEL[0]}"
     REALS_DONE="$REALS_DONE $REAL"
 done
@@ -350,9 +376,12 @@ VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-
 VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
 VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
 IMAGES="grid-112x168.png grid-224x320.png"
-say "[images] writing the test images into $OUT/images"
-rm -rf "$OUT/images"
-"$PYBIN" "$HERE/make_test_image.py" "$OUT/images" >/dev/null || die "make_test_image.py failed"
+[ "$ONLY" != reals ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals
+if [ -n "$IMAGES" ]; then
+    say "[images] writing the test images into $OUT/images"
+    rm -rf "$OUT/images"
+    "$PYBIN" "$HERE/make_test_image.py" "$OUT/images" >/dev/null || die "make_test_image.py failed"
+fi
 for m in $VLM_MODELS; do
     IFS=: read -r name family image <<<"$m"
     dir="$OUT/$name"
@@ -401,8 +430,9 @@ for m in $MODELS; do
 done
 # shellcheck disable=SC2086
 for REAL in $REALS_DONE; do
+    more="MORE_${REAL//[.-]/_}"
     # shellcheck disable=SC2086
-    compare_list "$REAL" $REAL_FILES
+    compare_list "$REAL" $REAL_FILES ${!more:-}
 done
 for rel in $NT_DONE; do
     # shellcheck disable=SC2086

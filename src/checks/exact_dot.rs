@@ -230,11 +230,22 @@ mod tests {
             let ((a, s), q, d) = match isa {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 | Isa::Avx2 => unsafe {
-                    (avx2::dot_and_abs(&w, &x), avx2::abs_dot(&w, &v), avx2::dot_f64(&w, &signed))
+                    (
+                        avx2::dot_and_abs(&w, &x),
+                        avx2::abs_dot(&w, &v),
+                        avx2::dot_f64(&w, &signed),
+                    )
                 },
-                Isa::Baseline => (dot_and_abs_lanes(&w, &x), abs_dot_lanes(&w, &v), dot_f64_lanes(&w, &signed)),
+                Isa::Baseline => (
+                    dot_and_abs_lanes(&w, &x),
+                    abs_dot_lanes(&w, &v),
+                    dot_f64_lanes(&w, &signed),
+                ),
             };
-            assert!((d - plain_d).abs() <= 1e3 * f64::EPSILON * plain_abs, "{isa:?}: {d} vs {plain_d}");
+            assert!(
+                (d - plain_d).abs() <= 1e3 * f64::EPSILON * plain_abs,
+                "{isa:?}: {d} vs {plain_d}"
+            );
             let tol = 1e3 * f64::EPSILON * plain_abs;
             assert!((a - plain).abs() <= tol, "{isa:?}: {a} vs {plain}");
             assert!((s - plain_abs).abs() <= tol, "{isa:?}: {s} vs {plain_abs}");

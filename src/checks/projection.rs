@@ -8,6 +8,9 @@ use crate::checks::facts::Facts;
 use crate::stage::{BlockStage, Stage};
 use crate::tensor::Tensor;
 
+/// A projection's weight, its bias if it has one, and the name read.
+pub type WeightAndBias = (Arc<Tensor>, Option<Arc<Tensor>>, String);
+
 /// The input stage of a projection stage and its weight's HF name (the
 /// bias is the same name ending `.bias`). Logits name the LM head; a tied
 /// model's is the embedding (resolved when judged).
@@ -31,10 +34,7 @@ pub fn projection(stage: Stage) -> Option<(Stage, String)> {
 /// (`projection`'s HF name; a tied model's LM head is its embedding), with
 /// the name read: what `linear` recomputes the stage with, and what the
 /// scaled policy's floor carries an input's error through (`checks::floor`).
-pub fn weight_and_bias(
-    facts: &Facts,
-    weight: &str,
-) -> Result<(Arc<Tensor>, Option<Arc<Tensor>>, String), String> {
+pub fn weight_and_bias(facts: &Facts, weight: &str) -> Result<WeightAndBias, String> {
     let name = match weight {
         "lm_head.weight" if facts.config.tie_embeddings || !facts.file.has("lm_head.weight") => {
             "model.embed_tokens.weight"
@@ -49,4 +49,3 @@ pub fn weight_and_bias(
     };
     Ok((w, b, name.to_string()))
 }
-

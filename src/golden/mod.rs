@@ -179,7 +179,9 @@ impl GoldenSet {
     /// Whether `stage` at `step` was recorded for the floors alone
     /// (`record.aux`): every token row, no check planned on it.
     pub fn is_aux(&self, step: Step, stage: Stage) -> bool {
-        self.aux.get(&step).is_some_and(|ps| ps.iter().any(|p| p.matches(stage)))
+        self.aux
+            .get(&step)
+            .is_some_and(|ps| ps.iter().any(|p| p.matches(stage)))
     }
 
     /// Every step where this golden kept only some token rows, with those rows.
@@ -285,9 +287,7 @@ impl GoldenSet {
 
 /// `record.aux` of a provenance ({step: [pattern, ...]}, written by the
 /// recorders' `--aux`).
-fn aux_patterns(
-    prov: &Value,
-) -> std::result::Result<BTreeMap<Step, Vec<crate::stage::pattern::StagePattern>>, String> {
+fn aux_patterns(prov: &Value) -> std::result::Result<BTreeMap<Step, Vec<crate::stage::pattern::StagePattern>>, String> {
     let mut out = BTreeMap::new();
     let Some(map) = prov.pointer("/record/aux") else {
         return Ok(out);
@@ -299,7 +299,9 @@ fn aux_patterns(
         let step = Step::parse(name).ok_or(format!("provenance `record.aux`: `{name}` is not a step"))?;
         let pats = pats
             .as_array()
-            .ok_or(format!("provenance `record.aux.{name}` is not a list of stage patterns"))?
+            .ok_or(format!(
+                "provenance `record.aux.{name}` is not a list of stage patterns"
+            ))?
             .iter()
             .map(|p| {
                 p.as_str()
@@ -321,9 +323,9 @@ fn overflow_at(prov: &Value) -> std::result::Result<Option<(Step, Stage)>, Strin
     let Some(o) = prov.get("overflow") else { return Ok(None) };
     let field = |k: &str| o.get(k).and_then(Value::as_str);
     match (field("step"), field("stage")) {
-        (Some(step), Some(stage)) => parse_key(&format!("{step}/{stage}"))
-            .map(Some)
-            .ok_or(format!("provenance `overflow` names `{step}/{stage}`, not a step and stage")),
+        (Some(step), Some(stage)) => parse_key(&format!("{step}/{stage}")).map(Some).ok_or(format!(
+            "provenance `overflow` names `{step}/{stage}`, not a step and stage"
+        )),
         _ => Err("provenance `overflow` has no `step` and `stage`".into()),
     }
 }

@@ -49,11 +49,15 @@ impl SuspectReference {
 impl SuiteRun {
     /// Every reference some golden check left out, in source order.
     pub fn suspect_references(&self) -> Vec<SuspectReference> {
-        let mut by: BTreeMap<&str, (BTreeMap<(Step, Stage), f64>, f64, (Step, Stage))> = BTreeMap::new();
+        // Per source: each stage's ratio, and the worst with its place.
+        type Seen = (BTreeMap<(Step, Stage), f64>, f64, (Step, Stage));
+        let mut by: BTreeMap<&str, Seen> = BTreeMap::new();
         for o in &self.outcomes {
             let Some(at) = o.at else { continue };
             for (k, v) in &o.metrics {
-                let Some(source) = k.strip_prefix(SUSPECT_REFERENCE) else { continue };
+                let Some(source) = k.strip_prefix(SUSPECT_REFERENCE) else {
+                    continue;
+                };
                 let e = by.entry(source).or_insert((BTreeMap::new(), f64::NEG_INFINITY, at));
                 e.0.insert(at, *v);
                 if *v > e.1 || v.is_nan() {
@@ -97,7 +101,9 @@ impl SuiteRun {
     pub fn largest_ratios(&self) -> Vec<LargestRatio> {
         let mut by: BTreeMap<String, (f64, String)> = BTreeMap::new();
         for o in &self.outcomes {
-            let Some(r) = o.metrics.get("ratio").copied().filter(|r| !r.is_nan()) else { continue };
+            let Some(r) = o.metrics.get("ratio").copied().filter(|r| !r.is_nan()) else {
+                continue;
+            };
             let of = match &o.family {
                 crate::checks::Family::Golden { .. } => "engine".to_string(),
                 crate::checks::Family::ReferencesAgree { other, .. } => other.clone(),

@@ -7,9 +7,9 @@
 //! (`harness`) all run plans through `run`.
 
 pub mod filter;
-pub mod overflow;
 #[cfg(test)]
 mod mutant_tests;
+pub mod overflow;
 #[cfg(test)]
 mod vlm_tests;
 
@@ -261,9 +261,12 @@ fn run_loaded(plan: &Plan, engine: &dyn Engine, opts: &RunOptions) -> (SuiteRun,
         (Some(_), None, CheckKind::Run(rc)) => !matches!(rc.id().as_str(), "weights" | "tokenizer"),
         _ => false,
     };
-    let skip_reason = overflow
-        .as_ref()
-        .map(|o| format!("storage {} overflows before this check (the run's note says where)", o.storage));
+    let skip_reason = overflow.as_ref().map(|o| {
+        format!(
+            "storage {} overflows before this check (the run's note says where)",
+            o.storage
+        )
+    });
 
     let mut outcomes: Vec<Outcome> = selected
         .par_iter()

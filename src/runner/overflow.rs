@@ -34,7 +34,10 @@ impl Overflow {
         let (step, stage) = self.at;
         let limit = self.storage.max_finite();
         let why = match (&self.reference, self.value) {
-            (None, Some(v)) => format!("the oracle's {step}/{stage} reaches {v:.4e}, beyond {}'s largest finite value {limit}", self.storage),
+            (None, Some(v)) => format!(
+                "the oracle's {step}/{stage} reaches {v:.4e}, beyond {}'s largest finite value {limit}",
+                self.storage
+            ),
             (Some(r), Some(v)) => format!(
                 "reference `{r}` (the same storage) overflowed at {step}/{stage}, where the oracle reaches {v:.4e}"
             ),

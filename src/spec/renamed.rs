@@ -24,10 +24,7 @@ const REPLACED: &[Replaced] = &[Replaced {
 pub(super) fn find(spec: &Value) -> Option<(&'static str, String)> {
     REPLACED.iter().find_map(|r| {
         let old = spec.get(r.section)?.get(r.key)?;
-        Some((
-            r.key,
-            format!("{}.{}: {}", r.section, r.key, (r.replacement)(old)),
-        ))
+        Some((r.key, format!("{}.{}: {}", r.section, r.key, (r.replacement)(old))))
     })
 }
 
@@ -87,7 +84,9 @@ mod tests {
         assert!(m.contains("q8_k") && m.contains("kv: f16"), "{m}");
         let m = msg("scaled: {unit_roundoff: {hf: 5.9604644775390625e-8, x: 4.8828125e-4}}").unwrap();
         assert!(m.contains("arithmetic: {hf: f32, x: f16}"), "{m}");
-        assert!(msg("scaled: {unit_roundoff: {a: 0.1}}").unwrap().contains("no arithmetic's unit roundoff"));
+        assert!(msg("scaled: {unit_roundoff: {a: 0.1}}")
+            .unwrap()
+            .contains("no arithmetic's unit roundoff"));
         assert_eq!(msg("scaled: {arithmetic: {llama.cpp: q8_0}}"), None);
     }
 }

@@ -23,7 +23,7 @@
 //! convention of scale or mask than the one computed here) the floor is not
 //! computed this way and the caller estimates, saying so.
 
-use super::{FloorAt, Floor, Source};
+use super::{Floor, FloorAt, Source};
 use crate::arithmetic::U_ACC;
 use crate::stage::{BlockStage, Stage, Step};
 use crate::tensor::Tensor;
@@ -40,7 +40,12 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
 /// The cache a step's attention reads: `stage` (k_rope or v, [T, KV, D]) of
 /// every step up to `upto`, every row, stacked as [S, KV·D]. None unless
 /// every step holds every row.
-fn cache<'t>(at: &FloorAt, get: &dyn Fn(Step, Stage) -> Option<&'t Tensor>, stage: Stage, upto: Step) -> Option<Vec<f32>> {
+fn cache<'t>(
+    at: &FloorAt,
+    get: &dyn Fn(Step, Stage) -> Option<&'t Tensor>,
+    stage: Stage,
+    upto: Step,
+) -> Option<Vec<f32>> {
     let mut out = Vec::new();
     for step in Step::sequence(upto.index()) {
         let t = get(step, stage)?;
@@ -125,7 +130,8 @@ fn scores<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) ->
     let (h_n, d, kv) = (cfg.heads, cfg.head_dim, cfg.kv_heads);
     let pos = query_positions(at, want);
     let (r_n, s_n) = (pos.len(), at.facts.step_dims(at.step).1);
-    if xq.numel() != r_n * h_n * d || so.numel() != h_n * r_n * s_n || ko.len() != s_n * kv * d || kx.len() != ko.len() {
+    if xq.numel() != r_n * h_n * d || so.numel() != h_n * r_n * s_n || ko.len() != s_n * kv * d || kx.len() != ko.len()
+    {
         return None;
     }
     let (scale, group, a) = (cfg.attn_scale, h_n / kv, at.arith);
@@ -134,7 +140,10 @@ fn scores<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) ->
     for h in 0..h_n {
         let g = h / group;
         for (r, &p) in pos.iter().enumerate() {
-            let (qx, qo) = (&xq.data()[(r * h_n + h) * d..][..d], &oq.data()[(r * h_n + h) * d..][..d]);
+            let (qx, qo) = (
+                &xq.data()[(r * h_n + h) * d..][..d],
+                &oq.data()[(r * h_n + h) * d..][..d],
+            );
             for j in (0..s_n).filter(|&j| visible(at, l, p, j)) {
                 let (kxj, koj) = (&kx[(j * kv + g) * d..][..d], &ko[(j * kv + g) * d..][..d]);
                 let (mut sx, mut s0, mut aa) = (0.0f64, 0.0f64, 0.0f64);
@@ -178,7 +187,10 @@ fn softmax(row: &[f32], vis: &[bool]) -> Vec<f64> {
 
 fn probs<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> Option<Floor> {
     let cfg = at.facts.config;
-    let (scores, stage) = (Stage::Block(l, BlockStage::AttnScores), Stage::Block(l, BlockStage::AttnProbs));
+    let (scores, stage) = (
+        Stage::Block(l, BlockStage::AttnScores),
+        Stage::Block(l, BlockStage::AttnProbs),
+    );
     let (xs, os) = at.pair(x, scores, want)?;
     let op = at.view(at.o(stage)?, stage, want)?;
     let pos = query_positions(at, want);
@@ -203,7 +215,10 @@ fn probs<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> 
                 let rec = op.data()[at_row + j] as f64;
                 agrees(po[j], rec as f32, 1.0, &mut worst);
                 let arg = (so[j] as f64 - m).abs();
-                t.add(at.c * po[j] * (U_ACC * ((s_n as f64).sqrt() + arg) + a.u_store()), gap(px[j], po[j]));
+                t.add(
+                    at.c * po[j] * (U_ACC * ((s_n as f64).sqrt() + arg) + a.u_store()),
+                    gap(px[j], po[j]),
+                );
             }
         }
     }
@@ -226,7 +241,8 @@ fn ctx<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> Op
     let (h_n, d, kv) = (cfg.heads, cfg.head_dim, cfg.kv_heads);
     let pos = query_positions(at, want);
     let (r_n, s_n) = (pos.len(), at.facts.step_dims(at.step).1);
-    if op.numel() != h_n * r_n * s_n || oc.numel() != r_n * h_n * d || vo.len() != s_n * kv * d || vx.len() != vo.len() {
+    if op.numel() != h_n * r_n * s_n || oc.numel() != r_n * h_n * d || vo.len() != s_n * kv * d || vx.len() != vo.len()
+    {
         return None;
     }
     let (group, a) = (h_n / kv, at.arith);

@@ -112,7 +112,6 @@ pub fn matmul_input(stage: Stage) -> Option<Stage> {
     }
 }
 
-
 /// The KV-cache stage an attention stage reads at every position so far
 /// (keys for the scores, values for the context): its floor recomputes the
 /// stage from them (`attention`), so they are read at every step up to the

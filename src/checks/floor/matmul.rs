@@ -5,8 +5,8 @@
 //!   rows. A linear map carries an input error exactly, so this is what a
 //!   correct implementation fed X's own input gives, to the last bit of f64;
 //!   no gain is measured and none assumed;
-//! - own: c·((u_acc·√K + u_w)·S_i + u_store·|y_i| + q8_i), S_i = Σ_j |W_ij·x_j|
-//!   + |b_i| over the oracle's input. A dot product's roundings scale with
+//! - own: c·((u_acc·√K + u_w)·S_i + u_store·|y_i| + q8_i), with
+//!   S_i = Σ_j |W_ij·x_j| plus |b_i| over the oracle's input. A dot product's roundings scale with
 //!   S_i, not with |y_i|: where the terms cancel (a large bias against the
 //!   product, attention logits of hundreds summing to a few) |y_i| would ask
 //!   for less than any correct f32 or 16-bit sum can reach. u_w is the stored
@@ -68,7 +68,13 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
         .data()
         .iter()
         .zip(xo.data())
-        .map(|(a, b)| if a.is_finite() { *a as f64 - *b as f64 } else { f64::INFINITY })
+        .map(|(a, b)| {
+            if a.is_finite() {
+                *a as f64 - *b as f64
+            } else {
+                f64::INFINITY
+            }
+        })
         .collect();
     // |W_i·Δx_r|, weight rows in parallel (each against every judged row).
     let inherited: Vec<Vec<f64>> = w
@@ -95,7 +101,11 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
             q_max = q_max.max(q);
         }
     }
-    let q8 = if block > 0 { format!(", q8 effect ≤ {q_max:.2e}") } else { String::new() };
+    let q8 = if block > 0 {
+        format!(", q8 effect ≤ {q_max:.2e}")
+    } else {
+        String::new()
+    };
     Some(Floor {
         own,
         inherited: inh,
@@ -112,7 +122,11 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
 fn terms(at: &FloorAt, wname: &str, xo: &Tensor, yo: &Tensor, block: usize) -> Option<MatmulTerms> {
     let (w, b, name) = weight_and_bias(at.facts, wname).ok()?;
     let [out, n] = *w.shape() else { return None };
-    if n == 0 || xo.numel() % n != 0 || yo.numel() != xo.numel() / n * out || b.as_ref().is_some_and(|b| b.numel() != out) {
+    if n == 0
+        || !xo.numel().is_multiple_of(n)
+        || yo.numel() != xo.numel() / n * out
+        || b.as_ref().is_some_and(|b| b.numel() != out)
+    {
         return None;
     }
     let rows = xo.numel() / n;
@@ -124,7 +138,9 @@ fn terms(at: &FloorAt, wname: &str, xo: &Tensor, yo: &Tensor, block: usize) -> O
         .enumerate()
         .map(|(i, wr)| {
             let bi = b.as_ref().map_or(0.0, |b| b.data()[i] as f64).abs();
-            let abs = (0..rows).map(|r| dot_and_abs(wr, &xd[r * n..(r + 1) * n]).1 + bi).collect();
+            let abs = (0..rows)
+                .map(|r| dot_and_abs(wr, &xd[r * n..(r + 1) * n]).1 + bi)
+                .collect();
             let q = match &qerr {
                 Some(qe) => (0..rows).map(|r| dot_f64(wr, &qe[r * n..(r + 1) * n]).abs()).collect(),
                 None => Vec::new(),

@@ -363,7 +363,10 @@ impl<'a> FloorAt<'a> {
                     AttnScores => {
                         let rq = self.rel(self.err(x, ins[0], want)?, ins[0], want)?;
                         let rk = self.rel(self.err(x, ins[1], want)?, ins[1], want)?;
-                        Some(((rq + rk) * m, "estimated from q/k's relative errors: no key cache recorded".into()))
+                        Some((
+                            (rq + rk) * m,
+                            "estimated from q/k's relative errors: no key cache recorded".into(),
+                        ))
                     }
                     AttnProbs => named(2.0 * m * self.err(x, s(AttnScores), want)?),
                     AttnCtx => {

@@ -62,7 +62,9 @@ mod tests {
         let x = Tensor::new(vec![1, 32], (0..32).map(|i| i as f32 * 0.0137).collect());
         let r = q8_rel_error(&x, 32);
         assert!(r > 0.0 && r < q8_rel_error_bound(32), "{r}");
-        assert!(q8_error(x.data(), 32, 32).iter().all(|e| e.abs() <= 31.0 * 0.0137 / 254.0 + 1e-12));
+        assert!(q8_error(x.data(), 32, 32)
+            .iter()
+            .all(|e| e.abs() <= 31.0 * 0.0137 / 254.0 + 1e-12));
         // An outlier makes the rest of its block coarse, not the next block.
         let mut v = vec![0.01f32; 64];
         v[0] = 10.0;

@@ -66,7 +66,12 @@ pub(super) fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<V
              (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
         )));
     };
-    if args.steps.is_some() || args.stages.is_some() || args.rows.is_some() || args.logits_last || !args.stages_at.is_empty() {
+    if args.steps.is_some()
+        || args.stages.is_some()
+        || args.rows.is_some()
+        || args.logits_last
+        || !args.stages_at.is_empty()
+    {
         return Err(Error::Usage(format!(
             "spec `{spec}`: `record:` subsets are not supported for vision-language goldens (record_vlm.py records \
              every stage)"
@@ -115,7 +120,6 @@ pub(super) fn subset_args(args: &RecordArgs) -> Vec<String> {
     }
     out
 }
-
 
 /// The decode steps a recording makes: the spec's `prompt.decode_steps`,
 /// else the current golden's.

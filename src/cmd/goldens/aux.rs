@@ -47,7 +47,8 @@ pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64
     // `record.stages_at`: more stages at one step.
     let mut at: BTreeMap<Step, Vec<StagePattern>> = BTreeMap::new();
     for (name, ps) in &args.stages_at {
-        let step = Step::parse(name).ok_or_else(|| Error::Usage(format!("record.stages_at: `{name}` is not a step")))?;
+        let step =
+            Step::parse(name).ok_or_else(|| Error::Usage(format!("record.stages_at: `{name}` is not a step")))?;
         for p in ps {
             at.entry(step)
                 .or_default()
@@ -62,9 +63,13 @@ pub(super) fn aux_args(model: &Path, args: &RecordArgs, decode_steps: Option<u64
             || at.get(&step).is_some_and(|ps| ps.iter().any(|p| p.matches(s)))
     };
     let sampled = args.sample_probs.is_some();
-    let aux = aux_stages(&Stage::of_model(&cfg, sampled), &all_steps, args.rows.is_some(), &kept, &|s| {
-        floor_reads(&cfg, s)
-    });
+    let aux = aux_stages(
+        &Stage::of_model(&cfg, sampled),
+        &all_steps,
+        args.rows.is_some(),
+        &kept,
+        &|s| floor_reads(&cfg, s),
+    );
     let flag = |flag: &'static str, m: BTreeMap<Step, BTreeSet<Stage>>| {
         m.into_iter().flat_map(move |(step, stages)| {
             let list: Vec<String> = stages.iter().map(Stage::to_string).collect();

@@ -206,7 +206,13 @@ pub fn execute(action: GoldensAction) -> Result<Outcome> {
         GoldensAction::Args { spec, null } => {
             let sp = Spec::load(&spec)?;
             let args = record_args(&sp);
-            let golden = sp.goldens.values().next().or(sp.oracle.as_ref()).cloned().unwrap_or_default();
+            let golden = sp
+                .goldens
+                .values()
+                .next()
+                .or(sp.oracle.as_ref())
+                .cloned()
+                .unwrap_or_default();
             let mut out = args::subset_args(&args);
             out.extend(aux::aux_args(&sp.model, &args, args::decode_steps(&golden, &args))?);
             let sep = if null { "\0" } else { "\n" };

@@ -191,7 +191,6 @@ pub(super) fn gguf_of(
     Ok(gguf)
 }
 
-
 /// Recorder progress (`record_hf.py: prefill: layer 3/24`, ...) goes to the
 /// bar; anything else a recorder prints is kept for the error message.
 fn relay(progress: &Progress) -> impl FnMut(&str) + '_ {

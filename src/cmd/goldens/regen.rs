@@ -25,7 +25,6 @@
 //! ends, also on error; only the pending `<golden>.new` files are written,
 //! beside the spec's goldens.
 
-
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -38,7 +37,6 @@ use super::record::{record_job, Ctx};
 use super::venv::python_env;
 use crate::error::{Error, Result};
 use crate::golden::GoldenSet;
-
 
 /// A fresh folder for one regen's intermediate files, removed on drop (so
 /// also when regen fails and returns early). A SIGKILL leaves it in the
@@ -72,7 +70,6 @@ impl Drop for WorkDir {
     }
 }
 
-
 pub use crate::ci_env::on_ci;
 
 /// Exit-2 error when on CI: goldens are never written there.
@@ -85,7 +82,6 @@ pub fn refuse_on_ci(what: &str) -> Result<()> {
     }
     Ok(())
 }
-
 
 /// The outcome of a regen: the review text, whether any pending golden
 /// differs, and each golden that could not be recorded (its label and why).
@@ -200,7 +196,11 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             }
             Err(e) => {
                 progress.println(&format!("{}: NOT RECORDED: {e}", g.label()));
-                text += &format!("{}: NOT RECORDED (nothing pending for it):\n{}\n\n", g.label(), indent(&e.to_string()));
+                text += &format!(
+                    "{}: NOT RECORDED (nothing pending for it):\n{}\n\n",
+                    g.label(),
+                    indent(&e.to_string())
+                );
                 failed.push((g.label(), first_line(&e.to_string())));
             }
         }
@@ -216,8 +216,16 @@ pub fn regen(root: &Path, jobs: &[Job], python: Option<&Path>) -> Result<RegenRe
             "NOT RECORDED: {} of {} golden(s): {}\npending (what `touchstone goldens accept` would take): {}\n",
             failed.len(),
             jobs.len(),
-            failed.iter().map(|(l, why)| format!("{l} ({why})")).collect::<Vec<_>>().join("; "),
-            if pending.is_empty() { "none".to_string() } else { pending.join(", ") }
+            failed
+                .iter()
+                .map(|(l, why)| format!("{l} ({why})"))
+                .collect::<Vec<_>>()
+                .join("; "),
+            if pending.is_empty() {
+                "none".to_string()
+            } else {
+                pending.join(", ")
+            }
         );
     }
     text += if changed {
@@ -296,4 +304,3 @@ fn first_line(s: &str) -> String {
 fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
 }
-
