@@ -19,7 +19,7 @@ use crate::checks::scaled;
 use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
 use crate::golden::{GoldenSet, ORACLE};
-use crate::stage::{Stage, Step};
+use crate::stage::{BlockStage, Stage, Step};
 use crate::tensor::Tensor;
 
 /// The rule as written: `golden` (every declared source), `{golden: hf}`, or
@@ -275,7 +275,22 @@ fn scaled_against(
     };
     // The engine's floor in its own arithmetic, from its own errors at the
     // stage's inputs.
-    let engine = |st: Step, s: Stage| at.run.and_then(|r| r.captures.get(st, s));
+    // The engine's floor inherits its own errors only at inputs a golden
+    // check verifies: at one recorded for the floors alone (`record.aux`) a
+    // bug would pass into the floor unseen (an attention that reads the cache
+    // short gives a wrong attn_ctx, and an attn_out consistent with it), so
+    // there it is estimated as a correct implementation would carry it. The
+    // KV cache is read as the engine captured it (k_rope and v at every
+    // step): the stage that reads it must be consistent with what the engine
+    // says it cached, and the cache's own stages are checked where recorded.
+    let verified = |st: Step, s: Stage| {
+        matches!(s, Stage::Block(_, BlockStage::KRope | BlockStage::V)) || facts.goldens.values().any(|g| g.records(st, s))
+    };
+    let engine = |st: Step, s: Stage| {
+        verified(st, s)
+            .then(|| at.run.and_then(|r| r.captures.get(st, s)))
+            .flatten()
+    };
     let fl = measure::floor_of(facts, oracle, step, stage, m, facts.arithmetic, None, &engine);
     let j = scaled::judge_engine(measure::policy(facts), e, r, fl.total());
     // The comparator at the allowance gives the failure its count, worst
