@@ -469,7 +469,7 @@ fn q8_engine(p: &Path) -> Result<(), Failed> {
 /// own captures); blk.11.ffn_act by the golden policy and by `swiglu`
 /// (silu(gate)·up recomputed from the engine's own captures).
 fn detection_power(p: &Path) -> Result<(), Failed> {
-    use touchstone::cmd::power::{measure, Grid};
+    use touchstone::cmd::power::{measure_each, Grid};
     use touchstone::stage::parse_key;
     use touchstone::tensor::DType;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -478,14 +478,18 @@ fn detection_power(p: &Path) -> Result<(), Failed> {
         let mut plan = Plan::build(spec.clone(), Some(p)).map_err(|e| e.to_string())?;
         plan.load_options.storage = storage;
         let cpu = CpuEngine::load_with(&plan.model, &plan.load_options).map_err(|e| e.to_string())?;
-        // One forward pass per storage serves both keys: `measure` replays
-        // what this replay stored (a replay of a replay answers the same run).
+        // One forward pass and one judgement of it per storage serve both
+        // keys (`measure_each`).
         let engine = Replay::new(&cpu);
         // Both a block's output and a stage inside it (ffn_act, which the
         // swiglu recompute judges at every storage).
-        for key in ["prefill/blk.11.out", "prefill/blk.11.ffn_act"] {
-            let (step, stage) = parse_key(key).ok_or("bad key")?;
-            let power = measure(&plan, &engine, step, stage, Grid::UntilLost).map_err(|e| e.to_string())?;
+        let keys = ["prefill/blk.11.out", "prefill/blk.11.ffn_act"];
+        let targets = keys
+            .iter()
+            .map(|k| parse_key(k).ok_or(format!("bad key {k}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let powers = measure_each(&plan, &engine, &targets, Grid::UntilLost).map_err(|e| e.to_string())?;
+        for (key, power) in keys.iter().zip(powers) {
             let smallest = power.smallest;
             eprintln!(
                 "{storage}: one row of {key} scaled by 1 + δ is the earliest failure from δ = {}",

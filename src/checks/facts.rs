@@ -51,9 +51,27 @@ pub struct Facts<'a> {
     pub scaled: &'a ScaledSpec,
     /// What one run's checks share (the runner's; None: each computed afresh).
     pub memo: Option<&'a super::memo::Memo>,
+    /// What every run of the plan shares: values computed from the model
+    /// file and the goldens alone (a reference's floor, a projection's
+    /// oracle-only terms), the same whichever engine runs and however often
+    /// (`touchstone power` judges one run at sixteen δ; a conformance run
+    /// judges cpu and cuda-emu against the same references). Keyed by
+    /// `goldens_key`, so a golden loaded in another's place is never served
+    /// the other's values. None: each computed afresh.
+    pub shared: Option<&'a super::memo::Memo>,
 }
 
 impl<'a> Facts<'a> {
+    /// Which golden loads (`GoldenSet::uid`) the plan's shared values were
+    /// computed from: part of every key of `shared`.
+    pub fn goldens_key(&self) -> String {
+        let mut k = format!("oracle {:?}", self.oracle.map(GoldenSet::uid));
+        for (name, g) in self.goldens {
+            k.push_str(&format!(" {name} {}", g.uid()));
+        }
+        k
+    }
+
     /// A golden source by name, the oracle included.
     pub fn source(&self, name: &str) -> Option<&'a GoldenSet> {
         match name {

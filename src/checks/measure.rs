@@ -98,13 +98,25 @@ pub fn floor_of<'s>(
     x: &super::floor::Source<'s>,
 ) -> Floor {
     let compute = || floor_at(facts, oracle, step, arith, judged).floor(stage, m, x);
-    // A source's floor is the same in every check that asks for it (the
-    // memo is one run's: `judged` None is that run's engine).
-    match facts.memo {
-        Some(memo) => memo.get_or(
-            format!("floor {} {step} {stage} {arith}", judged.unwrap_or("\0engine")),
-            compute,
+    // A source's floor is the same in every check that asks for it: the
+    // engine's in one run (the run's memo), a golden's in every run of the
+    // plan (it reads the goldens and the model file alone).
+    let (memo, key) = match judged {
+        Some(name) => (
+            facts.shared,
+            format!(
+                "floor {name} {step} {stage} {arith} {} {}",
+                m.to_bits(),
+                facts.goldens_key()
+            ),
         ),
+        None => (
+            facts.memo,
+            format!("floor \0engine {step} {stage} {arith} {}", m.to_bits()),
+        ),
+    };
+    match memo {
+        Some(memo) => memo.get_or(key, compute),
         None => compute(),
     }
 }

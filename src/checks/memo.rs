@@ -4,8 +4,10 @@
 //! input; the LM head's alone is a 136M-product pass on a 0.5B model) and
 //! each source's floor at a stage, which the engine's golden checks against
 //! every reference, the references' own checks and the row judge all ask
-//! for. Held by the runner for one run (an engine's captures are that run's),
-//! lent through `Facts`; values of any type, so it needs to know none.
+//! for. Two are lent through `Facts`: the runner's for one run (the engine's
+//! floors: its captures are that run's) and the plan's for every run of it
+//! (what the goldens and the model file alone decide). Values of any type,
+//! so it needs to know none.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;

@@ -131,6 +131,19 @@ pub fn run(args: PowerArgs) -> Result<Outcome> {
 /// Runs `engine` once on `plan`'s stage checks, which must all pass, then
 /// judges them again with the change planted at each δ of the grid.
 pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stage: Stage, grid: Grid) -> Result<Power> {
+    let mut p = measure_each(plan, engine, &[(step, stage)], grid)?;
+    Ok(p.remove(0))
+}
+
+/// `measure` at each of `targets`, from one engine run and one judgement of
+/// the unchanged run (a caller asking about several stages pays for those
+/// once).
+pub fn measure_each(
+    plan: &Plan,
+    engine: &dyn crate::engine::Engine,
+    targets: &[(Step, Stage)],
+    grid: Grid,
+) -> Result<Vec<Power>> {
     let replay = Replay::new(engine);
     // Stage checks only (ids `<step>/<stage>::<check>`): one engine run
     // serves every judgement; run checks would run the engine again.
@@ -143,12 +156,22 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
             o.id
         )));
     }
-    if !base.outcomes.iter().any(|o| o.at == Some((step, stage))) {
-        return Err(Error::Usage(format!(
-            "spec `{}` plans no stage check at {step}/{stage} (`touchstone list` shows the checks)",
-            plan.spec.name
-        )));
+    let mut out = Vec::new();
+    for &(step, stage) in targets {
+        if !base.outcomes.iter().any(|o| o.at == Some((step, stage))) {
+            return Err(Error::Usage(format!(
+                "spec `{}` plans no stage check at {step}/{stage} (`touchstone list` shows the checks)",
+                plan.spec.name
+            )));
+        }
+        out.push(trials_at(plan, &replay, &filter, step, stage, grid));
     }
+    replay.set_edit(None);
+    Ok(out)
+}
+
+/// The grid's trials at one (step, stage), on a replay that has run.
+fn trials_at(plan: &Plan, replay: &Replay, filter: &Filter, step: Step, stage: Stage, grid: Grid) -> Power {
     let row = plan.facts().step_dims(step).0 - 1;
     let mut trials = Vec::new();
     for delta in DELTAS {
@@ -158,7 +181,7 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
             row,
             factor: (1.0 + delta) as f32,
         }));
-        let r = run_on_from(plan, &replay, &filter, Some((step, stage)), &|id| id.to_string());
+        let r = run_on_from(plan, replay, filter, Some((step, stage)), &|id| id.to_string());
         let earliest = earliest_failure(&r);
         trials.push(Trial {
             delta,
@@ -173,7 +196,7 @@ pub fn measure(plan: &Plan, engine: &dyn crate::engine::Engine, step: Step, stag
         }
     }
     let smallest = trials.iter().take_while(|t| t.localised).last().map(|t| t.delta);
-    Ok(Power { trials, smallest })
+    Power { trials, smallest }
 }
 
 /// `<step>/<stage>` and check of the run's earliest failure in execution order.

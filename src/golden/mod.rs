@@ -22,6 +22,16 @@ pub const ORACLE: &str = "oracle";
 /// The format tag the recorders write into the safetensors metadata.
 pub const FORMAT: &str = "touchstone-golden/1";
 
+/// A question `GoldenSet` keeps the answers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Asked {
+    Records,
+    Aux,
+}
+
+/// The next `GoldenSet::uid`.
+static NEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[derive(Debug)]
 pub struct GoldenSet {
     pub source: String,
@@ -41,6 +51,11 @@ pub struct GoldenSet {
     overflow: Option<(Step, Stage)>,
     /// A VLM golden's image grid (`prefill/vision.grid`, `image_grid_thw`).
     pub grid: Option<crate::model::ImageGrid>,
+    /// `records` and `is_aux` as answered so far.
+    answers: std::sync::Mutex<std::collections::HashMap<(Step, Stage, Asked), bool>>,
+    /// This load's number, unique in the process: what a plan's memo keys
+    /// values computed from this set by (`uid`).
+    uid: u64,
 }
 
 impl GoldenSet {
@@ -167,7 +182,17 @@ impl GoldenSet {
             aux,
             overflow,
             grid,
+            answers: Default::default(),
+            uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
+    }
+
+    /// Unique to this load in the process. Its tensors never change after
+    /// loading, so a value computed from them may be kept under this number
+    /// for as long as the process lives (a plan's `memo`); a damaged copy
+    /// loaded in its place has a number of its own.
+    pub fn uid(&self) -> u64 {
+        self.uid
     }
 
     /// Where the recorder's forward first went non-finite (provenance
@@ -179,9 +204,23 @@ impl GoldenSet {
     /// Whether `stage` at `step` was recorded for the floors alone
     /// (`record.aux`): every token row, no check planned on it.
     pub fn is_aux(&self, step: Step, stage: Stage) -> bool {
-        self.aux
-            .get(&step)
-            .is_some_and(|ps| ps.iter().any(|p| p.matches(stage)))
+        self.answered(step, stage, Asked::Aux, || {
+            self.aux
+                .get(&step)
+                .is_some_and(|ps| ps.iter().any(|p| p.matches(stage)))
+        })
+    }
+
+    /// The answer to `what` at (step, stage): kept, or `f`'s (the tensors and
+    /// provenance never change after loading, so neither does the answer).
+    fn answered(&self, step: Step, stage: Stage, what: Asked, f: impl FnOnce() -> bool) -> bool {
+        let lock = || self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = lock().get(&(step, stage, what)) {
+            return *a;
+        }
+        let a = f();
+        lock().insert((step, stage, what), a);
+        a
     }
 
     /// Every step where this golden kept only some token rows, with those rows.
@@ -210,6 +249,13 @@ impl GoldenSet {
     /// rather than failing the rest, while a tensor it claims but lacks still
     /// fails its check.
     pub fn records(&self, step: Step, stage: Stage) -> bool {
+        self.answered(step, stage, Asked::Records, || self.records_afresh(step, stage))
+    }
+
+    /// `records` read off the provenance: patterns parsed and stage names
+    /// written at every call, which a run asks hundreds of thousands of times
+    /// (every floor asks of every input), hence the answers kept.
+    fn records_afresh(&self, step: Step, stage: Stage) -> bool {
         // Nothing from where its forward overflowed on.
         if self.overflow.is_some_and(|o| (step, stage) >= o) {
             return false;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::arithmetic::Arithmetic;
 use crate::checks::kind::{RunCheck, StageCheck};
+use crate::checks::memo::Memo;
 use crate::checks::{Facts, Family, Metric};
 use crate::error::{Error, Result};
 use crate::golden::{GoldenSet, ORACLE};
@@ -92,6 +93,8 @@ pub struct Plan {
     /// A VLM prompt's image (`prompt.image`, or a golden's recorded pixels).
     pub image: Option<Arc<crate::engine::ImageInput>>,
     pub checks: Vec<CheckInstance>,
+    /// What every run of this plan shares (`Facts::shared`).
+    pub memo: Memo,
 }
 
 impl Plan {
@@ -156,6 +159,7 @@ impl Plan {
             tolerance: &spec.tolerance,
             scaled: &spec.scaled,
             memo: None,
+            shared: None,
         };
         let mut checks = stages::plan(&spec, &facts)?;
         for rc in run_checks {
@@ -185,6 +189,7 @@ impl Plan {
             forced: p.forced,
             image: p.image,
             checks,
+            memo: Memo::default(),
         })
     }
 
@@ -207,6 +212,7 @@ impl Plan {
             tolerance: &self.spec.tolerance,
             scaled: &self.spec.scaled,
             memo: None,
+            shared: Some(&self.memo),
         }
     }
 

@@ -40,9 +40,14 @@ impl StagePattern {
             return true;
         }
         let name = stage.to_string();
-        let pat: Vec<&str> = self.text.split('.').collect();
-        let parts: Vec<&str> = name.split('.').collect();
-        pat.len() == parts.len() && pat.iter().zip(&parts).all(|(p, s)| *p == "*" || p == s)
+        let (mut pat, mut parts) = (self.text.split('.'), name.split('.'));
+        loop {
+            match (pat.next(), parts.next()) {
+                (None, None) => return true,
+                (Some(p), Some(s)) if p == "*" || p == s => {}
+                _ => return false,
+            }
+        }
     }
 
     /// The vision block or deepstack index the pattern names explicitly

@@ -16,7 +16,7 @@
 //!   entries; a quiet row does not), and u_kv·|y| at k/v where a coarser cache
 //!   holds them.
 //!
-//! The oracle-only terms are computed once per run (`memo`).
+//! The oracle-only terms are computed once per plan (`Facts::shared`).
 
 use std::sync::Arc;
 
@@ -53,8 +53,16 @@ pub(super) fn floor<'s>(at: &FloorAt, stage: Stage, x: &Source<'s>, want: Option
         Activations::Exact => 0,
     };
     let compute = || terms(at, &wname, &xo, &yo, block).map(Arc::new);
-    let terms = match at.facts.memo {
-        Some(memo) => memo.get_or(format!("matmul terms {} {stage} {block}", at.step), compute)?,
+    // Oracle-only: the same in every run of the plan, for these rows.
+    let terms = match at.facts.shared {
+        Some(memo) => memo.get_or(
+            format!(
+                "matmul terms {} {stage} {block} {want:?} {}",
+                at.step,
+                at.facts.goldens_key()
+            ),
+            compute,
+        )?,
         None => compute()?,
     };
     let (w, _, _) = weight_and_bias(at.facts, &wname).ok()?;
