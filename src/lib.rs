@@ -18,6 +18,7 @@ pub mod error;
 pub mod gguf;
 pub mod golden;
 pub mod harness;
+pub mod heap;
 pub mod isa;
 pub mod model;
 pub mod plan;
@@ -32,3 +33,9 @@ pub mod tensor;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
+
+/// The counting allocator (`heap`): how the `repeat` check reads an
+/// in-process engine's memory.
+#[cfg(feature = "heap-meter")]
+#[global_allocator]
+static GLOBAL: heap::Counting = heap::Counting;

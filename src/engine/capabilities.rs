@@ -22,6 +22,9 @@ pub struct Capabilities {
     /// vision-language spec): None when it can. A VLM run on such an engine
     /// is skipped once with this reason, not failed check by check.
     pub no_images: Option<String>,
+    /// Batches (`Engine::run_batch`): None when the engine does not take
+    /// them; the serving run checks are then not applicable to it.
+    pub serving: Option<crate::engine::batch::Serving>,
 }
 
 impl Capabilities {
@@ -43,6 +46,16 @@ impl Capabilities {
             ),
             ..Capabilities::default()
         }
+    }
+
+    /// The engine's batch declaration, or why the serving checks are not
+    /// applicable to it.
+    pub fn serving_or_why(&self) -> Result<&crate::engine::batch::Serving, String> {
+        self.serving.as_ref().ok_or_else(|| {
+            "not applicable: the engine does not declare batches (a Rust engine: `Capabilities::serving` and \
+             `Engine::run_batch`; a protocol engine: `\"batches\"` in its load answer)"
+                .to_string()
+        })
     }
 
     /// None when `stage` can be tapped; else why not, for the report.
@@ -112,8 +125,49 @@ impl Capabilities {
             cannot_tap: patterns("cannot_tap")?.unwrap_or_default(),
             why,
             no_images,
+            serving: match answer.get("batches") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(b) => Some(serving_from_answer(b)?),
+            },
         })
     }
+}
+
+/// A load answer's `"batches": {"block_size", "invariant", "poison",
+/// "max_batch"}` (block_size may be null: a cache that is not paged).
+fn serving_from_answer(b: &serde_json::Value) -> Result<crate::engine::batch::Serving, String> {
+    let obj = b
+        .as_object()
+        .ok_or_else(|| format!("`batches` is {b}, expected an object {{block_size, invariant, poison, max_batch}}"))?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["block_size", "invariant", "poison", "max_batch"].contains(&k.as_str()))
+    {
+        return Err(format!(
+            "`batches` has an unknown key `{k}` (known: block_size, invariant, poison, max_batch)"
+        ));
+    }
+    let flag = |k: &str| match obj.get(k) {
+        None => Ok(false),
+        Some(serde_json::Value::Bool(v)) => Ok(*v),
+        Some(v) => Err(format!("`batches.{k}` is {v}, expected true or false")),
+    };
+    let count = |k: &str| -> Result<Option<usize>, String> {
+        match obj.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| format!("`batches.{k}` is {v}, expected a positive integer")),
+        }
+    };
+    Ok(crate::engine::batch::Serving {
+        block_size: count("block_size")?,
+        invariant: flag("invariant")?,
+        poison: flag("poison")?,
+        max_batch: count("max_batch")?.ok_or("`batches` needs `max_batch`, the most sequences one request may carry")?,
+    })
 }
 
 #[cfg(test)]
@@ -134,7 +188,16 @@ mod tests {
         assert!(logits_only.why_not(Stage::Logits).is_none());
         assert!(logits_only.why_not(Stage::Embed).unwrap().contains("`taps`"));
         assert!(Capabilities::all().why_not(Stage::Embed).is_none());
+        let b = Capabilities::from_answer(&json!({"batches": {"block_size": 16, "invariant": true, "max_batch": 8}}))
+            .unwrap();
+        let sv = b.serving_or_why().unwrap();
+        assert_eq!((sv.block_size, sv.invariant, sv.poison, sv.max_batch), (Some(16), true, false, 8));
+        assert!(Capabilities::all().serving_or_why().unwrap_err().contains("does not declare batches"));
         for bad in [
+            json!({"batches": {"max_batch": 0}}),
+            json!({"batches": {"max_batch": 2, "paged": true}}),
+            json!({"batches": {"invariant": "yes", "max_batch": 2}}),
+            json!({"batches": true}),
             json!({"taps": "logits"}),
             json!({"cannot_tap": [3]}),
             json!({"cannot_tap": ["blk.x.q"]}),

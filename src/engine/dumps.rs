@@ -149,6 +149,7 @@ impl Engine for DumpsEngine {
             cannot_tap: Vec::new(),
             why: Some("the dumps hold no tensor for it at any step".into()),
             no_images: None,
+            serving: None,
         }
     }
     fn config(&self) -> &ModelConfig {

@@ -13,6 +13,7 @@
 //! at positions 0..T; decode step n runs one token at position T + n − 1 with
 //! the KV cache of everything before it.
 
+pub mod batch;
 pub mod capabilities;
 pub mod cpu;
 pub mod cuda;
@@ -202,6 +203,17 @@ pub struct RunOutput {
     pub unmapped: Vec<String>,
 }
 
+/// One reading of an engine's memory (`Engine::memory`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryReading {
+    pub bytes: u64,
+    /// What was read (e.g. "resident set of pid 123 (VmRSS)").
+    pub what: String,
+    /// Whether the count is exact (allocated bytes), or page- and
+    /// allocator-granular (a resident set): the growth bound follows.
+    pub exact: bool,
+}
+
 /// The visitor of `Engine::visit_weights`: (HF name, shape, values).
 pub type WeightVisitor<'a> = dyn FnMut(&str, &[usize], &[f32]) + 'a;
 
@@ -230,6 +242,20 @@ pub trait Engine: Send + Sync {
     /// the token sampled after each step. A stage outside `taps` need not be
     /// captured; a tapped one that is missing fails its checks.
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput>;
+    /// Runs several sequences together (`batch`): one output per sequence,
+    /// in the request's order, each in the canonical layouts of a plain run.
+    /// Only an engine whose capabilities declare `serving` is asked.
+    fn run_batch(&self, req: &batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
+        let _ = (req, taps);
+        Err(crate::Error::Usage(format!("the {} engine does not take batches", self.name())))
+    }
+    /// What the engine holds in memory now, as touchstone can read it from
+    /// outside (a protocol engine's resident set; the CUDA engine's device
+    /// bytes), with what was read. None: nothing to read from outside (an
+    /// in-process engine: the `repeat` check counts its heap itself).
+    fn memory(&self) -> Option<Result<MemoryReading>> {
+        None
+    }
     /// `None` when the engine can run more than once (the default). An engine
     /// that cannot (recorded dumps) says why, and the run checks that need a
     /// second run (determinism, kv_cache) are skipped with that reason.

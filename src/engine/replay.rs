@@ -56,6 +56,12 @@ impl Engine for Replay<'_> {
     fn config(&self) -> &ModelConfig {
         self.inner.config()
     }
+    fn run_batch(&self, req: &super::batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
+        self.inner.run_batch(req, taps)
+    }
+    fn memory(&self) -> Option<Result<super::MemoryReading>> {
+        self.inner.memory()
+    }
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = match seen.as_ref() {

@@ -93,6 +93,11 @@ mod self_test {
             VisionAttnCausal => ("qwen2-vl-tiny.yaml", "prefill/vision.blk.0.attn_probs"),
             // Qwen3-VL's language model rotates with base 1e6, its tower 1e4.
             VisionRopeTextTheta => ("qwen3-vl-tiny.yaml", "prefill/vision.blk.0.q_rope"),
+            // The serving bugs have their own self-test (`serving` below).
+            SoftmaxOverPaddedLength | DecodeReadsNeighbourKv | ChunkRopeOffsetDropped | PrefixHitOneShort
+            | ReadsOneSlotPast | CacheNotCleared | BufferLeakedPerRequest => {
+                unreachable!("{m:?} is scored by the serving self-test")
+            }
         }
     }
 
@@ -427,5 +432,105 @@ mod families {
             assert_eq!(bad, Status::Fail, "{m:?} must fail {id}: {msg}");
             println!("{m:?}: {id}: {msg}");
         }
+    }
+}
+
+/// The serving bugs (issue 36): each must be caught by its serving check and
+/// localised there (its message names the first differing step/stage), at
+/// f32 and at 16-bit storage; the unmutated engine passes every serving
+/// check; the slot-past read is caught only with poisoned memory.
+mod serving {
+    use crate::checks::Status;
+    use crate::engine::cpu::mutants::Mutant;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::Engine;
+    use crate::plan::Plan;
+    use crate::report::Outcome;
+    use crate::runner::{run_on, Filter};
+    use crate::spec::Spec;
+    use crate::tensor::DType;
+    use std::path::Path;
+
+    const MODES: [&str; 6] = [
+        "batch_invariance",
+        "order_invariance",
+        "chunked_prefill",
+        "prefix_reuse",
+        "poisoned_memory",
+        "repeat",
+    ];
+
+    /// The serving checks `modes` of the default spec on a fresh CPU engine.
+    fn run(m: Option<Mutant>, storage: DType, modes: &[&str]) -> Vec<Outcome> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let spec = Spec::load(&root.join("specs/qwen2-tiny.yaml")).unwrap();
+        let mut plan = Plan::build(spec, None).unwrap();
+        plan.load_options.storage = storage;
+        let eng = CpuEngine::load_with(&plan.model, &plan.load_options).unwrap();
+        let eng = match m {
+            Some(m) => eng.mutated(m),
+            None => eng,
+        };
+        let filter = Filter(Some(modes.iter().map(|m| format!("::{m}")).collect()));
+        let r = run_on(&plan, &eng as &dyn Engine, &filter, &|id| id.to_string());
+        assert_eq!(r.outcomes.len(), modes.len(), "every serving check asked for ran once");
+        r.outcomes
+    }
+
+    /// Where each is localised: the text after "first at" in its message.
+    fn expected(m: Mutant) -> &'static str {
+        use Mutant::*;
+        match m {
+            // The padding slots enter the sum: probabilities are the first stage off.
+            SoftmaxOverPaddedLength => "first at prefill/blk.0.attn_probs",
+            DecodeReadsNeighbourKv => "first at decode1/blk.0.attn_scores",
+            ChunkRopeOffsetDropped => "first at prefill/blk.0.q_rope",
+            PrefixHitOneShort => "first at prefill/blk.0.attn_scores",
+            ReadsOneSlotPast => "first non-finite value at prefill/blk.0.attn_ctx",
+            CacheNotCleared => "first at prefill/blk.0.attn_scores",
+            BufferLeakedPerRequest => "memory grows with requests",
+            _ => unreachable!("not a serving mutant"),
+        }
+    }
+
+    fn check(storage: DType) {
+        let clean = run(None, storage, &MODES);
+        for o in &clean {
+            assert_eq!(o.status, Status::Pass, "unmutated at {storage}: {}: {}", o.check, o.message);
+        }
+        let mut rows = Vec::new();
+        for (m, mode) in Mutant::SERVING {
+            let outs = run(Some(m), storage, &MODES);
+            let o = outs.iter().find(|o| o.check == mode).expect("the mode ran");
+            assert_eq!(o.status, Status::Fail, "{m:?} at {storage} must fail {mode}: {}", o.message);
+            assert!(
+                o.message.contains(expected(m)),
+                "{m:?} at {storage}: {mode} must say `{}`: {}",
+                expected(m),
+                o.message
+            );
+            if m == Mutant::ReadsOneSlotPast {
+                // Ordinary memory hides it: on an engine that never ran
+                // poisoned (whose pool would hold stale NaN), every other
+                // mode passes.
+                let others: Vec<&str> = MODES.into_iter().filter(|x| *x != mode).collect();
+                for o in run(Some(m), storage, &others) {
+                    assert_eq!(o.status, Status::Pass, "{m:?}: {} sees it: {}", o.check, o.message);
+                }
+            }
+            rows.push(format!("{:<26} {:<18} {}", format!("{m:?}"), mode, o.message.lines().next().unwrap_or("")));
+        }
+        println!("serving mutants at {storage}: {}/{} caught and localised", rows.len(), Mutant::SERVING.len());
+        println!("{}", rows.join("\n"));
+    }
+
+    #[test]
+    fn each_serving_bug_is_caught_by_its_mode_and_localised_at_f32() {
+        check(DType::F32);
+    }
+
+    #[test]
+    fn each_serving_bug_is_caught_by_its_mode_and_localised_at_bf16() {
+        check(DType::BF16);
     }
 }

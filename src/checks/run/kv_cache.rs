@@ -184,6 +184,18 @@ fn fmt_tol(x: f64, spec: f64) -> String {
 /// The tolerance for the engine, and for the message how it was derived
 /// (empty for the spec's own numbers). See the module comment.
 fn allowance(k: &KvCache, facts: &Facts) -> (Tolerance, String) {
+    allowance_of(k.atol, k.rtol, facts)
+}
+
+/// The allowance of two paths that round the same arithmetic differently
+/// (see the module comment), from the spec's `atol`/`rtol` for its storage:
+/// also what the serving checks allow an engine that is not batch-invariant.
+pub(super) fn allowance_of(atol: f64, rtol: f64, facts: &Facts) -> (Tolerance, String) {
+    let k = KvCache {
+        atol,
+        rtol,
+        decode_steps: None,
+    };
     let spec = Tolerance {
         atol: k.atol,
         rtol: k.rtol,

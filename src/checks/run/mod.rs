@@ -10,7 +10,15 @@ super::registry::table!(RunRule;
     greedy_tokens::GreedyTokens,
     next_token::NextToken,
     weights::Weights,
+    batch_invariance::BatchInvariance,
+    order_invariance::OrderInvariance,
+    chunked_prefill::ChunkedPrefill,
+    prefix_reuse::PrefixReuse,
+    poisoned_memory::PoisonedMemory,
+    repeat::Repeat,
 );
+
+mod serving;
 
 /// The next-token goldens' reader, for `goldens regen` and `accept`.
 pub(crate) use next_token::set as next_token_set;

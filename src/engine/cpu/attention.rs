@@ -24,6 +24,9 @@ pub struct AttnShape {
     pub causal: bool,
     /// Planted bugs (test builds only).
     pub mutants: Mutants,
+    /// The key count a batched kernel pads every sequence to (the longest
+    /// of the step): only the planted padded-softmax bug reads it.
+    pub batch_pad: usize,
 }
 
 impl AttnShape {
@@ -70,6 +73,7 @@ pub fn attend(
         window,
         causal,
         mutants,
+        batch_pad,
     } = shape;
     let kv_row = kv_heads * d;
     let s = keys.len() / kv_row;
@@ -131,7 +135,13 @@ pub fn attend(
                 if keep_scores {
                     sc[row_i * s..][..s].copy_from_slice(row);
                 }
-                softmax_visible(row, first, visible, mutants.is(Mutant::SoftmaxUnnormalised));
+                // The padded-softmax bug: padding slots (score 0) counted in the sum.
+                let padding = if mutants.is(Mutant::SoftmaxOverPaddedLength) {
+                    batch_pad.saturating_sub(s)
+                } else {
+                    0
+                };
+                softmax_visible(row, first, visible, mutants.is(Mutant::SoftmaxUnnormalised), padding);
             }
             unsafe {
                 // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
@@ -180,7 +190,7 @@ fn scale_and_mask(row: &mut [f32], first: usize, visible: usize, scale: f32) {
 /// An f32 softmax over the visible prefix of scaled scores, in place, in
 /// torch's order: max, exp(x−max), sum, multiply by 1/sum. Masked entries stay
 /// exactly 0, as exp(−inf) makes them in HF (its mask adds f32::MIN).
-fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: bool) {
+fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: bool, padding: usize) {
     let n = visible.min(row.len());
     let live = &mut row[first.min(n)..n];
     let mut max = f32::NEG_INFINITY;
@@ -191,6 +201,9 @@ fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: 
     for x in live.iter_mut() {
         *x = (*x - max).exp();
         sum += *x;
+    }
+    if padding > 0 {
+        sum += padding as f32 * (-max).exp();
     }
     let inv = if unnormalised { 1.0 } else { 1.0 / sum };
     for x in live.iter_mut() {
@@ -218,6 +231,7 @@ mod tests {
             scale: 8f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
+            batch_pad: 0,
         };
         let (t, s) = (5, 5);
         let q = data(t * 4 * 8, 1);
@@ -248,6 +262,7 @@ mod tests {
             scale: 4f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
+            batch_pad: 0,
         };
         assert_eq!((0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(), [0, 0, 0, 1, 1, 1]);
         // One query row at position 0 sees only key 0, so query head h's
@@ -270,6 +285,7 @@ mod tests {
             scale: 0.5,
             window: Some(2),
             mutants: Mutants::default(),
+            batch_pad: 0,
         };
         let (t, s) = (4, 4);
         let a = attend(&data(t * 8, 9), t, 0, &data(s * 4, 10), &data(s * 4, 11), shape, true);
@@ -300,6 +316,7 @@ mod tests {
             scale: 4f64.powf(-0.5),
             window: None,
             mutants: Mutants::default(),
+            batch_pad: 0,
         };
         let (t, s) = (3, 3);
         let q = data(t * 8, 6);

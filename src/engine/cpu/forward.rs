@@ -12,6 +12,8 @@
 //! The KV cache therefore holds the rounded k_rope and v, and sampling reads
 //! the rounded logits. With f32 storage every rounding is the identity.
 
+use std::borrow::Cow;
+
 use crate::stage::{BlockStage as B, Stage};
 
 use super::attention::{attend, AttnShape};
@@ -32,6 +34,51 @@ pub struct Multimodal<'a> {
     pub image_token: u32,
 }
 
+/// One sequence's share of a forward pass: its tokens (already checked <
+/// vocab) at positions `pos0..pos0+T`, and where its taps go. A batched step
+/// runs several, each with its own KV cache in the `KvStore`; a plain run is
+/// a batch of one.
+pub struct Seg<'a> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub tap: Tap<'a>,
+}
+
+/// Where a forward pass keeps keys (after RoPE) and values, `[S, KV, D]` per
+/// (sequence of the batch, layer): one run's contiguous cache, or the serving
+/// state's paged pool.
+pub trait KvStore {
+    /// Appends sequence `seg`'s step keys and values (`[T, KV, D]`) at `layer`.
+    fn append(&mut self, seg: usize, layer: usize, k: &[f32], v: &[f32]);
+    /// The keys and values `seg`'s attention reads at `layer` (every position
+    /// it holds, this step's included). `neighbour`: the planted
+    /// neighbouring-sequence bug of tests (read its first block instead).
+    fn read(&self, seg: usize, layer: usize, neighbour: Option<usize>) -> (Cow<'_, [f32]>, Cow<'_, [f32]>);
+    /// The value row in the slot after the sequence's last position, when
+    /// that slot exists in memory the sequence holds (a paged block with room
+    /// left): what a kernel reading one slot past the sequence reads.
+    fn slot_past(&self, seg: usize, layer: usize) -> Option<Vec<f32>> {
+        let _ = (seg, layer);
+        None
+    }
+    /// The planted "written one slot off" bug of tests.
+    fn swap_last_two(&mut self, seg: usize, layer: usize);
+}
+
+impl KvStore for KvCache {
+    fn append(&mut self, seg: usize, layer: usize, k: &[f32], v: &[f32]) {
+        debug_assert_eq!(seg, 0, "a run's cache holds one sequence");
+        self.layers[layer].append(k, v);
+    }
+    fn read(&self, _: usize, layer: usize, _: Option<usize>) -> (Cow<'_, [f32]>, Cow<'_, [f32]>) {
+        let lc = &self.layers[layer];
+        (Cow::Borrowed(lc.keys()), Cow::Borrowed(lc.values()))
+    }
+    fn swap_last_two(&mut self, _: usize, layer: usize) {
+        self.layers[layer].swap_last_two();
+    }
+}
+
 /// Runs `tokens` (already checked < vocab) at positions `pos0..pos0+T`,
 /// appending their keys and values to `cache` (which must hold exactly `pos0`
 /// positions). Returns the last row's logits. A VLM's step (`mm`) fuses its
@@ -44,12 +91,63 @@ pub fn forward(
     tokens: &[u32],
     pos0: usize,
     cache: &mut KvCache,
-    tap: &mut Tap,
+    tap: Tap,
     mm: Option<&Multimodal>,
 ) -> Vec<f32> {
-    let (t, e, v) = (tokens.len(), cfg.hidden, cfg.vocab);
+    debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
+    let mut segs = [Seg { tokens, pos0, tap }];
+    forward_batch(cfg, w, ropes, &mut segs, cache, mm).pop().expect("one sequence")
+}
+
+/// The row range of each sequence in the batch's concatenated rows.
+fn row_ranges(segs: &[Seg]) -> Vec<std::ops::Range<usize>> {
+    let mut r0 = 0;
+    segs.iter()
+        .map(|s| {
+            let r = r0..r0 + s.tokens.len();
+            r0 = r.end;
+            r
+        })
+        .collect()
+}
+
+/// Captures each sequence's rows of `data` (rows of `width` floats; the
+/// stage's shape is `[T, dims…]`).
+fn tap_rows(segs: &mut [Seg], rows: &[std::ops::Range<usize>], s: Stage, dims: &[usize], data: &[f32]) {
+    if !segs[0].tap.wants(s) {
+        return;
+    }
+    let width: usize = dims.iter().product();
+    for (seg, r) in segs.iter_mut().zip(rows) {
+        let mut shape = vec![r.len()];
+        shape.extend_from_slice(dims);
+        seg.tap.copy(s, &shape, &data[r.start * width..r.end * width]);
+    }
+}
+
+/// One forward pass over a batch of sequences (a prefill, a chunk of one, or
+/// decode steps, of different lengths in one step): every row-wise operation
+/// (norms, projections, RoPE, residual adds, the LM head) runs once over the
+/// rows of all sequences, attention per sequence over its own cache. A row's
+/// arithmetic never depends on the other rows (`matmul`'s canonical dot
+/// product), so a sequence gets the same bits alone or in any batch.
+/// Returns each sequence's last row of logits. `mm` (a VLM step) only with a
+/// batch of one.
+pub fn forward_batch(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    ropes: &LayerRopes,
+    segs: &mut [Seg],
+    cache: &mut dyn KvStore,
+    mm: Option<&Multimodal>,
+) -> Vec<Vec<f32>> {
+    assert!(mm.is_none() || segs.len() == 1, "a VLM step runs one sequence");
+    let rows = row_ranges(segs);
+    let t = rows.last().map_or(0, |r| r.end);
+    let (e, v) = (cfg.hidden, cfg.vocab);
     let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
-    let mx = tap.mutants;
+    let mx = segs[0].tap.mutants;
+    let sd = segs[0].tap.dtype;
     let shape = AttnShape {
         causal: true,
         heads: h,
@@ -58,6 +156,7 @@ pub fn forward(
         scale: cfg.attn_scale,
         window: None,
         mutants: mx,
+        batch_pad: 0,
     };
     // RMSNorm of `width`-wide rows (with the planted norm bugs of tests).
     let rmsnorm = |x: &[f32], width: usize, w: &[f32], eps: f64| {
@@ -81,24 +180,27 @@ pub fn forward(
         };
         rmsnorm_over(x, width, w, eps, div)
     };
-    debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
-    let positions: Vec<usize> = (pos0..pos0 + t).collect();
     // The positions RoPE rotates at (the planted RoPE position bugs of tests).
-    let rope_positions: Vec<usize> = positions
+    let rope_positions: Vec<usize> = segs
         .iter()
-        .map(|&p| {
-            if mx.is(Mutant::RopeTableWrapping) {
-                p % 24
-            } else if mx.is(Mutant::RopePositionFrozenInDecode) {
-                // The step-relative index: right for the prefill, 0 in decode.
-                p - pos0
-            } else {
-                p
-            }
+        .flat_map(|s| {
+            let (pos0, n) = (s.pos0, s.tokens.len());
+            (pos0..pos0 + n).map(move |p| {
+                if mx.is(Mutant::RopeTableWrapping) {
+                    p % 24
+                } else if mx.is(Mutant::RopePositionFrozenInDecode) {
+                    // The step-relative index: right for the prefill, 0 in decode.
+                    p - pos0
+                } else if mx.is(Mutant::ChunkRopeOffsetDropped) && p == pos0 && pos0 > 0 && n > 1 {
+                    // A later prefill chunk's first row rotated at 0.
+                    0
+                } else {
+                    p
+                }
+            })
         })
         .collect();
-    // The storage dtype and its rounding (the identity for f32).
-    let sd = tap.dtype;
+    // The storage dtype's rounding (the identity for f32).
     let stored = |mut y: Vec<f32>| {
         sd.round_slice(&mut y);
         y
@@ -107,15 +209,16 @@ pub fn forward(
     // The gather of rounded embedding rows is already in storage; Gemma's
     // scale (an f32 product, as HF's) is stored again.
     let mut x = Vec::with_capacity(t * e);
-    for &tok in tokens {
+    for &tok in segs.iter().flat_map(|s| s.tokens) {
         x.extend_from_slice(&w.embed.data()[tok as usize * e..][..e]);
     }
     if let Some(scale) = cfg.embed_scale.filter(|_| !mx.is(Mutant::EmbedNotScaled)) {
         x.iter_mut().for_each(|v| *v *= scale);
         sd.round_slice(&mut x);
     }
-    tap.copy(Stage::Embed, &[t, e], &x);
+    tap_rows(segs, &rows, Stage::Embed, &[e], &x);
     // The image-pad rows, in order: where the image features go.
+    let tokens = segs[0].tokens;
     let pads: Vec<usize> = match mm {
         Some(m) => (0..t).filter(|&i| tokens[i] == m.image_token).collect(),
         None => Vec::new(),
@@ -130,29 +233,33 @@ pub fn forward(
                 x[dst * e..][..e].copy_from_slice(&f.merger[r * e..][..e]);
             }
         }
+        let tap = &mut segs[0].tap;
         tap.copy(Stage::InputsEmbeds, &[t, e], &x);
         let p: Vec<f32> = m.positions.iter().flat_map(|a| a.iter().map(|&v| v as f32)).collect();
         tap.keep(Stage::Positions, &[3, t], p);
     }
+    // The longest cache a sequence of this step attends over: what a batched
+    // kernel pads to (only the planted padded-softmax bug reads it).
+    let longest = segs.iter().map(|s| s.pos0 + s.tokens.len()).max().unwrap_or(0);
 
     for (l, b) in w.blocks.iter().enumerate() {
         let st = |s: B| Stage::Block(l, s);
         let hn = stored(rmsnorm(&x, e, &b.attn_norm, cfg.rms_eps));
-        tap.copy(st(B::AttnNorm), &[t, e], &hn);
+        tap_rows(segs, &rows, st(B::AttnNorm), &[e], &hn);
 
         let no_bias = mx.is(Mutant::QkvBiasDropped);
         let [mut q, mut k, vv] = Linear::forward_many([&b.q, &b.k, &b.v], &hn, t, sd, !no_bias);
-        tap.copy(st(B::Q), &[t, h, d], &q);
-        tap.copy(st(B::K), &[t, kv, d], &k);
-        tap.copy(st(B::V), &[t, kv, d], &vv);
+        tap_rows(segs, &rows, st(B::Q), &[h, d], &q);
+        tap_rows(segs, &rows, st(B::K), &[kv, d], &k);
+        tap_rows(segs, &rows, st(B::V), &[kv, d], &vv);
         // Qwen3: RMSNorm over each head's D values (rows of D), before RoPE.
         if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
-            if !tap.mutants.is(Mutant::SkipQkNorm) {
+            if !mx.is(Mutant::SkipQkNorm) {
                 q = stored(rmsnorm(&q, d, qn, cfg.rms_eps));
                 k = stored(rmsnorm(&k, d, kn, cfg.rms_eps));
             }
-            tap.copy(st(B::QNorm), &[t, h, d], &q);
-            tap.copy(st(B::KNorm), &[t, kv, d], &k);
+            tap_rows(segs, &rows, st(B::QNorm), &[h, d], &q);
+            tap_rows(segs, &rows, st(B::KNorm), &[kv, d], &k);
         }
         let rope = if mx.is(Mutant::LocalRopeGlobalBase) {
             &ropes.global
@@ -171,34 +278,60 @@ pub fn forward(
         }
         sd.round_slice(&mut q);
         sd.round_slice(&mut k);
-        tap.copy(st(B::QRope), &[t, h, d], &q);
-        tap.copy(st(B::KRope), &[t, kv, d], &k);
+        tap_rows(segs, &rows, st(B::QRope), &[h, d], &q);
+        tap_rows(segs, &rows, st(B::KRope), &[kv, d], &k);
 
-        let lc = &mut cache.layers[l];
-        lc.append(&k, &vv);
-        if mx.is(Mutant::KvWrittenOneSlotOff) && t == 1 {
-            lc.swap_last_two();
+        let keep_scores = segs[0].tap.wants(st(B::AttnScores));
+        let untapped = !(keep_scores || segs[0].tap.wants(st(B::AttnProbs)));
+        let mut ctx = Vec::with_capacity(t * h * d);
+        let n_segs = segs.len();
+        for (i, (seg, r)) in segs.iter_mut().zip(&rows).enumerate() {
+            let n = r.len();
+            cache.append(i, l, &k[r.start * kv * d..r.end * kv * d], &vv[r.start * kv * d..r.end * kv * d]);
+            if mx.is(Mutant::KvWrittenOneSlotOff) && n == 1 {
+                cache.swap_last_two(i, l);
+            }
+            let neighbour = (mx.is(Mutant::DecodeReadsNeighbourKv) && n == 1 && n_segs > 1).then(|| (i + 1) % n_segs);
+            let (keys, values) = cache.read(i, l, neighbour);
+            let s = keys.len() / (kv * d);
+            let shape = AttnShape {
+                causal: true,
+                window: cfg.window_of(l),
+                scale: if untapped && mx.is(Mutant::UntappedAttnScale) {
+                    1.0 / d as f64
+                } else {
+                    shape.scale
+                },
+                batch_pad: if mx.is(Mutant::SoftmaxOverPaddedLength) {
+                    longest
+                } else {
+                    0
+                },
+                ..shape
+            };
+            let att = attend(&q[r.start * h * d..r.end * h * d], n, seg.pos0, &keys, &values, shape, keep_scores);
+            // Scores and probabilities stay f32 (not rounded); the context is stored.
+            if let Some(scores) = att.scores {
+                seg.tap.keep(st(B::AttnScores), &[h, n, s], scores);
+            }
+            seg.tap.keep(st(B::AttnProbs), &[h, n, s], att.probs);
+            let mut c = att.ctx;
+            if mx.is(Mutant::ReadsOneSlotPast) {
+                // The p·v loop runs one slot long with p = 0 there: harmless
+                // on finite memory, NaN on poisoned memory (0·NaN).
+                if let Some(past) = cache.slot_past(i, l) {
+                    for row in c.chunks_exact_mut(h * d) {
+                        for (hh, head) in row.chunks_exact_mut(d).enumerate() {
+                            let kvh = shape.kv_head(hh);
+                            head.iter_mut().zip(&past[kvh * d..][..d]).for_each(|(c, v)| *c += 0.0 * v);
+                        }
+                    }
+                }
+            }
+            ctx.extend_from_slice(&c);
         }
-        let s = lc.len();
-        let untapped = !(tap.wants(st(B::AttnScores)) || tap.wants(st(B::AttnProbs)));
-        let shape = AttnShape {
-            causal: true,
-            window: cfg.window_of(l),
-            scale: if untapped && mx.is(Mutant::UntappedAttnScale) {
-                1.0 / d as f64
-            } else {
-                shape.scale
-            },
-            ..shape
-        };
-        let att = attend(&q, t, pos0, lc.keys(), lc.values(), shape, tap.wants(st(B::AttnScores)));
-        // Scores and probabilities stay f32 (not rounded); the context is stored.
-        if let Some(scores) = att.scores {
-            tap.keep(st(B::AttnScores), &[h, t, s], scores);
-        }
-        tap.keep(st(B::AttnProbs), &[h, t, s], att.probs);
-        let ctx = stored(att.ctx);
-        tap.copy(st(B::AttnCtx), &[t, h * d], &ctx);
+        let ctx = stored(ctx);
+        tap_rows(segs, &rows, st(B::AttnCtx), &[h * d], &ctx);
         let attn_out = if mx.is(Mutant::OProjHeadShareOff) {
             // The last head's ctx (hence its share of o_proj) 1e-3 too large.
             let mut c = ctx.clone();
@@ -209,12 +342,12 @@ pub fn forward(
         } else {
             b.o.forward(&ctx, t, sd)
         };
-        tap.copy(st(B::AttnOut), &[t, e], &attn_out);
+        tap_rows(segs, &rows, st(B::AttnOut), &[e], &attn_out);
         // Gemma: the branch is normed before the residual add.
         let attn_out = match &b.attn_post_norm {
             Some(n) => {
                 let y = stored(rmsnorm(&attn_out, e, n, cfg.rms_eps));
-                tap.copy(st(B::AttnPostNorm), &[t, e], &y);
+                tap_rows(segs, &rows, st(B::AttnPostNorm), &[e], &y);
                 y
             }
             None => attn_out,
@@ -225,30 +358,30 @@ pub fn forward(
         } else {
             stored(add(&x, &attn_out))
         };
-        tap.copy(st(B::FfnInp), &[t, e], &ffn_inp);
+        tap_rows(segs, &rows, st(B::FfnInp), &[e], &ffn_inp);
         let hn = stored(rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps));
-        tap.copy(st(B::FfnNorm), &[t, e], &hn);
+        tap_rows(segs, &rows, st(B::FfnNorm), &[e], &hn);
         let [gate, up] = Linear::forward_many([&b.gate, &b.up], &hn, t, sd, true);
-        tap.copy(st(B::FfnGate), &[t, f], &gate);
-        tap.copy(st(B::FfnUp), &[t, f], &up);
+        tap_rows(segs, &rows, st(B::FfnGate), &[f], &gate);
+        tap_rows(segs, &rows, st(B::FfnUp), &[f], &up);
         let act = if mx.is(Mutant::SiluOnUp) {
             stored(act_mul(cfg.act, &up, &gate))
         } else {
             stored(act_mul(cfg.act, &gate, &up))
         };
-        tap.copy(st(B::FfnAct), &[t, f], &act);
+        tap_rows(segs, &rows, st(B::FfnAct), &[f], &act);
         let ffn_out = b.down.forward(&act, t, sd);
-        tap.copy(st(B::FfnOut), &[t, e], &ffn_out);
+        tap_rows(segs, &rows, st(B::FfnOut), &[e], &ffn_out);
         let ffn_out = match &b.ffn_post_norm {
             Some(n) => {
                 let y = stored(rmsnorm(&ffn_out, e, n, cfg.rms_eps));
-                tap.copy(st(B::FfnPostNorm), &[t, e], &y);
+                tap_rows(segs, &rows, st(B::FfnPostNorm), &[e], &y);
                 y
             }
             None => ffn_out,
         };
         x = stored(add(&ffn_inp, &ffn_out));
-        tap.copy(st(B::Out), &[t, e], &x);
+        tap_rows(segs, &rows, st(B::Out), &[e], &x);
         // Qwen3-VL: deepstack feature l is added to the image rows after layer l.
         // The stage exists at every step of a VLM run (a decode step has no
         // image rows: it equals `out` there).
@@ -261,27 +394,58 @@ pub fn forward(
                     }
                 }
             }
-            tap.copy(st(B::Deepstack), &[t, e], &x);
+            segs[0].tap.copy(st(B::Deepstack), &[t, e], &x);
         }
     }
 
-    // Only sampling needs a row when neither tail stage is tapped: norm and
-    // project the last row alone (the vocab projection dominates small models).
-    let all_rows = tap.wants(Stage::OutputNorm) || tap.wants(Stage::Logits);
-    let first = if all_rows { 0 } else { t - 1 };
-    let xn = stored(rmsnorm(&x[first * e..], e, &w.norm, cfg.rms_eps));
-    tap.copy(Stage::OutputNorm, &[t, e], &xn);
-    let head_rows = if tap.wants(Stage::Logits) { t } else { 1 };
-    let head_in = &xn[xn.len() - head_rows * e..];
+    // Only sampling needs a row per sequence when neither tail stage is
+    // tapped: norm and project those rows alone (the vocab projection
+    // dominates small models).
+    let all_rows = segs[0].tap.wants(Stage::OutputNorm) || segs[0].tap.wants(Stage::Logits);
+    let tail: Vec<usize> = if all_rows {
+        (0..t).collect()
+    } else {
+        rows.iter().map(|r| r.end - 1).collect()
+    };
+    let x_tail: Vec<f32> = if all_rows {
+        x
+    } else {
+        tail.iter().flat_map(|&r| x[r * e..][..e].iter().copied()).collect()
+    };
+    let xn = stored(rmsnorm(&x_tail, e, &w.norm, cfg.rms_eps));
+    if all_rows {
+        tap_rows(segs, &rows, Stage::OutputNorm, &[e], &xn);
+    }
+    // The LM head over every row only when the logits are tapped.
+    let head_rows: Vec<usize> = if segs[0].tap.wants(Stage::Logits) {
+        (0..tail.len()).collect()
+    } else {
+        rows.iter().map(|r| tail.iter().position(|&x| x == r.end - 1).expect("a tail row")).collect()
+    };
+    let head_in: Vec<f32> = if head_rows.len() == tail.len() {
+        xn
+    } else {
+        head_rows.iter().flat_map(|&r| xn[r * e..][..e].iter().copied()).collect()
+    };
+    let n_head = head_in.len() / e;
     let logits = match &w.lm_head {
-        Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(head_in, head_rows, sd),
+        Some(lin) if !mx.is(Mutant::LmHeadTiedWhenUntied) => lin.forward(&head_in, n_head, sd),
         _ => {
-            let head_in = super::layers::matmul_input(head_in, e, w.tied_head_q8);
-            stored(matmul_wt(&head_in, head_rows, e, w.embed.data(), v))
+            let head_in = super::layers::matmul_input(&head_in, e, w.tied_head_q8);
+            stored(matmul_wt(&head_in, n_head, e, w.embed.data(), v))
         }
     };
-    // Sampling reads the stored (rounded) logits.
-    let last = logits[(head_rows - 1) * v..].to_vec();
-    tap.keep(Stage::Logits, &[t, v], logits);
-    last
+    // Sampling reads the stored (rounded) logits: each sequence's last row.
+    let lasts: Vec<Vec<f32>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let at = if n_head == t { r.end - 1 } else { i };
+            logits[at * v..][..v].to_vec()
+        })
+        .collect();
+    if n_head == t {
+        tap_rows(segs, &rows, Stage::Logits, &[v], &logits);
+    }
+    lasts
 }

@@ -13,6 +13,8 @@ pub(crate) mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
+mod paged;
+mod serve;
 pub mod matmul;
 pub(crate) mod mutants;
 pub(crate) mod ops;
@@ -53,6 +55,8 @@ pub struct CpuEngine {
     declared: Option<Arithmetic>,
     /// A VLM's vision tower.
     vision: Option<vision::VisionWeights>,
+    /// The paged KV cache batches run on, kept across requests.
+    serve: std::sync::Mutex<paged::ServeState>,
 }
 
 impl CpuEngine {
@@ -98,7 +102,12 @@ impl CpuEngine {
             v.linears_mut().into_iter().for_each(|l| l.round_to(storage));
         }
         let ropes = LayerRopes::new(&cfg);
+        let serve = std::sync::Mutex::new(paged::ServeState {
+            pool: paged::Pool::new(cfg.layers, cfg.kv_heads * cfg.head_dim),
+            slots: Vec::new(),
+        });
         Ok(CpuEngine {
+            serve,
             cfg,
             weights,
             ropes,
@@ -142,9 +151,17 @@ impl Engine for CpuEngine {
         &self.cfg
     }
 
-    /// Every stage, and images (the vision tower of Qwen2-VL and Qwen3-VL).
+    /// Every stage, images (the vision tower of Qwen2-VL and Qwen3-VL), and
+    /// batches of text (bitwise batch-invariant, paged, poisonable).
     fn capabilities(&self) -> super::capabilities::Capabilities {
-        super::capabilities::Capabilities::all()
+        super::capabilities::Capabilities {
+            serving: self.cfg.vision.is_none().then(CpuEngine::serving_caps),
+            ..super::capabilities::Capabilities::all()
+        }
+    }
+
+    fn run_batch(&self, req: &super::batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
+        super::batch::run(self, req, taps)
     }
 
     fn visit_weights(&self, f: &mut super::WeightVisitor) -> Result<()> {
@@ -246,7 +263,7 @@ impl Forward for CpuEngine {
             positions,
             image_token,
         });
-        let mut tap = Tap {
+        let tap = Tap {
             taps: s.taps,
             step: s.step,
             caps: s.caps,
@@ -260,7 +277,7 @@ impl Forward for CpuEngine {
             s.tokens,
             s.pos0,
             &mut run.cache,
-            &mut tap,
+            tap,
             mm.as_ref(),
         );
         let token = if self.mutants.is(Mutant::ArgmaxTieLast) && run.greedy {

@@ -72,10 +72,40 @@ pub enum Mutant {
     VisionAttnCausal,
     /// VLM: the vision rotary built with the language model's RoPE base.
     VisionRopeTextTheta,
+    // Serving bugs (batches, paged KV, repeats): only the serving run
+    // checks can see them, each in its own mode (`SERVING`).
+    /// A batched softmax also sums the padding slots (score 0) up to the
+    /// longest sequence of the step.
+    SoftmaxOverPaddedLength,
+    /// A batched decode step reads its first KV block from the next
+    /// sequence's block table.
+    DecodeReadsNeighbourKv,
+    /// A later prefill chunk's first row is rotated at position 0.
+    ChunkRopeOffsetDropped,
+    /// A prefix hit reuses one position fewer than it claims: the last
+    /// reused slot is whatever the fresh block holds.
+    PrefixHitOneShort,
+    /// The p·v loop reads one slot past the sequence (with p = 0 there).
+    ReadsOneSlotPast,
+    /// The first sequence slot's cache is not cleared between requests.
+    CacheNotCleared,
+    /// Every request leaks one KV block's worth of memory.
+    BufferLeakedPerRequest,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
+    /// The serving mutants, with the serving check that must catch each.
+    pub const SERVING: [(Mutant, &'static str); 7] = [
+        (Mutant::SoftmaxOverPaddedLength, "batch_invariance"),
+        (Mutant::DecodeReadsNeighbourKv, "batch_invariance"),
+        (Mutant::ChunkRopeOffsetDropped, "chunked_prefill"),
+        (Mutant::PrefixHitOneShort, "prefix_reuse"),
+        (Mutant::ReadsOneSlotPast, "poisoned_memory"),
+        (Mutant::CacheNotCleared, "repeat"),
+        (Mutant::BufferLeakedPerRequest, "repeat"),
+    ];
+
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).

@@ -283,6 +283,7 @@ pub fn encode(
         window: None,
         causal: mx.is(Mutant::VisionAttnCausal),
         mutants: mx,
+        batch_pad: 0,
     };
     let mut deepstack = Vec::new();
     for (i, b) in w.blocks.iter().enumerate() {

@@ -110,6 +110,7 @@ pub(super) fn compare_attention<S: Storage>(
         scale: (c.d as f64).powf(-0.5),
         window: (c.window > 0).then_some(c.window),
         mutants: Mutants::default(),
+        batch_pad: 0,
     };
     let cpu = attend(q, c.t, c.pos0, k, v, shape, true);
     let cpu_scores = cpu.scores.unwrap();
@@ -237,6 +238,7 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
                     scale: (c.d as f64).powf(-0.5),
                     window: (c.window > 0).then_some(c.window),
                     mutants: Mutants::default(),
+                    batch_pad: 0,
                 };
                 let cpu = attend(&qw, c.t, c.pos0, &kw, &vw, shape, false);
                 let rel = |g: &[f32], r: &[f32]| {

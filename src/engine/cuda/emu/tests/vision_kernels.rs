@@ -249,6 +249,7 @@ pub(super) fn bidirectional_bad_rows(
         scale: (c.d as f64).powf(-0.5),
         window: None,
         mutants: Mutants::default(),
+        batch_pad: 0,
     };
     let cpu = attend(q, c.t, 0, k, v, shape, false);
     let big = |x: &[f32]| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
