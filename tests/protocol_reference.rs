@@ -20,7 +20,19 @@ fn main() {
         let probe = ["python3", "-c", "import numpy"].map(String::from);
         touchstone::engine::requires::probe(&probe, None).err()
     };
-    let tests: [(&str, fn()); 5] = [
+    let tests: [(&str, fn()); 8] = [
+        (
+            "a_version_1_engine_that_declares_no_batches_passes_with_the_serving_checks_not_applicable",
+            a_version_1_engine_that_declares_no_batches_passes_with_the_serving_checks_not_applicable,
+        ),
+        (
+            "the_engine_as_two_ranks_passes_with_its_shards_and_partial_sums_joined",
+            the_engine_as_two_ranks_passes_with_its_shards_and_partial_sums_joined,
+        ),
+        (
+            "a_rank_shard_at_the_wrong_offset_fails_naming_the_rank",
+            a_rank_shard_at_the_wrong_offset_fails_naming_the_rank,
+        ),
         (
             "the_numpy_engine_passes_every_shipped_tiny_spec",
             the_numpy_engine_passes_every_shipped_tiny_spec,
@@ -57,6 +69,63 @@ fn main() {
         })
         .collect();
     libtest_mimic::run(&args, trials).exit();
+}
+
+const SERVING: [&str; 6] = [
+    "batch_invariance",
+    "order_invariance",
+    "chunked_prefill",
+    "prefix_reuse",
+    "poisoned_memory",
+    "repeat",
+];
+
+/// Each run check's (status, message) in a JSON report.
+fn run_checks(report: &serde_json::Value) -> Vec<(String, String, String)> {
+    report["runs"][0]["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["step"].is_null())
+        .map(|o| {
+            let s = |k: &str| o[k].as_str().unwrap_or_default().to_string();
+            (s("check"), s("status"), s("message"))
+        })
+        .collect()
+}
+
+fn a_version_1_engine_that_declares_no_batches_passes_with_the_serving_checks_not_applicable() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("r.json");
+    let engine = format!("{} --v1-only", exec("numpy_engine.py"));
+    let o = touchstone(&["run", &spec("qwen2-tiny.yaml"), "--engine", &engine, "-q", "--json", &j.display().to_string()]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let checks = run_checks(&json(&j));
+    for mode in SERVING {
+        let (_, status, msg) = checks.iter().find(|c| c.0 == mode).unwrap_or_else(|| panic!("{mode}: {checks:?}"));
+        assert_eq!(status, "not_applicable", "{mode}: {msg}");
+        assert!(msg.contains("does not declare batches"), "{mode}: {msg}");
+    }
+}
+
+fn the_engine_as_two_ranks_passes_with_its_shards_and_partial_sums_joined() {
+    for s in ["qwen2-tiny.yaml", "qwen3-tiny.yaml"] {
+        let engine = format!("{} --ranks 2", exec("numpy_engine.py"));
+        let o = touchstone(&["run", &spec(s), "--engine", &engine, "-q"]);
+        assert_eq!(o.code, 0, "{s}:\n{}", o.all());
+        assert!(o.stdout.contains("PASSED"), "{s}: {}", o.stdout);
+    }
+}
+
+fn a_rank_shard_at_the_wrong_offset_fails_naming_the_rank() {
+    let engine = format!("{} --ranks 2 --bug shard-offset", exec("numpy_engine.py"));
+    let o = touchstone(&["run", &spec("qwen2-tiny.yaml"), "--engine", &engine, "-q"]);
+    assert_eq!(o.code, 1, "{}", o.all());
+    assert!(
+        o.all().contains("rank 1's shard covers") && o.all().contains("overlaps"),
+        "{}",
+        o.all()
+    );
 }
 
 fn exec(script: &str) -> String {

@@ -3,6 +3,10 @@ Phi-3) in numpy, float32 arithmetic like HF transformers' eager attention on
 the CPU, with f16/bf16 storage emulated at touchstone's CPU engine's rounding
 points. numpy_engine.py's docstring describes the arithmetic and the stages;
 Model.forward() runs one step and hands each tapped stage to `put`.
+
+With ranks > 1 the attention heads and FFN columns are split as Megatron-style
+tensor-parallel ranks would split them (Model._split, Model.forward), and the
+stages a rank holds are handed to `put` under per-rank names (Tap).
 """
 import json
 import os
@@ -56,6 +60,48 @@ def stage_names(model_type, n_layers):
     for i in range(n_layers):
         names += [f"blk.{i}.{s}" for s in blk]
     return names + ["output_norm", "logits", "sample_probs"]
+
+
+# Tensor-parallel stages: the axis of the canonical tensor a rank's shard
+# cuts (its offset is rank * the shard's size along it, every rank's shard
+# being the same size), and the row-parallel outputs each rank holds as a
+# full-shape partial sum.
+SHARD_AXIS = {"q": 1, "k": 1, "v": 1, "q_norm": 1, "k_norm": 1, "q_rope": 1, "k_rope": 1,
+              "attn_scores": 0, "attn_probs": 0, "attn_ctx": 1,
+              "ffn_gate": 1, "ffn_up": 1, "ffn_act": 1}
+PARTIAL = {"attn_out", "ffn_out"}
+
+
+class Tap:
+    """Hands tapped stages to put(name, array). A rank's Tap (rank(r), only
+    with ranks > 1) names what that rank holds as a real sharded engine
+    would: `<stage>@rank<r>:axis=<a>:offset=<o>` for its slice of a
+    SHARD_AXIS stage, `<stage>@rank<r>:partial` for its partial sum of a
+    PARTIAL stage; a stage is matched against `taps` by its plain name."""
+
+    def __init__(self, taps, put, prefix="", rank=None):
+        self.taps, self.put, self.prefix, self.r = taps, put, prefix, rank
+
+    def layer(self, i):
+        return Tap(self.taps, self.put, f"blk.{i}.", self.r)
+
+    def rank(self, r):
+        return Tap(self.taps, self.put, self.prefix, r)
+
+    def want(self, stage):
+        return self.prefix + stage in self.taps
+
+    def __call__(self, stage, a):
+        if self.want(stage):
+            self.put(self.prefix + stage + self._suffix(stage, a), a)
+
+    def _suffix(self, stage, a):
+        if self.r is None:
+            return ""
+        if stage in PARTIAL:
+            return f"@rank{self.r}:partial"
+        ax = SHARD_AXIS[stage]
+        return f"@rank{self.r}:axis={ax}:offset={self.r * a.shape[ax]}"
 
 
 def check_config(cfg):
@@ -117,10 +163,31 @@ class Linear:
             y = rnd(y + self.b)
         return y
 
+    # Tensor-parallel shards, cut from a finished (already rounded) Linear.
+    def rows(self, lo, hi):
+        """Column-parallel shard: output features lo..hi, their bias included."""
+        return Linear(self.w[lo:hi], None if self.b is None else self.b[lo:hi])._finished()
+
+    def cols(self, lo, hi):
+        """Row-parallel shard: input features lo..hi and no bias (the bias is
+        added once, after the partial sums are reduced)."""
+        return Linear(self.w[:, lo:hi])._finished()
+
+    def unbiased(self):
+        """The same weights (shared, not copied) without the bias."""
+        lin = Linear(self.w)
+        lin.wt = self.wt
+        return lin
+
+    def _finished(self):
+        self.finish(lambda a: a)  # cut from rounded weights: nothing to round again
+        return self
+
 
 class Model:
-    def __init__(self, folder, storage):
+    def __init__(self, folder, storage, ranks=1):
         self.folder = folder
+        self.ranks = ranks
         cfg_path = os.path.join(folder, "config.json")
         if not os.path.isfile(cfg_path):
             raise EngineError(f"no config.json in {folder}")
@@ -147,6 +214,7 @@ class Model:
             raise EngineError(f"num_attention_heads {self.H} is not a multiple of num_key_value_heads {self.KV}")
         if self.D % 2:
             raise EngineError(f"head_dim {self.D} is odd: RoPE rotates halves")
+        self._check_ranks()
         self.storage = storage
         self.rnd = STORAGE[storage]
         self._load_weights()
@@ -154,6 +222,14 @@ class Model:
         j2 = np.arange(0, self.D, 2, dtype=np.int64).astype(F32) / F32(self.D)
         self.inv_freq = (F32(1.0) / np.power(F32(self.theta), j2)).astype(F32)
         self.scale = F32(self.D ** -0.5)
+
+    def _check_ranks(self):
+        R = self.ranks
+        for what, n in (("num_attention_heads", self.H), ("num_key_value_heads", self.KV),
+                        ("intermediate_size", self.F)):
+            if n % R:
+                raise EngineError(f"--ranks {R}: {what} {n} is not divisible by {R}, so the model cannot "
+                                  f"be split into {R} tensor-parallel ranks")
 
     # -- weights ------------------------------------------------------------
     def _read_all(self):
@@ -225,7 +301,7 @@ class Model:
                 b["k_norm"] = rnd(take(a + "k_norm.weight", (D,)))
             for k in ("q", "k", "v", "o", "gate", "up", "down"):
                 b[k].finish(rnd)
-            self.blocks.append(b)
+            self.blocks.append(self._split(b))
         self.lm_head.finish(rnd)
         unused = sorted(set(raw) - used)
         # HF keeps these buffers in some checkpoints; nothing computes with them.
@@ -234,6 +310,62 @@ class Model:
             more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
             raise EngineError(f"the model file has tensors no layer of a {self.type} model uses: "
                               f"{', '.join(unused[:5])}{more}")
+
+    def _split(self, b):
+        """A block as self.ranks tensor-parallel ranks hold it: {"attn_norm",
+        "ffn_norm", "o_bias", "ranks": [per rank: q/k/v/gate/up as their
+        column-parallel rows, o/down as their row-parallel input columns,
+        q_norm/k_norm (per head, shared)]}. One rank holds the whole
+        projections; only the o_proj bias is set apart, added after the sum."""
+        R, H, KV, D, F = self.ranks, self.H, self.KV, self.D, self.F
+        ranks = []
+        for r in range(R):
+            def part(n, r=r):
+                return r * n // R, (r + 1) * n // R
+            if R == 1:
+                rk = {k: b[k] for k in ("q", "k", "v", "gate", "up", "down")}
+                rk["o"] = b["o"].unbiased()
+            else:
+                rk = {"q": b["q"].rows(*part(H * D)), "k": b["k"].rows(*part(KV * D)),
+                      "v": b["v"].rows(*part(KV * D)), "o": b["o"].cols(*part(H * D)),
+                      "gate": b["gate"].rows(*part(F)), "up": b["up"].rows(*part(F)),
+                      "down": b["down"].cols(*part(F))}
+            for k in ("q_norm", "k_norm"):
+                if k in b:
+                    rk[k] = b[k]
+            ranks.append(rk)
+        return {"attn_norm": b["attn_norm"], "ffn_norm": b["ffn_norm"], "o_bias": b["o"].b, "ranks": ranks}
+
+    # -- memory ---------------------------------------------------------------
+    def new_cache(self):
+        """An empty KV cache: cache[layer][rank] = [keys, values], each
+        [S, KV/ranks, D] (keys after RoPE, both as stored)."""
+        kv = self.KV // self.ranks
+        return [[[np.zeros((0, kv, self.D), F32), np.zeros((0, kv, self.D), F32)]
+                 for _ in range(self.ranks)] for _ in range(self.L)]
+
+    @staticmethod
+    def cache_prefix(cache, n):
+        """A copy of the first n positions of a cache (a prefix-cache hit)."""
+        return [[[kv[0][:n].copy(), kv[1][:n].copy()] for kv in layer] for layer in cache]
+
+    def nbytes(self, *more):
+        """Bytes of the distinct numpy arrays the model holds (weights, their
+        transposes, RoPE frequencies), plus those inside `more` (caches)."""
+        seen = {}
+
+        def walk(o):
+            if isinstance(o, np.ndarray):
+                seen[id(o)] = o.nbytes
+            elif isinstance(o, Linear):
+                walk([o.w, o.wt, o.b])
+            elif isinstance(o, dict):
+                walk(list(o.values()))
+            elif isinstance(o, (list, tuple)):
+                for x in o:
+                    walk(x)
+        walk([self.embed, self.norm, self.lm_head, self.blocks, self.inv_freq, list(more)])
+        return sum(seen.values())
 
     # -- ops ----------------------------------------------------------------
     def rmsnorm(self, x, w):
@@ -255,99 +387,120 @@ class Model:
 
     # -- one step ------------------------------------------------------------
     def forward(self, tokens, pos0, cache, taps, put, rope_on=True):
-        """Runs `tokens` at positions pos0.. appending to `cache` (a list of
-        per-layer [keys, values] arrays [S, KV, D]). Calls put(stage, array)
-        for tapped stages; returns the (stored) logits of the last row."""
+        """Runs `tokens` at positions pos0.. appending to `cache` (new_cache()'s
+        per-layer, per-rank [keys, values] arrays [S, KV/ranks, D]). Calls
+        put(name, array) for tapped stages (per-rank names with ranks > 1,
+        see Tap); returns the (stored) logits of the last row."""
         rnd = self.rnd
-        T = len(tokens)
-        E, H, KV, D = self.E, self.H, self.KV, self.D
-        grp = H // KV
-        positions = np.arange(pos0, pos0 + T, dtype=np.int64)
-        want = taps.__contains__
+        positions = np.arange(pos0, pos0 + len(tokens), dtype=np.int64)
+        tap = Tap(taps, put)
 
         x = self.embed[np.asarray(tokens, dtype=np.int64)]  # already in storage
-        if want("embed"):
-            put("embed", x)
+        tap("embed", x)
         for i, b in enumerate(self.blocks):
-            p = f"blk.{i}."
+            t = tap.layer(i)
             h = rnd(self.rmsnorm(x, b["attn_norm"]))
-            if want(p + "attn_norm"):
-                put(p + "attn_norm", h)
-            q = b["q"](h, rnd).reshape(T, H, D)
-            k = b["k"](h, rnd).reshape(T, KV, D)
-            v = b["v"](h, rnd).reshape(T, KV, D)
-            for n, t in (("q", q), ("k", k), ("v", v)):
-                if want(p + n):
-                    put(p + n, t)
-            if "q_norm" in b:
-                q = rnd(self.rmsnorm(q, b["q_norm"]))
-                k = rnd(self.rmsnorm(k, b["k_norm"]))
-                if want(p + "q_norm"):
-                    put(p + "q_norm", q)
-                if want(p + "k_norm"):
-                    put(p + "k_norm", k)
-            if rope_on:
-                q = rnd(self.rope(q, positions))
-                k = rnd(self.rope(k, positions))
-            if want(p + "q_rope"):
-                put(p + "q_rope", q)
-            if want(p + "k_rope"):
-                put(p + "k_rope", k)
-
-            kc = cache[i]
-            kc[0] = np.concatenate([kc[0], k], axis=0)
-            kc[1] = np.concatenate([kc[1], v], axis=0)
-            keys, vals = kc[0], kc[1]
-            S = keys.shape[0]
-            # GQA: query head h reads KV head h // (H/KV).
-            kh = np.repeat(keys.transpose(1, 0, 2), grp, axis=0)  # [H, S, D]
-            vh = np.repeat(vals.transpose(1, 0, 2), grp, axis=0)  # [H, S, D]
-            qh = np.ascontiguousarray(q.transpose(1, 0, 2))  # [H, T, D]
-            scores = np.matmul(qh, kh.transpose(0, 2, 1)) * self.scale  # [H, T, S]
-            # Key j is visible to query row t iff j <= pos0 + t.
-            masked = np.arange(S)[None, :] > positions[:, None]  # [T, S]
-            if self.window is not None:
-                masked |= np.arange(S)[None, :] <= positions[:, None] - self.window
-            if want(p + "attn_scores"):
-                put(p + "attn_scores", np.where(masked[None], F32(0.0), scores))
-            s = np.where(masked[None], F32(-np.inf), scores)
-            e = np.exp(s - s.max(axis=-1, keepdims=True))
-            probs = e * (F32(1.0) / e.sum(axis=-1, keepdims=True, dtype=F32))
-            if want(p + "attn_probs"):
-                put(p + "attn_probs", probs)
-            ctx = np.matmul(probs, vh)  # [H, T, D]
-            ctx = rnd(ctx.transpose(1, 0, 2).reshape(T, H * D))
-            if want(p + "attn_ctx"):
-                put(p + "attn_ctx", ctx)
-            ao = b["o"](ctx, rnd)
-            if want(p + "attn_out"):
-                put(p + "attn_out", ao)
+            t("attn_norm", h)
+            # Each rank: its heads' attention, then its o_proj input columns.
+            parts = [rk["o"](self._attention(rk, h, positions, cache[i][r], self._rank_tap(t, r), rope_on), rnd)
+                     for r, rk in enumerate(b["ranks"])]
+            ao = self._all_reduce(parts, b["o_bias"], t, "attn_out")
             x = rnd(x + ao)
-            if want(p + "ffn_inp"):
-                put(p + "ffn_inp", x)
+            t("ffn_inp", x)
             h = rnd(self.rmsnorm(x, b["ffn_norm"]))
-            if want(p + "ffn_norm"):
-                put(p + "ffn_norm", h)
-            g = b["gate"](h, rnd)
-            if want(p + "ffn_gate"):
-                put(p + "ffn_gate", g)
-            u = b["up"](h, rnd)
-            if want(p + "ffn_up"):
-                put(p + "ffn_up", u)
-            with np.errstate(over="ignore"):
-                act = rnd((g / (F32(1.0) + np.exp(-g))) * u)
-            if want(p + "ffn_act"):
-                put(p + "ffn_act", act)
-            fo = b["down"](act, rnd)
-            if want(p + "ffn_out"):
-                put(p + "ffn_out", fo)
+            t("ffn_norm", h)
+            # Each rank: its FFN columns, then its down_proj input columns.
+            parts = [rk["down"](self._ffn_act(rk, h, self._rank_tap(t, r)), rnd)
+                     for r, rk in enumerate(b["ranks"])]
+            fo = self._all_reduce(parts, None, t, "ffn_out")
             x = rnd(x + fo)
-            if want(p + "out"):
-                put(p + "out", x)
+            t("out", x)
         xn = rnd(self.rmsnorm(x, self.norm))
-        if want("output_norm"):
-            put("output_norm", xn)
+        tap("output_norm", xn)
         logits = self.lm_head(xn, rnd)
-        if want("logits"):
-            put("logits", logits)
+        tap("logits", logits)
         return logits[-1]
+
+    def _rank_tap(self, t, r):
+        # One rank holds whole tensors: their plain names, as before ranks.
+        return t if self.ranks == 1 else t.rank(r)
+
+    def _all_reduce(self, parts, bias, t, stage):
+        """The row-parallel output: the ranks' partial sums (each already
+        rounded to storage) added in rank order, the running sum rounded to
+        storage after each add, then the bias (if any) added once and rounded.
+        With ranks > 1 the partials (before the bias) are tapped per rank and
+        the sum is not; with one rank the sum (bias included) is the stage."""
+        rnd = self.rnd
+        if len(parts) > 1:
+            for r, part in enumerate(parts):
+                t.rank(r)(stage, part)
+        total = parts[0]
+        for part in parts[1:]:
+            total = rnd(total + part)
+        if bias is not None:
+            total = rnd(total + bias)
+        if len(parts) == 1:
+            t(stage, total)
+        return total
+
+    def _attention(self, rk, h, positions, kc, t, rope_on):
+        """q/k/v through the attention context for the heads rank `rk` holds
+        (all of them with one rank), appending its keys and values to kc;
+        returns the stored context [T, heads*D]."""
+        rnd = self.rnd
+        T, D = h.shape[0], self.D
+        q = rk["q"](h, rnd).reshape(T, -1, D)
+        k = rk["k"](h, rnd).reshape(T, -1, D)
+        v = rk["v"](h, rnd).reshape(T, -1, D)
+        grp = q.shape[1] // k.shape[1]
+        t("q", q)
+        t("k", k)
+        t("v", v)
+        if "q_norm" in rk:
+            q = rnd(self.rmsnorm(q, rk["q_norm"]))
+            k = rnd(self.rmsnorm(k, rk["k_norm"]))
+            t("q_norm", q)
+            t("k_norm", k)
+        if rope_on:
+            q = rnd(self.rope(q, positions))
+            k = rnd(self.rope(k, positions))
+        t("q_rope", q)
+        t("k_rope", k)
+
+        kc[0] = np.concatenate([kc[0], k], axis=0)
+        kc[1] = np.concatenate([kc[1], v], axis=0)
+        keys, vals = kc[0], kc[1]
+        S = keys.shape[0]
+        # GQA: query head h reads KV head h // (H/KV) (within a rank too:
+        # its query heads' KV heads are the ones it holds).
+        kh = np.repeat(keys.transpose(1, 0, 2), grp, axis=0)  # [heads, S, D]
+        vh = np.repeat(vals.transpose(1, 0, 2), grp, axis=0)  # [heads, S, D]
+        qh = np.ascontiguousarray(q.transpose(1, 0, 2))  # [heads, T, D]
+        scores = np.matmul(qh, kh.transpose(0, 2, 1)) * self.scale  # [heads, T, S]
+        # Key j is visible to query row t iff j <= pos0 + t.
+        masked = np.arange(S)[None, :] > positions[:, None]  # [T, S]
+        if self.window is not None:
+            masked |= np.arange(S)[None, :] <= positions[:, None] - self.window
+        if t.want("attn_scores"):
+            t("attn_scores", np.where(masked[None], F32(0.0), scores))
+        s = np.where(masked[None], F32(-np.inf), scores)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        probs = e * (F32(1.0) / e.sum(axis=-1, keepdims=True, dtype=F32))
+        t("attn_probs", probs)
+        ctx = np.matmul(probs, vh)  # [heads, T, D]
+        ctx = rnd(ctx.transpose(1, 0, 2).reshape(T, -1))
+        t("attn_ctx", ctx)
+        return ctx
+
+    def _ffn_act(self, rk, h, t):
+        """gate, up and silu(gate)*up for the FFN columns rank `rk` holds."""
+        rnd = self.rnd
+        g = rk["gate"](h, rnd)
+        t("ffn_gate", g)
+        u = rk["up"](h, rnd)
+        t("ffn_up", u)
+        with np.errstate(over="ignore"):
+            act = rnd((g / (F32(1.0) + np.exp(-g))) * u)
+        t("ffn_act", act)
+        return act

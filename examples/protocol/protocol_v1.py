@@ -51,7 +51,7 @@ class Dispatcher:
 
     name = "engine"
     ops = ("load", "run", "shutdown")
-    OPS = {"load": "load", "run": "run", "tokenize": "tokenize_req"}
+    OPS = {"load": "load", "run": "run", "run_batch": "run_batch", "tokenize": "tokenize_req"}
 
     def handle(self, req):
         if not isinstance(req, dict):

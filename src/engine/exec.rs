@@ -23,7 +23,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::names::NameMap;
-use super::output::read_run;
 use super::{Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::model::{LoadOptions, ModelConfig};
@@ -114,6 +113,8 @@ pub struct ExecEngine {
     capabilities: super::capabilities::Capabilities,
     /// Its load answer says it answers `tokenize` requests.
     tokenizes: bool,
+    /// The `memory_bytes` its last `run_batch` answer reported, if any.
+    reported: Mutex<Option<u64>>,
 }
 
 impl ExecEngine {
@@ -197,6 +198,7 @@ impl ExecEngine {
             work,
             runs: Default::default(),
             capabilities: Default::default(),
+            reported: Mutex::new(None),
             tokenizes: false,
         };
         let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
@@ -430,22 +432,107 @@ impl Engine for ExecEngine {
             request["image"] = image;
         }
         self.request("run", request)?;
-        let file = crate::tensor::io::read_safetensors(&out).map_err(|e| {
+        self.read_output(&out, req, 0, "run")
+    }
+
+    fn run_batch(&self, req: &super::batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
+        let serving = self
+            .capabilities
+            .serving_or_why()
+            .map_err(|why| Error::engine(&self.spec.name, why))?;
+        req.validate(&self.spec.name, self.config.vocab, serving)?;
+        let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let outs: Vec<PathBuf> = (0..req.seqs.len())
+            .map(|i| self.work.path().join(format!("batch-{n}-seq-{i}.safetensors")))
+            .collect();
+        let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
+        let request = json!({
+            "op": "run_batch",
+            "seqs": req.seqs.iter().zip(&outs).map(|(s, o)| seq_json(s, o)).collect::<Vec<_>>(),
+            "taps": taps,
+            "poison": req.poison.map(|p| p.name()),
+        });
+        let answer = self.request("run_batch", request)?;
+        *self.reported.lock().unwrap_or_else(|p| p.into_inner()) = answer.get("memory_bytes").and_then(Value::as_u64);
+        req.seqs
+            .iter()
+            .zip(&outs)
+            .map(|(s, o)| self.read_output(o, &s.run, s.prefix.map_or(0, |p| p.len), "run_batch"))
+            .collect()
+    }
+
+    fn in_process(&self) -> bool {
+        false
+    }
+
+    /// Its resident set, read from /proc, and the bytes it reported after
+    /// its last batch, if it reports them.
+    fn memory(&self) -> Result<Vec<super::MemoryReading>> {
+        let pid = self.proc.lock().unwrap_or_else(|p| p.into_inner()).child.id();
+        let mut out = Vec::new();
+        // Only Linux has /proc: elsewhere the resident set is not read.
+        if Path::new("/proc/self/status").exists() {
+            out.push(super::MemoryReading {
+                bytes: resident_bytes(pid)?,
+                what: format!("the resident set of `{}` (pid {pid}, /proc VmRSS)", self.spec.name),
+                exact: false,
+            });
+        }
+        if let Some(b) = *self.reported.lock().unwrap_or_else(|p| p.into_inner()) {
+            out.push(super::MemoryReading {
+                bytes: b,
+                what: format!("the bytes `{}` reports it holds (`memory_bytes`)", self.spec.name),
+                exact: true,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl ExecEngine {
+    /// Reads a run file the engine wrote (then removes it).
+    fn read_output(&self, out: &Path, req: &RunRequest, from: usize, op: &str) -> Result<RunOutput> {
+        let file = crate::tensor::io::read_safetensors(out).map_err(|e| {
             Error::engine(
                 &self.spec.name,
-                format!(
-                    "`{}` answered `run` with ok, but its output is not usable: {e}",
-                    self.spec.name
-                ),
+                format!("`{}` answered `{op}` with ok, but its output is not usable: {e}", self.spec.name),
             )
         })?;
-        let _ = std::fs::remove_file(&out);
-        let read = read_run(&file, &self.names, &self.config, req, &self.spec.name)?;
+        let _ = std::fs::remove_file(out);
+        let read = super::output::read_run_from(&file, &self.names, &self.config, req, from, &self.spec.name)?;
         let mut output = read.output;
         output.unmapped = read.unmapped;
         tag_storage(&mut output, self.storage);
         Ok(output)
     }
+}
+
+/// A sequence of a batch as the protocol sends it.
+fn seq_json(s: &super::batch::SeqRequest, out: &Path) -> Value {
+    let r = &s.run;
+    let forced = r.forced.as_ref().map(|f| f[..r.decode_steps.min(f.len())].to_vec());
+    json!({
+        "prompt": r.prompt,
+        "decode_steps": r.decode_steps,
+        "sampling": sampling_json(&r.sampling),
+        "seed": r.seed,
+        "forced": forced,
+        "chunks": (!s.chunks.is_empty()).then_some(&s.chunks),
+        "prefix": s.prefix.map(|p| json!({"from": p.from, "len": p.len})),
+        "out": out,
+    })
+}
+
+/// The resident set of process `pid` (Linux: VmRSS of /proc/PID/status).
+fn resident_bytes(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| Error::Usage(format!("{path} has no VmRSS line")))
 }
 
 /// Tags every capture with the run's storage dtype, or the file's own where

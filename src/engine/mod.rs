@@ -26,6 +26,7 @@ pub mod output;
 pub mod registry;
 pub mod replay;
 pub mod requires;
+pub mod shards;
 pub mod third_party;
 
 use crate::error::Result;
@@ -249,12 +250,18 @@ pub trait Engine: Send + Sync {
         let _ = (req, taps);
         Err(crate::Error::Usage(format!("the {} engine does not take batches", self.name())))
     }
-    /// What the engine holds in memory now, as touchstone can read it from
-    /// outside (a protocol engine's resident set; the CUDA engine's device
-    /// bytes), with what was read. None: nothing to read from outside (an
-    /// in-process engine: the `repeat` check counts its heap itself).
-    fn memory(&self) -> Option<Result<MemoryReading>> {
-        None
+    /// What the engine holds in memory now, as read from outside it (a
+    /// protocol engine's resident set, which touchstone reads from /proc, and
+    /// the bytes it reports itself), each with what was read. Empty: nothing
+    /// to read from outside (an in-process engine: the `repeat` check counts
+    /// its heap itself).
+    fn memory(&self) -> Result<Vec<MemoryReading>> {
+        Ok(Vec::new())
+    }
+    /// Whether it computes in touchstone's process (its heap is then what
+    /// the `repeat` check counts); false for a protocol engine's process.
+    fn in_process(&self) -> bool {
+        true
     }
     /// `None` when the engine can run more than once (the default). An engine
     /// that cannot (recorded dumps) says why, and the run checks that need a

@@ -16,10 +16,11 @@ use crate::stage::Step;
 use crate::tensor::io::TensorFile;
 use crate::tensor::Tensor;
 
-/// (T, S) of `step` for a request with a prompt of `prompt_len` tokens.
-fn step_dims(prompt_len: usize, step: Step) -> (usize, usize) {
+/// (T, S) of `step` for a request with a prompt of `prompt_len` tokens whose
+/// prefill computed the positions from `from` on (0; a prefix hit's L).
+fn step_dims(prompt_len: usize, from: usize, step: Step) -> (usize, usize) {
     match step {
-        Step::Prefill => (prompt_len, prompt_len),
+        Step::Prefill => (prompt_len - from, prompt_len),
         Step::Decode(n) => (1, prompt_len + n),
     }
 }
@@ -34,10 +35,25 @@ pub struct Read {
 /// Reads a run file for `req`. Steps past the request's are ignored; a
 /// tensor of a step or stage the request did not ask for is simply unused.
 pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &RunRequest, engine: &str) -> Result<Read> {
+    read_run_from(file, names, cfg, req, 0, engine)
+}
+
+/// `read_run` for a sequence whose prefill computed positions `from..T`
+/// only (a prefix-cache hit of `from` positions: its prefill tensors have
+/// T − from rows). Per-rank tensors (`shards`) are joined first.
+pub fn read_run_from(
+    file: &TensorFile,
+    names: &NameMap,
+    cfg: &ModelConfig,
+    req: &RunRequest,
+    from: usize,
+    engine: &str,
+) -> Result<Read> {
     let bad = |msg: String| Error::engine(engine, format!("{}: {msg}", file.path.display()));
     let mut captures = Captures::default();
     let mut unmapped = Vec::new();
-    for (key, t) in &file.floats {
+    let joined = join_ranks(file, names, cfg, req, from).map_err(bad)?;
+    for (key, t) in file.floats.iter().filter(|(k, _)| !k.contains('@')).chain(joined.iter()) {
         let Some((step_name, name)) = key.split_once('/') else {
             unmapped.push(key.clone());
             continue;
@@ -55,7 +71,7 @@ pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &Run
         };
         let mut t = t.clone();
         if reshape {
-            let (tt, s) = step_dims(req.prompt.len(), step);
+            let (tt, s) = step_dims(req.prompt.len(), from, step);
             let want = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));
             if want.iter().product::<usize>() == t.numel() {
                 t = Tensor::new(want, t.data().to_vec()).with_dtype(t.dtype());
@@ -89,7 +105,7 @@ pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &Run
     let positions = Step::sequence(req.decode_steps)
         .into_iter()
         .map(|st| {
-            let (t, s) = step_dims(req.prompt.len(), st);
+            let (t, s) = step_dims(req.prompt.len(), from, st);
             (s - t..s).collect()
         })
         .collect();
@@ -103,6 +119,39 @@ pub fn read_run(file: &TensorFile, names: &NameMap, cfg: &ModelConfig, req: &Run
         },
         unmapped,
     })
+}
+
+/// The stages answered per rank (`<step>/<stage>@rank…`), each joined into
+/// its canonical tensor under its plain name.
+fn join_ranks(
+    file: &TensorFile,
+    names: &NameMap,
+    cfg: &ModelConfig,
+    req: &RunRequest,
+    from: usize,
+) -> std::result::Result<BTreeMap<String, Tensor>, String> {
+    let mut pieces: BTreeMap<&str, Vec<super::shards::Piece>> = BTreeMap::new();
+    for (key, t) in file.floats.iter().filter(|(k, _)| k.contains('@')) {
+        let (base, rank, part) = super::shards::parse(key).expect("has @")?;
+        pieces.entry(base).or_default().push(super::shards::Piece {
+            rank,
+            part,
+            tensor: t.clone(),
+        });
+    }
+    let mut out = BTreeMap::new();
+    for (base, ps) in pieces {
+        let resolved = base
+            .split_once('/')
+            .and_then(|(st, name)| Some((Step::parse(st)?, names.resolve(name)?.0)));
+        let Some((step, stage)) = resolved else {
+            return Err(format!("`{base}`: per-rank tensors of a name that is not `<step>/<stage>`"));
+        };
+        let (tt, s) = step_dims(req.prompt.len(), from, step);
+        let shape = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));
+        out.insert(base.to_string(), super::shards::join(base, &shape, ps)?);
+    }
+    Ok(out)
 }
 
 /// Writes a run's captures and sampled tokens as a run file (F32 tensors).

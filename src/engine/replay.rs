@@ -59,7 +59,10 @@ impl Engine for Replay<'_> {
     fn run_batch(&self, req: &super::batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
         self.inner.run_batch(req, taps)
     }
-    fn memory(&self) -> Option<Result<super::MemoryReading>> {
+    fn in_process(&self) -> bool {
+        self.inner.in_process()
+    }
+    fn memory(&self) -> Result<Vec<super::MemoryReading>> {
         self.inner.memory()
     }
     fn run(&self, req: &RunRequest, taps: &TapSet) -> Result<RunOutput> {

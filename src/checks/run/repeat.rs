@@ -93,7 +93,7 @@ impl Repeat {
             exact: true,
             bytes: Vec::new(),
         };
-        let mut outside: Option<Series> = None;
+        let mut outside: Vec<Series> = Vec::new();
         let mut first: Option<RunOutput> = None;
         for r in 1..=self.runs {
             // Run and compare on the meter's threads, dropping the output
@@ -116,27 +116,31 @@ impl Repeat {
                 )));
             }
             heap.bytes.push(meter.live());
-            if let Some(m) = engine.memory() {
-                let m = m.map_err(|e| format!("reading the engine's memory: {e}"))?;
-                let s = outside.get_or_insert_with(|| Series {
-                    what: m.what.clone(),
-                    exact: m.exact,
-                    bytes: Vec::new(),
-                });
-                s.bytes.push(m.bytes as i64);
+            let readings = engine.memory().map_err(|e| format!("reading the engine's memory: {e}"))?;
+            for m in readings {
+                let at = match outside.iter().position(|s| s.what == m.what) {
+                    Some(i) => i,
+                    None => {
+                        outside.push(Series {
+                            what: m.what.clone(),
+                            exact: m.exact,
+                            bytes: Vec::new(),
+                        });
+                        outside.len() - 1
+                    }
+                };
+                outside[at].bytes.push(m.bytes as i64);
             }
         }
         let mut read = Vec::new();
-        for s in [Some(&heap).filter(|_| crate::heap::Meter::installed()), outside.as_ref()]
-            .into_iter()
-            .flatten()
-        {
+        let inside = Some(&heap).filter(|_| crate::heap::Meter::installed() && engine.in_process());
+        for s in inside.into_iter().chain(&outside) {
             if let Some(why) = s.leak(self.max_growth) {
                 return Ok(Verdict::fail(format!("repeat: memory grows with requests: {why}")));
             }
             read.push(format!("{}: {:?} bytes", s.what, s.bytes));
         }
-        if !crate::heap::Meter::installed() {
+        if engine.in_process() && !crate::heap::Meter::installed() {
             read.push(
                 "the in-process heap is not measured (touchstone was built without its `heap-meter` feature)".into(),
             );

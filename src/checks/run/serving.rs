@@ -250,8 +250,15 @@ pub fn judge(mode: &str, pairs: &[(String, &RunOutput, &RunOutput, usize)], rule
             ));
         }
     }
-    let captures: usize = pairs.iter().map(|p| p.2.captures.len()).sum();
-    Verdict::pass(format!("{mode}: {done}; {captures} captures equal, {}", rule.describe()))
+    let compared = if rule.bitwise {
+        format!("{} captures equal", pairs.iter().map(|p| p.2.captures.len()).sum::<usize>())
+    } else {
+        format!(
+            "the logits of {} steps agree",
+            pairs.iter().map(|p| p.2.sampled.len()).sum::<usize>()
+        )
+    };
+    Verdict::pass(format!("{mode}: {done}; {compared}, {}", rule.describe()))
         .metric("sequences", pairs.len() as f64)
 }
 
