@@ -139,7 +139,11 @@ mod tests {
         m.run(work);
         assert_eq!(m.live(), base, "temporaries are freed");
         let kept: Vec<Vec<u8>> = m.run(|| vec![vec![1u8; 4096]]);
-        assert!(m.live() - base >= 4096, "the kept buffer is counted: {}", m.live() - base);
+        assert!(
+            m.live() - base >= 4096,
+            "the kept buffer is counted: {}",
+            m.live() - base
+        );
         // Work outside the meter is not counted.
         let before = m.live();
         let other = vec![0u8; 1 << 20];

@@ -98,11 +98,22 @@ fn a_version_1_engine_that_declares_no_batches_passes_with_the_serving_checks_no
     let d = tempfile::tempdir().unwrap();
     let j = d.path().join("r.json");
     let engine = format!("{} --v1-only", exec("numpy_engine.py"));
-    let o = touchstone(&["run", &spec("qwen2-tiny.yaml"), "--engine", &engine, "-q", "--json", &j.display().to_string()]);
+    let o = touchstone(&[
+        "run",
+        &spec("qwen2-tiny.yaml"),
+        "--engine",
+        &engine,
+        "-q",
+        "--json",
+        &j.display().to_string(),
+    ]);
     assert_eq!(o.code, 0, "{}", o.all());
     let checks = run_checks(&json(&j));
     for mode in SERVING {
-        let (_, status, msg) = checks.iter().find(|c| c.0 == mode).unwrap_or_else(|| panic!("{mode}: {checks:?}"));
+        let (_, status, msg) = checks
+            .iter()
+            .find(|c| c.0 == mode)
+            .unwrap_or_else(|| panic!("{mode}: {checks:?}"));
         assert_eq!(status, "not_applicable", "{mode}: {msg}");
         assert!(msg.contains("does not declare batches"), "{mode}: {msg}");
     }

@@ -109,7 +109,9 @@ impl BatchRequest {
             )));
         }
         if self.poison.is_some() && !serving.poison {
-            return Err(bad("poisoned memory was asked for, but the engine declares no poison hook".into()));
+            return Err(bad(
+                "poisoned memory was asked for, but the engine declares no poison hook".into(),
+            ));
         }
         for (i, s) in self.seqs.iter().enumerate() {
             let at = |m: String| bad(format!("sequence {i}: {m}"));
@@ -293,7 +295,11 @@ fn schedule<F: BatchForward>(
     loop {
         let mut items = Vec::new();
         for (i, s) in req.seqs.iter().enumerate() {
-            if prog[i].out.as_ref().is_some_and(|o| o.sampled.len() > s.run.decode_steps) {
+            if prog[i]
+                .out
+                .as_ref()
+                .is_some_and(|o| o.sampled.len() > s.run.decode_steps)
+            {
                 continue;
             }
             if !prog[i].started {

@@ -166,7 +166,8 @@ fn serving_from_answer(b: &serde_json::Value) -> Result<crate::engine::batch::Se
         block_size: count("block_size")?,
         invariant: flag("invariant")?,
         poison: flag("poison")?,
-        max_batch: count("max_batch")?.ok_or("`batches` needs `max_batch`, the most sequences one request may carry")?,
+        max_batch: count("max_batch")?
+            .ok_or("`batches` needs `max_batch`, the most sequences one request may carry")?,
     })
 }
 
@@ -191,8 +192,14 @@ mod tests {
         let b = Capabilities::from_answer(&json!({"batches": {"block_size": 16, "invariant": true, "max_batch": 8}}))
             .unwrap();
         let sv = b.serving_or_why().unwrap();
-        assert_eq!((sv.block_size, sv.invariant, sv.poison, sv.max_batch), (Some(16), true, false, 8));
-        assert!(Capabilities::all().serving_or_why().unwrap_err().contains("does not declare batches"));
+        assert_eq!(
+            (sv.block_size, sv.invariant, sv.poison, sv.max_batch),
+            (Some(16), true, false, 8)
+        );
+        assert!(Capabilities::all()
+            .serving_or_why()
+            .unwrap_err()
+            .contains("does not declare batches"));
         for bad in [
             json!({"batches": {"max_batch": 0}}),
             json!({"batches": {"max_batch": 2, "paged": true}}),

@@ -354,7 +354,7 @@ fn image_json(img: &super::ImageInput, pixels_file: &std::path::Path) -> Result<
     Ok(json!({"path": img.path, "pixels": pixels_file, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
 }
 
-fn sampling_json(s: &Sampling) -> Value {
+pub(super) fn sampling_json(s: &Sampling) -> Value {
     match s {
         Sampling::Greedy => json!("greedy"),
         Sampling::Random {
@@ -448,7 +448,7 @@ impl Engine for ExecEngine {
         let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
         let request = json!({
             "op": "run_batch",
-            "seqs": req.seqs.iter().zip(&outs).map(|(s, o)| seq_json(s, o)).collect::<Vec<_>>(),
+            "seqs": req.seqs.iter().zip(&outs).map(|(s, o)| super::protocol_batch::seq_json(s, o)).collect::<Vec<_>>(),
             "taps": taps,
             "poison": req.poison.map(|p| p.name()),
         });
@@ -473,7 +473,7 @@ impl Engine for ExecEngine {
         // Only Linux has /proc: elsewhere the resident set is not read.
         if Path::new("/proc/self/status").exists() {
             out.push(super::MemoryReading {
-                bytes: resident_bytes(pid)?,
+                bytes: super::protocol_batch::resident_bytes(pid)?,
                 what: format!("the resident set of `{}` (pid {pid}, /proc VmRSS)", self.spec.name),
                 exact: false,
             });
@@ -495,7 +495,10 @@ impl ExecEngine {
         let file = crate::tensor::io::read_safetensors(out).map_err(|e| {
             Error::engine(
                 &self.spec.name,
-                format!("`{}` answered `{op}` with ok, but its output is not usable: {e}", self.spec.name),
+                format!(
+                    "`{}` answered `{op}` with ok, but its output is not usable: {e}",
+                    self.spec.name
+                ),
             )
         })?;
         let _ = std::fs::remove_file(out);
@@ -505,34 +508,6 @@ impl ExecEngine {
         tag_storage(&mut output, self.storage);
         Ok(output)
     }
-}
-
-/// A sequence of a batch as the protocol sends it.
-fn seq_json(s: &super::batch::SeqRequest, out: &Path) -> Value {
-    let r = &s.run;
-    let forced = r.forced.as_ref().map(|f| f[..r.decode_steps.min(f.len())].to_vec());
-    json!({
-        "prompt": r.prompt,
-        "decode_steps": r.decode_steps,
-        "sampling": sampling_json(&r.sampling),
-        "seed": r.seed,
-        "forced": forced,
-        "chunks": (!s.chunks.is_empty()).then_some(&s.chunks),
-        "prefix": s.prefix.map(|p| json!({"from": p.from, "len": p.len})),
-        "out": out,
-    })
-}
-
-/// The resident set of process `pid` (Linux: VmRSS of /proc/PID/status).
-fn resident_bytes(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| Error::Usage(format!("{path} has no VmRSS line")))
 }
 
 /// Tags every capture with the run's storage dtype, or the file's own where

@@ -23,6 +23,7 @@ pub mod exec;
 pub mod multimodal;
 pub mod names;
 pub mod output;
+mod protocol_batch;
 pub mod registry;
 pub mod replay;
 pub mod requires;
@@ -248,7 +249,10 @@ pub trait Engine: Send + Sync {
     /// Only an engine whose capabilities declare `serving` is asked.
     fn run_batch(&self, req: &batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
         let _ = (req, taps);
-        Err(crate::Error::Usage(format!("the {} engine does not take batches", self.name())))
+        Err(crate::Error::Usage(format!(
+            "the {} engine does not take batches",
+            self.name()
+        )))
     }
     /// What the engine holds in memory now, as read from outside it (a
     /// protocol engine's resident set, which touchstone reads from /proc, and

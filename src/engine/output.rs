@@ -53,7 +53,12 @@ pub fn read_run_from(
     let mut captures = Captures::default();
     let mut unmapped = Vec::new();
     let joined = join_ranks(file, names, cfg, req, from).map_err(bad)?;
-    for (key, t) in file.floats.iter().filter(|(k, _)| !k.contains('@')).chain(joined.iter()) {
+    for (key, t) in file
+        .floats
+        .iter()
+        .filter(|(k, _)| !k.contains('@'))
+        .chain(joined.iter())
+    {
         let Some((step_name, name)) = key.split_once('/') else {
             unmapped.push(key.clone());
             continue;
@@ -145,7 +150,9 @@ fn join_ranks(
             .split_once('/')
             .and_then(|(st, name)| Some((Step::parse(st)?, names.resolve(name)?.0)));
         let Some((step, stage)) = resolved else {
-            return Err(format!("`{base}`: per-rank tensors of a name that is not `<step>/<stage>`"));
+            return Err(format!(
+                "`{base}`: per-rank tensors of a name that is not `<step>/<stage>`"
+            ));
         };
         let (tt, s) = step_dims(req.prompt.len(), from, step);
         let shape = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));

@@ -106,7 +106,9 @@ fn join_shards(what: &str, shape: &[usize], pieces: Vec<Piece>) -> Result<Tensor
     }
     let mut spans = Vec::new();
     for p in &pieces {
-        let Part::Shard { axis: a, offset } = p.part else { unreachable!() };
+        let Part::Shard { axis: a, offset } = p.part else {
+            unreachable!()
+        };
         if a != axis {
             return Err(format!(
                 "{what}: rank {}'s shard is along axis {a}, rank {}'s along axis {axis}",
@@ -128,7 +130,9 @@ fn join_shards(what: &str, shape: &[usize], pieces: Vec<Piece>) -> Result<Tensor
     let mut at = 0;
     for &(offset, len, rank) in &spans {
         if offset != at {
-            let prev = spans.iter().find(|s| s.0 + s.1 == at && s.0 < offset || (s.0 < offset + len && s.0 + s.1 > offset && s.2 != rank));
+            let prev = spans
+                .iter()
+                .find(|s| s.0 + s.1 == at && s.0 < offset || (s.0 < offset + len && s.0 + s.1 > offset && s.2 != rank));
             let why = if offset < at {
                 let other = prev.map_or(String::new(), |p| format!(" rank {}'s {}..{}", p.2, p.0, p.0 + p.1));
                 format!("overlaps{other}")
@@ -209,7 +213,10 @@ mod tests {
             part: Part::Partial,
             tensor: Tensor::new(vec![1, 2], vec![v, v]),
         };
-        assert_eq!(join("o", &[1, 2], vec![p(1, 0.5), p(0, 1.0)]).unwrap().data(), &[1.5, 1.5]);
+        assert_eq!(
+            join("o", &[1, 2], vec![p(1, 0.5), p(0, 1.0)]).unwrap().data(),
+            &[1.5, 1.5]
+        );
     }
 
     #[test]
@@ -218,7 +225,10 @@ mod tests {
         let a = shard(0, 0, vec![2, 2], vec![0.0; 4]);
         let b = shard(1, 1, vec![2, 2], vec![0.0; 4]);
         let e = join("prefill/blk.0.q", &[2, 4], vec![a.clone(), b]).unwrap_err();
-        assert!(e.contains("rank 1's shard covers 1..3 of axis 1") && e.contains("overlaps"), "{e}");
+        assert!(
+            e.contains("rank 1's shard covers 1..3 of axis 1") && e.contains("overlaps"),
+            "{e}"
+        );
         let gap = shard(1, 3, vec![2, 1], vec![0.0; 2]);
         let e = join("q", &[2, 4], vec![a.clone(), gap]).unwrap_err();
         assert!(e.contains("rank 1's") && e.contains("leaves 2..3 uncovered"), "{e}");

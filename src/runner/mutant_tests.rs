@@ -94,8 +94,13 @@ mod self_test {
             // Qwen3-VL's language model rotates with base 1e6, its tower 1e4.
             VisionRopeTextTheta => ("qwen3-vl-tiny.yaml", "prefill/vision.blk.0.q_rope"),
             // The serving bugs have their own self-test (`serving` below).
-            SoftmaxOverPaddedLength | DecodeReadsNeighbourKv | ChunkRopeOffsetDropped | PrefixHitOneShort
-            | ReadsOneSlotPast | CacheNotCleared | BufferLeakedPerRequest => {
+            SoftmaxOverPaddedLength
+            | DecodeReadsNeighbourKv
+            | ChunkRopeOffsetDropped
+            | PrefixHitOneShort
+            | ReadsOneSlotPast
+            | CacheNotCleared
+            | BufferLeakedPerRequest => {
                 unreachable!("{m:?} is scored by the serving self-test")
             }
         }
@@ -496,13 +501,24 @@ mod serving {
     fn check(storage: DType) {
         let clean = run(None, storage, &MODES);
         for o in &clean {
-            assert_eq!(o.status, Status::Pass, "unmutated at {storage}: {}: {}", o.check, o.message);
+            assert_eq!(
+                o.status,
+                Status::Pass,
+                "unmutated at {storage}: {}: {}",
+                o.check,
+                o.message
+            );
         }
         let mut rows = Vec::new();
         for (m, mode) in Mutant::SERVING {
             let outs = run(Some(m), storage, &MODES);
             let o = outs.iter().find(|o| o.check == mode).expect("the mode ran");
-            assert_eq!(o.status, Status::Fail, "{m:?} at {storage} must fail {mode}: {}", o.message);
+            assert_eq!(
+                o.status,
+                Status::Fail,
+                "{m:?} at {storage} must fail {mode}: {}",
+                o.message
+            );
             assert!(
                 o.message.contains(expected(m)),
                 "{m:?} at {storage}: {mode} must say `{}`: {}",
@@ -518,9 +534,18 @@ mod serving {
                     assert_eq!(o.status, Status::Pass, "{m:?}: {} sees it: {}", o.check, o.message);
                 }
             }
-            rows.push(format!("{:<26} {:<18} {}", format!("{m:?}"), mode, o.message.lines().next().unwrap_or("")));
+            rows.push(format!(
+                "{:<26} {:<18} {}",
+                format!("{m:?}"),
+                mode,
+                o.message.lines().next().unwrap_or("")
+            ));
         }
-        println!("serving mutants at {storage}: {}/{} caught and localised", rows.len(), Mutant::SERVING.len());
+        println!(
+            "serving mutants at {storage}: {}/{} caught and localised",
+            rows.len(),
+            Mutant::SERVING.len()
+        );
         println!("{}", rows.join("\n"));
     }
 

@@ -81,7 +81,11 @@ pub fn forced_tokens(engine: &dyn Engine, facts: &Facts, decode_steps: usize) ->
 pub fn others(facts: &Facts, n: usize, decode_steps: usize) -> Vec<RunRequest> {
     let p = facts.prompt;
     let t = p.len();
-    let room = facts.config.context_length.unwrap_or(usize::MAX).saturating_sub(decode_steps + 1);
+    let room = facts
+        .config
+        .context_length
+        .unwrap_or(usize::MAX)
+        .saturating_sub(decode_steps + 1);
     (0..n)
         .map(|j| {
             let want = match j % 4 {
@@ -200,7 +204,9 @@ pub fn first_difference(want: &RunOutput, got: &RunOutput, from: usize, rule: &R
             w.clone()
         };
         let Some(g) = got.captures.get(*step, *stage) else {
-            return Some(format!("{step}/{stage}: missing from this run (the reference run has it)"));
+            return Some(format!(
+                "{step}/{stage}: missing from this run (the reference run has it)"
+            ));
         };
         if g.shape() != w.shape() {
             return Some(format!(
@@ -251,36 +257,17 @@ pub fn judge(mode: &str, pairs: &[(String, &RunOutput, &RunOutput, usize)], rule
         }
     }
     let compared = if rule.bitwise {
-        format!("{} captures equal", pairs.iter().map(|p| p.2.captures.len()).sum::<usize>())
+        format!(
+            "{} captures equal",
+            pairs.iter().map(|p| p.2.captures.len()).sum::<usize>()
+        )
     } else {
         format!(
             "the logits of {} steps agree",
             pairs.iter().map(|p| p.2.sampled.len()).sum::<usize>()
         )
     };
-    Verdict::pass(format!("{mode}: {done}; {compared}, {}", rule.describe()))
-        .metric("sequences", pairs.len() as f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_prefix_hits_rows_are_the_tail_of_the_full_prefill() {
-        let t = Tensor::new(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        assert_eq!(rows_from(Stage::Embed, &t, 1).data(), &[3.0, 4.0, 5.0, 6.0]);
-        let p = Tensor::new(vec![2, 2, 2], (0..8).map(|x| x as f32).collect());
-        let s = rows_from(Stage::Block(0, BlockStage::AttnProbs), &p, 1);
-        assert_eq!((s.shape(), s.data()), (&[2usize, 1, 2][..], &[2.0, 3.0, 6.0, 7.0][..]));
-    }
-
-    #[test]
-    fn draws_are_deterministic_and_in_range() {
-        assert_eq!(draw(7, 5), draw(7, 5));
-        assert!((0..100).all(|s| draw(s, 4) < 4));
-        assert!((0..100).map(|s| draw(s, 4)).collect::<std::collections::BTreeSet<_>>().len() == 4);
-    }
+    Verdict::pass(format!("{mode}: {done}; {compared}, {}", rule.describe())).metric("sequences", pairs.len() as f64)
 }
 
 /// The boilerplate of a serving kind: `Kind` (parsed as `NAME` or
@@ -327,7 +314,10 @@ macro_rules! serving_kind {
                 $name.into()
             }
             fn steps(&self, _: usize) -> Option<(&'static str, usize)> {
-                Some((concat!("the prompt plus ", $name, ".decode_steps"), self.decode_steps))
+                Some((
+                    concat!("the prompt plus ", $name, ".decode_steps"),
+                    self.decode_steps,
+                ))
             }
             fn reruns(&self) -> bool {
                 true
@@ -348,3 +338,30 @@ macro_rules! serving_kind {
     };
 }
 pub(crate) use serving_kind;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_hits_rows_are_the_tail_of_the_full_prefill() {
+        let t = Tensor::new(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(rows_from(Stage::Embed, &t, 1).data(), &[3.0, 4.0, 5.0, 6.0]);
+        let p = Tensor::new(vec![2, 2, 2], (0..8).map(|x| x as f32).collect());
+        let s = rows_from(Stage::Block(0, BlockStage::AttnProbs), &p, 1);
+        assert_eq!((s.shape(), s.data()), (&[2usize, 1, 2][..], &[2.0, 3.0, 6.0, 7.0][..]));
+    }
+
+    #[test]
+    fn draws_are_deterministic_and_in_range() {
+        assert_eq!(draw(7, 5), draw(7, 5));
+        assert!((0..100).all(|s| draw(s, 4) < 4));
+        assert!(
+            (0..100)
+                .map(|s| draw(s, 4))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                == 4
+        );
+    }
+}

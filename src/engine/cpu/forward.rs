@@ -96,7 +96,9 @@ pub fn forward(
 ) -> Vec<f32> {
     debug_assert_eq!(cache.len(), pos0, "cache out of step with positions");
     let mut segs = [Seg { tokens, pos0, tap }];
-    forward_batch(cfg, w, ropes, &mut segs, cache, mm).pop().expect("one sequence")
+    forward_batch(cfg, w, ropes, &mut segs, cache, mm)
+        .pop()
+        .expect("one sequence")
 }
 
 /// The row range of each sequence in the batch's concatenated rows.
@@ -287,7 +289,12 @@ pub fn forward_batch(
         let n_segs = segs.len();
         for (i, (seg, r)) in segs.iter_mut().zip(&rows).enumerate() {
             let n = r.len();
-            cache.append(i, l, &k[r.start * kv * d..r.end * kv * d], &vv[r.start * kv * d..r.end * kv * d]);
+            cache.append(
+                i,
+                l,
+                &k[r.start * kv * d..r.end * kv * d],
+                &vv[r.start * kv * d..r.end * kv * d],
+            );
             if mx.is(Mutant::KvWrittenOneSlotOff) && n == 1 {
                 cache.swap_last_two(i, l);
             }
@@ -309,7 +316,15 @@ pub fn forward_batch(
                 },
                 ..shape
             };
-            let att = attend(&q[r.start * h * d..r.end * h * d], n, seg.pos0, &keys, &values, shape, keep_scores);
+            let att = attend(
+                &q[r.start * h * d..r.end * h * d],
+                n,
+                seg.pos0,
+                &keys,
+                &values,
+                shape,
+                keep_scores,
+            );
             // Scores and probabilities stay f32 (not rounded); the context is stored.
             if let Some(scores) = att.scores {
                 seg.tap.keep(st(B::AttnScores), &[h, n, s], scores);
@@ -323,7 +338,9 @@ pub fn forward_batch(
                     for row in c.chunks_exact_mut(h * d) {
                         for (hh, head) in row.chunks_exact_mut(d).enumerate() {
                             let kvh = shape.kv_head(hh);
-                            head.iter_mut().zip(&past[kvh * d..][..d]).for_each(|(c, v)| *c += 0.0 * v);
+                            head.iter_mut()
+                                .zip(&past[kvh * d..][..d])
+                                .for_each(|(c, v)| *c += 0.0 * v);
                         }
                     }
                 }
@@ -420,12 +437,17 @@ pub fn forward_batch(
     let head_rows: Vec<usize> = if segs[0].tap.wants(Stage::Logits) {
         (0..tail.len()).collect()
     } else {
-        rows.iter().map(|r| tail.iter().position(|&x| x == r.end - 1).expect("a tail row")).collect()
+        rows.iter()
+            .map(|r| tail.iter().position(|&x| x == r.end - 1).expect("a tail row"))
+            .collect()
     };
     let head_in: Vec<f32> = if head_rows.len() == tail.len() {
         xn
     } else {
-        head_rows.iter().flat_map(|&r| xn[r * e..][..e].iter().copied()).collect()
+        head_rows
+            .iter()
+            .flat_map(|&r| xn[r * e..][..e].iter().copied())
+            .collect()
     };
     let n_head = head_in.len() / e;
     let logits = match &w.lm_head {

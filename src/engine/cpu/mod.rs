@@ -13,11 +13,11 @@ pub(crate) mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
-mod paged;
-mod serve;
 pub mod matmul;
 pub(crate) mod mutants;
 pub(crate) mod ops;
+mod paged;
+mod serve;
 mod tap;
 #[cfg(test)]
 pub(crate) mod test_model;

@@ -249,7 +249,11 @@ mod tests {
             p.append(0, 0, &k[5 * row..], &v[5 * row..]);
             let (rk, rv) = p.read(0, 0, None);
             assert_eq!((&rk[..], &rv[..]), (&k[..], &v[..]));
-            assert!(p.slot_past(0, 0).is_some(), "the second block has room after position {}", BLOCK + 2);
+            assert!(
+                p.slot_past(0, 0).is_some(),
+                "the second block has room after position {}",
+                BLOCK + 2
+            );
         }
         assert_eq!(state.pool.blocks.len(), 2);
         for len in [BLOCK - 1, BLOCK, BLOCK + 1] {
@@ -262,7 +266,11 @@ mod tests {
             };
             let (rk, rv) = p.read(0, 0, None);
             assert_eq!((&rk[..], &rv[..]), (&k[..len * row], &v[..len * row]), "prefix {len}");
-            let shared = state.slots[1].blocks.iter().filter(|b| state.slots[0].blocks.contains(b)).count();
+            let shared = state.slots[1]
+                .blocks
+                .iter()
+                .filter(|b| state.slots[0].blocks.contains(b))
+                .count();
             assert_eq!(shared, len / BLOCK, "prefix {len}: only full blocks are shared");
         }
         state.slots[1].clear(&mut state.pool);

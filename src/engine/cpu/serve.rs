@@ -53,7 +53,10 @@ impl BatchForward for CpuEngine {
 
     fn open(&self, req: &BatchRequest) -> Result<Session<'_>> {
         if self.cfg.vision.is_some() {
-            return Err(Error::engine("cpu", "batches of a vision-language model are not supported"));
+            return Err(Error::engine(
+                "cpu",
+                "batches of a vision-language model are not supported",
+            ));
         }
         let mut state = self.serve.lock().unwrap_or_else(|p| p.into_inner());
         let n = req.seqs.len();
@@ -99,7 +102,14 @@ impl BatchForward for CpuEngine {
             seqs: slots,
             poison: s.poison,
         };
-        Ok(forward_batch(&self.cfg, &self.weights, &self.ropes, &mut segs, &mut store, None))
+        Ok(forward_batch(
+            &self.cfg,
+            &self.weights,
+            &self.ropes,
+            &mut segs,
+            &mut store,
+            None,
+        ))
     }
 
     fn close(&self, mut s: Session<'_>) -> Result<()> {
