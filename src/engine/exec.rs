@@ -26,7 +26,6 @@ use super::names::NameMap;
 use super::{Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::model::{LoadOptions, ModelConfig};
-use crate::sampling::Sampling;
 
 /// The protocol version this touchstone speaks.
 pub const PROTOCOL: u64 = 1;
@@ -354,17 +353,6 @@ fn image_json(img: &super::ImageInput, pixels_file: &std::path::Path) -> Result<
     Ok(json!({"path": img.path, "pixels": pixels_file, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
 }
 
-pub(super) fn sampling_json(s: &Sampling) -> Value {
-    match s {
-        Sampling::Greedy => json!("greedy"),
-        Sampling::Random {
-            temperature,
-            top_k,
-            top_p,
-        } => json!({"temperature": temperature, "top_k": top_k, "top_p": top_p}),
-    }
-}
-
 impl Engine for ExecEngine {
     fn name(&self) -> &str {
         &self.spec.name
@@ -422,7 +410,7 @@ impl Engine for ExecEngine {
             "op": "run",
             "prompt": req.prompt,
             "decode_steps": req.decode_steps,
-            "sampling": sampling_json(&req.sampling),
+            "sampling": super::protocol_json::sampling_json(&req.sampling),
             "seed": req.seed,
             "forced": forced,
             "taps": taps,
@@ -448,7 +436,7 @@ impl Engine for ExecEngine {
         let taps: Vec<String> = taps.iter().map(|s| s.to_string()).collect();
         let request = json!({
             "op": "run_batch",
-            "seqs": req.seqs.iter().zip(&outs).map(|(s, o)| super::protocol_batch::seq_json(s, o)).collect::<Vec<_>>(),
+            "seqs": req.seqs.iter().zip(&outs).map(|(s, o)| super::protocol_json::seq_json(s, o)).collect::<Vec<_>>(),
             "taps": taps,
             "poison": req.poison.map(|p| p.name()),
         });
@@ -473,7 +461,7 @@ impl Engine for ExecEngine {
         // Only Linux has /proc: elsewhere the resident set is not read.
         if Path::new("/proc/self/status").exists() {
             out.push(super::MemoryReading {
-                bytes: super::protocol_batch::resident_bytes(pid)?,
+                bytes: super::protocol_json::resident_bytes(pid)?,
                 what: format!("the resident set of `{}` (pid {pid}, /proc VmRSS)", self.spec.name),
                 exact: false,
             });

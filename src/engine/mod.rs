@@ -23,7 +23,7 @@ pub mod exec;
 pub mod multimodal;
 pub mod names;
 pub mod output;
-mod protocol_batch;
+mod protocol_json;
 pub mod registry;
 pub mod replay;
 pub mod requires;

@@ -1,12 +1,25 @@
-//! The protocol's batch side, apart from the process plumbing of `exec`:
-//! how a sequence of a `run_batch` request is written, and how touchstone
-//! reads a protocol engine's resident set for the `repeat` check.
+//! The protocol's request bodies, apart from the process plumbing of
+//! `exec`: how sampling and a sequence of a `run_batch` request are
+//! written, and how touchstone reads a protocol engine's resident set for
+//! the `repeat` check.
 
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+use crate::sampling::Sampling;
+
+pub(super) fn sampling_json(s: &Sampling) -> Value {
+    match s {
+        Sampling::Greedy => json!("greedy"),
+        Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        } => json!({"temperature": temperature, "top_k": top_k, "top_p": top_p}),
+    }
+}
 
 /// A sequence of a batch as the protocol sends it.
 pub(super) fn seq_json(s: &super::batch::SeqRequest, out: &Path) -> Value {
@@ -15,7 +28,7 @@ pub(super) fn seq_json(s: &super::batch::SeqRequest, out: &Path) -> Value {
     json!({
         "prompt": r.prompt,
         "decode_steps": r.decode_steps,
-        "sampling": super::exec::sampling_json(&r.sampling),
+        "sampling": sampling_json(&r.sampling),
         "seed": r.seed,
         "forced": forced,
         "chunks": (!s.chunks.is_empty()).then_some(&s.chunks),
