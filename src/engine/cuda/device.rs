@@ -307,17 +307,26 @@ where
         }
     }
 
-    pub(super) fn rope(
+    /// RoPE of rows `r0..r0+rows` of `x` (`[·, heads, D]`) into the same rows
+    /// of `out`, those rows at positions `pos0..pos0+rows` (one sequence of
+    /// a batch).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_rows(
         &self,
         x: &GBuf<T>,
         out: &mut GBuf<T>,
         tabs: &RopeTables,
+        r0: usize,
         rows: usize,
         heads: usize,
         pos0: usize,
     ) -> Result<()> {
+        let width = heads * self.cfg.head_dim;
         let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
-        let (xv, mut ov) = (x.view(), out.view_mut());
+        let span = r0 * width..(r0 + rows) * width;
+        let xv = x.view().slice(span.clone());
+        let o0 = out.g.interior().start;
+        let mut ov = out.buf.view_mut(o0 + span.start..o0 + span.end);
         // SAFETY: rope_neox_T over [rows, heads, D] (f32 tables); tables cover positions < pos0 + rows.
         unsafe {
             self.dev.launch(

@@ -6,6 +6,7 @@
 //!
 //! - `compile`: the embedded kernel sources, pinned NVRTC options, PTX cache.
 //! - `device`: the engine (weights upload, forward pass, taps, sampling).
+//! - `forward`: the forward pass over a batch of sequences (a run: one).
 //! - `emu`: the kernels compiled for the host and run on an emulated device
 //!   (fibers, guarded memory), so they execute in CI without a GPU.
 //! - `guard`: guard regions around device outputs (host-side checking).
@@ -21,6 +22,7 @@
 pub mod compile;
 mod device;
 pub mod emu;
+mod forward;
 pub mod guard;
 pub mod launch;
 mod multimodal;
