@@ -14,6 +14,7 @@
 //! the KV cache of everything before it.
 
 pub mod batch;
+pub mod blocks;
 pub mod capabilities;
 pub mod cpu;
 pub mod cuda;

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 
 use super::forward::KvStore;
 use super::mutants::{Mutant, Mutants};
+use crate::engine::blocks::{prefix_split, Blocks, Table};
 
 /// Positions per block.
 pub const BLOCK: usize = 16;
@@ -22,8 +23,7 @@ pub struct Pool {
     /// Floats per position per layer (KV·D).
     row: usize,
     blocks: Vec<Vec<f32>>,
-    refs: Vec<u32>,
-    free: Vec<usize>,
+    book: Blocks,
 }
 
 impl Pool {
@@ -47,54 +47,24 @@ impl Pool {
     /// A block for one holder: a free one (its stale contents kept, or
     /// overwritten with `poison`), or a new zeroed one.
     fn alloc(&mut self, poison: Option<f32>) -> usize {
-        let id = match self.free.pop() {
-            Some(id) => id,
-            None => {
-                self.blocks.push(vec![0.0; self.block_len()]);
-                self.refs.push(0);
-                self.blocks.len() - 1
-            }
-        };
+        let (id, fresh) = self.book.alloc();
+        if fresh {
+            self.blocks.push(vec![0.0; self.block_len()]);
+        }
         if let Some(p) = poison {
             self.blocks[id].fill(p);
         }
-        self.refs[id] = 1;
         id
     }
 
-    fn share(&mut self, id: usize) -> usize {
-        self.refs[id] += 1;
-        id
-    }
-
-    fn release(&mut self, id: usize) {
-        self.refs[id] -= 1;
-        if self.refs[id] == 0 {
-            self.free.push(id);
-        }
+    /// Gives slot `t`'s blocks back and empties it.
+    pub fn clear(&mut self, t: &mut Slot) {
+        t.clear(&mut self.book);
     }
 }
 
-/// One sequence slot: its block table and how many positions each layer
-/// holds (layers fill one after another within a step).
-#[derive(Clone, Debug, Default)]
-pub struct Slot {
-    blocks: Vec<usize>,
-    lens: Vec<usize>,
-}
-
-impl Slot {
-    /// Gives its blocks back and empties it.
-    pub fn clear(&mut self, pool: &mut Pool) {
-        for id in self.blocks.drain(..) {
-            pool.release(id);
-        }
-        self.lens.clear();
-    }
-    fn len(&self, layer: usize) -> usize {
-        self.lens.get(layer).copied().unwrap_or(0)
-    }
-}
+/// One sequence slot's block table.
+pub type Slot = Table;
 
 /// The serving state of a CPU engine: the pool and the slots of the
 /// sequences of the request being run (slot i serves sequence i).
@@ -125,10 +95,10 @@ impl Paged<'_> {
 pub fn reuse_prefix(state: &mut ServeState, src: usize, dst: usize, len: usize, poison: Option<f32>, mx: Mutants) {
     // The planted bug: one position fewer reused than claimed.
     let covered = if mx.is(Mutant::PrefixHitOneShort) { len - 1 } else { len };
-    let (full, rem) = (covered / BLOCK, covered % BLOCK);
+    let (full, rem) = prefix_split(covered, BLOCK);
     let layers = state.pool.layers;
     let mut table: Vec<usize> = state.slots[src].blocks[..full].to_vec();
-    table.iter_mut().for_each(|id| *id = state.pool.share(*id));
+    table.iter_mut().for_each(|id| *id = state.pool.book.share(*id));
     if rem > 0 {
         let from = state.slots[src].blocks[full];
         let id = state.pool.alloc(poison);
@@ -257,7 +227,7 @@ mod tests {
         }
         assert_eq!(state.pool.blocks.len(), 2);
         for len in [BLOCK - 1, BLOCK, BLOCK + 1] {
-            state.slots[1].clear(&mut state.pool);
+            state.pool.clear(&mut state.slots[1]);
             reuse_prefix(&mut state, 0, 1, len, Some(f32::NAN), Mutants::default());
             let p = Paged {
                 state: &mut state,
@@ -273,8 +243,8 @@ mod tests {
                 .count();
             assert_eq!(shared, len / BLOCK, "prefix {len}: only full blocks are shared");
         }
-        state.slots[1].clear(&mut state.pool);
-        state.slots[0].clear(&mut state.pool);
-        assert_eq!(state.pool.free.len(), state.pool.blocks.len(), "every block is back");
+        state.pool.clear(&mut state.slots[1]);
+        state.pool.clear(&mut state.slots[0]);
+        assert_eq!(state.pool.book.free(), state.pool.blocks.len(), "every block is back");
     }
 }

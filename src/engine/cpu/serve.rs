@@ -75,7 +75,7 @@ impl BatchForward for CpuEngine {
     fn start(&self, s: &mut Session<'_>, seq: usize, prefix: Option<PrefixHit>) -> Result<()> {
         if let Some(p) = prefix {
             let ServeState { pool, slots } = &mut *s.state;
-            slots[seq].clear(pool);
+            pool.clear(&mut slots[seq]);
             reuse_prefix(&mut s.state, p.from, seq, p.len, s.poison, self.mutants);
         }
         Ok(())
@@ -118,7 +118,7 @@ impl BatchForward for CpuEngine {
             if i == 0 && self.mutants.is(Mutant::CacheNotCleared) {
                 continue;
             }
-            slot.clear(pool);
+            pool.clear(slot);
         }
         if self.mutants.is(Mutant::BufferLeakedPerRequest) {
             std::mem::forget(vec![0.0f32; pool.block_len()]);

@@ -145,6 +145,8 @@ pub struct CudaEngine<T: Storage> {
     pub(super) vision: Option<DevVision<T>>,
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     pub(super) run_lock: Mutex<()>,
+    /// The paged KV cache batches run on, kept across requests.
+    pub(super) serve: Mutex<super::serve::ServeState<T>>,
 }
 
 impl<T: Storage> CudaEngine<T>
@@ -213,6 +215,7 @@ where
             ropes,
             vision,
             run_lock: Mutex::new(()),
+            serve: Mutex::new(Default::default()),
         })
     }
 
@@ -426,9 +429,32 @@ where
         &self.cfg
     }
 
-    /// Every stage, and images (its vision tower runs on the device).
+    /// Every stage, images (its vision tower runs on the device), and
+    /// batches of text over its paged KV cache (`serve`).
     fn capabilities(&self) -> crate::engine::capabilities::Capabilities {
-        crate::engine::capabilities::Capabilities::all()
+        crate::engine::capabilities::Capabilities {
+            serving: self.serving_caps(),
+            ..crate::engine::capabilities::Capabilities::all()
+        }
+    }
+
+    fn run_batch(&self, req: &crate::engine::batch::BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
+        crate::engine::batch::run(self, req, taps)
+    }
+
+    /// Its device bytes: this engine's live allocations on the emulated
+    /// device (exact); device 0's total − free on a GPU (every process's).
+    fn memory(&self) -> Result<Vec<crate::engine::MemoryReading>> {
+        let emu = matches!(self.dev, Dev::Emu(_));
+        Ok(vec![crate::engine::MemoryReading {
+            bytes: self.dev.memory_in_use()? as u64,
+            what: if emu {
+                "the engine's emulated device memory (live allocations)".into()
+            } else {
+                "device 0's memory in use (total − free, every process)".into()
+            },
+            exact: emu,
+        }])
     }
 
     /// The device copies, read back one tensor at a time: a bad upload or a

@@ -15,6 +15,7 @@
 //! - `reference`: host mirrors of device-side decisions, for tests.
 //! - `seam`: the device interface `device` drives: the real device (cudarc)
 //!   or the emulated one (engine `cuda-emu`).
+//! - `serve`: batches over a paged KV cache kept across requests.
 //! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
 //! - `vision`: the VLM vision tower (Qwen2-VL, Qwen3-VL) on the device.
 //! - `weights`: device copies of linear layers and of the vision tower.
@@ -28,6 +29,7 @@ pub mod launch;
 mod multimodal;
 pub mod reference;
 pub mod seam;
+mod serve;
 mod step;
 pub mod storage;
 mod vision;

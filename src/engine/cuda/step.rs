@@ -89,19 +89,6 @@ where
         let total = req.prompt.len() + req.decode_steps;
         launch::attention(1, cfg.heads, cfg.head_dim, total).map_err(|m| self.dev.err(m))?;
 
-        let half = cfg.head_dim / 2;
-        let tables = |rope: &crate::engine::cpu::ops::Rope| -> Result<RopeTables> {
-            let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
-            for p in 0..total {
-                let (c, s) = rope.cos_sin(p);
-                cos.extend(c);
-                sin.extend(s);
-            }
-            Ok(RopeTables {
-                cos: self.dev.upload("rope_cos", &cos)?,
-                sin: self.dev.upload("rope_sin", &sin)?,
-            })
-        };
         let kvd = cfg.kv_heads * cfg.head_dim;
         let random = match &req.sampling {
             Sampling::Random {
@@ -120,14 +107,15 @@ where
             // Greedy, or a temperature <= 0, which the host Sampler also takes as greedy.
             _ => None,
         };
+        let (tabs, local_tabs) = self.rope_tables(total)?;
         let mut st = RunState {
             kv: RunKv {
                 k_cache: Vec::with_capacity(cfg.layers),
                 v_cache: Vec::with_capacity(cfg.layers),
                 kvd,
             },
-            tabs: tables(&self.ropes.global)?,
-            local_tabs: self.ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?,
+            tabs,
+            local_tabs,
             random,
             vlm: self.vlm_begin(req)?,
         };
@@ -158,6 +146,26 @@ impl<T: Storage> CudaEngine<T>
 where
     CudaBlas: Gemm<T>,
 {
+    /// cos/sin tables for positions `0..total` (and a local layers' own, Gemma 3).
+    pub(super) fn rope_tables(&self, total: usize) -> Result<(RopeTables, Option<RopeTables>)> {
+        let half = self.cfg.head_dim / 2;
+        let tables = |rope: &crate::engine::cpu::ops::Rope| -> Result<RopeTables> {
+            let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
+            for p in 0..total {
+                let (c, s) = rope.cos_sin(p);
+                cos.extend(c);
+                sin.extend(s);
+            }
+            Ok(RopeTables {
+                cos: self.dev.upload("rope_cos", &cos)?,
+                sin: self.dev.upload("rope_sin", &sin)?,
+            })
+        };
+        let global = tables(&self.ropes.global)?;
+        let local = self.ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?;
+        Ok((global, local))
+    }
+
     /// One step at positions `pos0..pos0+T`; returns the sampled token, and
     /// the last row of the logits when `want_logits`.
     fn forward(
