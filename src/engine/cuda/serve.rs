@@ -74,7 +74,15 @@ impl<T: Storage> Paged<'_, T> {
 }
 
 impl<T: Storage> DevKv<T> for Paged<'_, T> {
-    fn append(&mut self, dev: &Dev, seg: usize, layer: usize, pos0: usize, k: View<'_, T>, v: View<'_, T>) -> Result<()> {
+    fn append(
+        &mut self,
+        dev: &Dev,
+        seg: usize,
+        layer: usize,
+        pos0: usize,
+        k: View<'_, T>,
+        v: View<'_, T>,
+    ) -> Result<()> {
         let (slot, kvd, layers) = (self.seqs[seg], self.kvd, self.state.k_pool.len());
         let n = k.len() / kvd;
         let mut j = 0;
@@ -88,7 +96,10 @@ impl<T: Storage> DevKv<T> for Paged<'_, T> {
             }
             let at = (self.state.slots[slot].blocks[blk] * BLOCK + off) * kvd;
             let (src, dst) = (j * kvd..(j + run) * kvd, at..at + run * kvd);
-            dev.copy(k.slice(src.clone()), &mut self.state.k_pool[layer].view_mut(dst.clone()))?;
+            dev.copy(
+                k.slice(src.clone()),
+                &mut self.state.k_pool[layer].view_mut(dst.clone()),
+            )?;
             dev.copy(v.slice(src), &mut self.state.v_pool[layer].view_mut(dst))?;
             j += run;
         }
@@ -120,7 +131,10 @@ impl<T: Storage> DevKv<T> for Paged<'_, T> {
         let table = &slots[self.seqs[seg]];
         for (b, &id) in table.blocks.iter().enumerate().take(s.div_ceil(BLOCK)) {
             let rows = BLOCK.min(s - b * BLOCK);
-            let (src, dst) = (id * BLOCK * kvd..(id * BLOCK + rows) * kvd, b * BLOCK * kvd..(b * BLOCK + rows) * kvd);
+            let (src, dst) = (
+                id * BLOCK * kvd..(id * BLOCK + rows) * kvd,
+                b * BLOCK * kvd..(b * BLOCK + rows) * kvd,
+            );
             dev.copy(k_pool[layer].view(src.clone()), &mut sk.view_mut(dst.clone()))?;
             dev.copy(v_pool[layer].view(src), &mut sv.view_mut(dst))?;
         }
@@ -180,7 +194,10 @@ where
 
     fn open(&self, req: &BatchRequest) -> Result<Session<'_, T>> {
         if self.cfg.vision.is_some() {
-            return Err(Error::engine(self.dev.engine_name(), "batches of a vision-language model are not supported"));
+            return Err(Error::engine(
+                self.dev.engine_name(),
+                "batches of a vision-language model are not supported",
+            ));
         }
         let run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut state = self.serve.lock().unwrap_or_else(|p| p.into_inner());
@@ -217,7 +234,10 @@ where
             state.slots.resize(n, Table::default());
         }
         let poison = match req.poison {
-            Some(p) => Some(self.dev.upload("kv_poison", &vec![Self::poison_value(p); BLOCK * kvd])?),
+            Some(p) => Some(
+                self.dev
+                    .upload("kv_poison", &vec![Self::poison_value(p); BLOCK * kvd])?,
+            ),
             None => None,
         };
         let longest = req.seqs.iter().map(total).max().unwrap_or(1);
@@ -250,9 +270,12 @@ where
             let n = rem * kvd;
             for pool in paged.state.k_pool.iter_mut().chain(paged.state.v_pool.iter_mut()) {
                 // Within one pool: through the host (a partial block, once per hit).
-                let rows = self.dev.download(pool.view(from * BLOCK * kvd..from * BLOCK * kvd + n))?;
+                let rows = self
+                    .dev
+                    .download(pool.view(from * BLOCK * kvd..from * BLOCK * kvd + n))?;
                 let tmp = self.dev.upload("kv_prefix_copy", &rows)?;
-                self.dev.copy(tmp.view(..), &mut pool.view_mut(id * BLOCK * kvd..id * BLOCK * kvd + n))?;
+                self.dev
+                    .copy(tmp.view(..), &mut pool.view_mut(id * BLOCK * kvd..id * BLOCK * kvd + n))?;
             }
             table.push(id);
         }
