@@ -146,7 +146,7 @@ pub struct CudaEngine<T: Storage> {
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     pub(super) run_lock: Mutex<()>,
     /// The paged KV cache batches run on, kept across requests.
-    pub(super) serve: Mutex<super::serve::ServeState<T>>,
+    pub(super) serve: Mutex<super::paged::ServeState<T>>,
 }
 
 impl<T: Storage> CudaEngine<T>

@@ -12,6 +12,7 @@
 //! - `guard`: guard regions around device outputs (host-side checking).
 //! - `launch`: launch configurations and cuBLAS argument mapping.
 //! - `multimodal`: a VLM's step: image fusion, M-RoPE positions, deepstack.
+//! - `paged`: the device KV pool and its bookkeeping (kept across requests).
 //! - `reference`: host mirrors of device-side decisions, for tests.
 //! - `seam`: the device interface `device` drives: the real device (cudarc)
 //!   or the emulated one (engine `cuda-emu`).
@@ -27,6 +28,7 @@ mod forward;
 pub mod guard;
 pub mod launch;
 mod multimodal;
+mod paged;
 pub mod reference;
 pub mod seam;
 mod serve;

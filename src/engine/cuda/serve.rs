@@ -15,29 +15,14 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, RopeTables, TapCtx};
 use super::forward::{DevKv, DevSeg, Tables};
+use super::paged::{ServeState, BLOCK};
 use super::seam::{DBuf, Dev, View};
 use super::storage::Storage;
 use crate::engine::batch::{BatchForward, BatchRequest, Item, Poison, PrefixHit, Serving};
-use crate::engine::blocks::{prefix_split, Blocks, Table};
+use crate::engine::blocks::{prefix_split, Table};
 use crate::engine::TapSet;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-
-/// Positions per block.
-pub const BLOCK: usize = 16;
-
-/// The serving state: the pools, their bookkeeping, the sequence slots.
-#[derive(Default)]
-pub struct ServeState<T: Storage> {
-    k_pool: Vec<DBuf<T>>,
-    v_pool: Vec<DBuf<T>>,
-    /// Blocks each pool holds.
-    cap: usize,
-    book: Blocks,
-    slots: Vec<Table>,
-    /// Contiguous keys and values attention reads, and their room (positions).
-    scratch: Option<(DBuf<T>, DBuf<T>, usize)>,
-}
 
 /// One request's hold on the engine.
 pub struct Session<'a, T: Storage> {
@@ -150,12 +135,13 @@ where
     /// emulated device (its GEMM computes each row alone), not on a GPU
     /// (cuBLAS picks its algorithm by shape).
     pub(super) fn serving_caps(&self) -> Option<Serving> {
-        self.cfg.vision.is_none().then(|| Serving {
+        let serving = Serving {
             block_size: Some(BLOCK),
             invariant: matches!(self.dev, Dev::Emu(_)),
             poison: true,
             max_batch: 64,
-        })
+        };
+        self.cfg.vision.is_none().then_some(serving)
     }
 
     /// The poison as this storage holds it: "huge" is the largest finite
