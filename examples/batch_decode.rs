@@ -12,30 +12,24 @@
 //! and the same two with 0 decode steps (the prefills alone). Decode time is
 //! the difference; it prints decode tokens per second of both and their
 //! ratio, and checks that both ways sampled the same tokens (the CPU engine
-//! is batch-invariant). Absolute times are noise on a shared machine; the
-//! ratio is the claim.
+//! is batch-invariant); a last JSON line carries both rates for
+//! `ci/bench/batch_decode.py`, which runs llama.cpp's batched decode beside
+//! it. Absolute times are noise on a shared machine; the ratio is the claim.
 
 use std::time::Instant;
 
 use touchstone::engine::batch::{BatchRequest, SeqRequest};
 use touchstone::engine::cpu::CpuEngine;
 use touchstone::engine::{Engine, RunRequest, TapSet};
-use touchstone::sampling::Sampling;
 
 const SEQS: usize = 8;
 
 fn request(i: usize, steps: usize, vocab: usize) -> RunRequest {
     let len = 8 + 4 * i;
-    RunRequest {
-        // Ordinary token ids (well inside the vocabulary), a different
-        // stretch per sequence.
-        prompt: (0..len).map(|j| ((1000 + 37 * i + 11 * j) % vocab) as u32).collect(),
-        decode_steps: steps,
-        sampling: Sampling::Greedy,
-        seed: 0,
-        forced: None,
-        image: None,
-    }
+    // Ordinary token ids (well inside the vocabulary), a different stretch
+    // per sequence.
+    let prompt = (0..len).map(|j| ((1000 + 37 * i + 11 * j) % vocab) as u32).collect();
+    RunRequest::greedy(prompt, steps, 0)
 }
 
 fn batch(reqs: Vec<RunRequest>) -> BatchRequest {
@@ -104,4 +98,10 @@ fn main() {
     println!("  batched decode / one-by-one decode throughput: {:.2}x", dec_1 / dec_b);
     assert_eq!(tok_b, tok_1, "batched and one-by-one runs sampled the same tokens");
     println!("  same tokens both ways: yes");
+    // For ci/bench/batch_decode.py, which sets these beside llama.cpp's.
+    println!(
+        "{{\"batched_decode_tok_s\": {}, \"one_by_one_decode_tok_s\": {}, \"steps\": {steps}, \"seqs\": {SEQS}}}",
+        n / dec_b,
+        n / dec_1
+    );
 }

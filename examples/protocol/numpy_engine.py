@@ -168,8 +168,8 @@ written only per rank, never unsuffixed (touchstone joins them):
       attn_ctx [T,H*D]: axis 1, offset r*(H/R)*D; ffn_gate, ffn_up,
       ffn_act [T,F]: axis 1
   <step>/<stage>@rank<r>:partial   rank r's full-shape partial sum of
-      attn_out and ffn_out [T,E], before the bias (so for a model with an
-      o_proj bias, the partial sums add up to attn_out less that bias).
+      attn_out and ffn_out [T,E]; a bias (if any) is added to rank 0's
+      alone, so that the partial sums add up to the stage.
 
 Options: --threads N sets the BLAS thread count (default 1: results then do
 not depend on the machine's core count). --ranks R as above. For tests:

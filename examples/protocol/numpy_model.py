@@ -429,12 +429,14 @@ class Model:
         """The row-parallel output: the ranks' partial sums (each already
         rounded to storage) added in rank order, the running sum rounded to
         storage after each add, then the bias (if any) added once and rounded.
-        With ranks > 1 the partials (before the bias) are tapped per rank and
-        the sum is not; with one rank the sum (bias included) is the stage."""
+        With ranks > 1 the partials are tapped per rank and the sum is not:
+        rank 0's with the bias added (as the protocol asks: the partial sums
+        add up to the stage), the others without; with one rank the sum (bias
+        included) is the stage."""
         rnd = self.rnd
         if len(parts) > 1:
             for r, part in enumerate(parts):
-                t.rank(r)(stage, part)
+                t.rank(r)(stage, rnd(part + bias) if r == 0 and bias is not None else part)
         total = parts[0]
         for part in parts[1:]:
             total = rnd(total + part)

@@ -412,14 +412,7 @@ mod tests {
 
     fn seq(prompt: Vec<u32>, chunks: Vec<usize>, prefix: Option<PrefixHit>) -> SeqRequest {
         SeqRequest {
-            run: RunRequest {
-                prompt,
-                decode_steps: 1,
-                sampling: Sampling::Greedy,
-                seed: 0,
-                forced: None,
-                image: None,
-            },
+            run: RunRequest::greedy(prompt, 1, 0),
             chunks,
             prefix,
         }

@@ -81,6 +81,19 @@ pub struct ImageInput {
 }
 
 impl RunRequest {
+    /// A text request sampled greedily (the seed is then unused but kept),
+    /// free-running.
+    pub fn greedy(prompt: Vec<u32>, decode_steps: usize, seed: u64) -> RunRequest {
+        RunRequest {
+            prompt,
+            decode_steps,
+            sampling: Sampling::Greedy,
+            seed,
+            forced: None,
+            image: None,
+        }
+    }
+
     /// The token decode step `n` (1-based) is fed: the forced one, or the one
     /// sampled at the step before (`sampled` holds one token per step run so
     /// far; sampled tokens are always < vocab, as they index the logits).

@@ -11,6 +11,8 @@ pub mod filter;
 mod mutant_tests;
 pub mod overflow;
 #[cfg(test)]
+mod serving_mutant_tests;
+#[cfg(test)]
 mod vlm_tests;
 
 use std::path::Path;

@@ -16,7 +16,6 @@ use crate::checks::facts::Facts;
 use crate::checks::verdict::Verdict;
 use crate::engine::batch::{BatchRequest, PrefixHit, SeqRequest, Serving};
 use crate::engine::{Engine, RunRequest};
-use crate::sampling::Sampling;
 
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,12 +79,8 @@ impl PrefixReuse {
         let taps = serving::taps(engine, facts);
         let forced: Vec<u32> = (0..self.decode_steps).map(|i| p[(i * 7 + 1) % p.len()]).collect();
         let req = |prompt: Vec<u32>| RunRequest {
-            prompt,
-            decode_steps: self.decode_steps,
-            sampling: Sampling::Greedy,
-            seed: facts.seed,
             forced: Some(forced.clone()),
-            image: None,
+            ..RunRequest::greedy(prompt, self.decode_steps, facts.seed)
         };
         let fresh = serving::run_batch(engine, &serving::batch(vec![req(prompt.clone())]), &taps)?;
         let rule = Rule::of(sv, facts);

@@ -20,7 +20,6 @@ use crate::checks::verdict::Verdict;
 use crate::compare::{compare, Tolerance};
 use crate::engine::batch::{BatchRequest, SeqRequest, Serving};
 use crate::engine::{Engine, RunOutput, RunRequest, TapSet};
-use crate::sampling::Sampling;
 use crate::stage::{BlockStage, Stage, Step};
 use crate::tensor::Tensor;
 
@@ -47,12 +46,8 @@ pub fn taps(engine: &dyn Engine, facts: &Facts) -> TapSet {
 /// The spec's prompt as one sequence, greedy, teacher-forced with `forced`.
 pub fn target(facts: &Facts, decode_steps: usize, forced: &[u32]) -> RunRequest {
     RunRequest {
-        prompt: facts.prompt.to_vec(),
-        decode_steps,
-        sampling: Sampling::Greedy,
-        seed: facts.seed,
         forced: Some(forced[..decode_steps].to_vec()),
-        image: None,
+        ..RunRequest::greedy(facts.prompt.to_vec(), decode_steps, facts.seed)
     }
 }
 
@@ -62,14 +57,7 @@ pub fn forced_tokens(engine: &dyn Engine, facts: &Facts, decode_steps: usize) ->
     if let Some(f) = facts.forced.filter(|f| f.len() >= decode_steps) {
         return Ok(f[..decode_steps].to_vec());
     }
-    let req = RunRequest {
-        prompt: facts.prompt.to_vec(),
-        decode_steps,
-        sampling: Sampling::Greedy,
-        seed: facts.seed,
-        forced: None,
-        image: None,
-    };
+    let req = RunRequest::greedy(facts.prompt.to_vec(), decode_steps, facts.seed);
     let out = engine.run(&req, &TapSet::none()).map_err(|e| e.to_string())?;
     Ok(out.sampled[..decode_steps].to_vec())
 }
@@ -96,14 +84,8 @@ pub fn others(facts: &Facts, n: usize, decode_steps: usize) -> Vec<RunRequest> {
             };
             let len = want.min(room).max(1);
             let len = if len == t { t + 1 } else { len }.min(room.max(1));
-            RunRequest {
-                prompt: (0..len).map(|i| p[(i + 3 * (j + 1)) % t]).collect(),
-                decode_steps,
-                sampling: Sampling::Greedy,
-                seed: facts.seed,
-                forced: None,
-                image: None,
-            }
+            let prompt = (0..len).map(|i| p[(i + 3 * (j + 1)) % t]).collect();
+            RunRequest::greedy(prompt, decode_steps, facts.seed)
         })
         .collect()
 }
