@@ -80,16 +80,16 @@ const SERVING: [&str; 6] = [
     "repeat",
 ];
 
-/// Each run check's (status, message) in a JSON report.
+/// Each run check's (kind, status, message) in a JSON report.
 fn run_checks(report: &serde_json::Value) -> Vec<(String, String, String)> {
-    report["runs"][0]["outcomes"]
+    report["checks"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|o| o["step"].is_null())
-        .map(|o| {
+        .filter_map(|o| {
             let s = |k: &str| o[k].as_str().unwrap_or_default().to_string();
-            (s("check"), s("status"), s("message"))
+            let kind = s("id").strip_prefix("run::")?.to_string();
+            Some((kind, s("status"), s("message")))
         })
         .collect()
 }

@@ -153,7 +153,8 @@ fn hf_passes_the_tiny_spec() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(r["runs"][0]["engine"], "hf", "{out}");
     // HF taps every stage: only `weights` is not applicable (the protocol
-    // has no op to show them).
+    // has no op to show them), and the serving checks (engine_hf.py runs one
+    // sequence at a time and declares no batches).
     let na: Vec<&str> = r["checks"]
         .as_array()
         .unwrap()
@@ -161,7 +162,19 @@ fn hf_passes_the_tiny_spec() {
         .filter(|c| c["status"] == "not_applicable")
         .filter_map(|c| c["id"].as_str())
         .collect();
-    assert_eq!(na, ["run::weights"], "{out}");
+    assert_eq!(
+        na,
+        [
+            "run::weights",
+            "run::batch_invariance",
+            "run::order_invariance",
+            "run::chunked_prefill",
+            "run::prefix_reuse",
+            "run::poisoned_memory",
+            "run::repeat"
+        ],
+        "{out}"
+    );
     assert!(out.contains("is `hf-transformers`"), "{out}");
 }
 
