@@ -5,7 +5,7 @@
 
 /// The serving bugs (issue 36): each must be caught by its serving check and
 /// localised there (its message names the first differing step/stage), at
-/// f32 and at 16-bit storage; the unmutated engine passes every serving
+/// f32 and at both 16-bit storages; the unmutated engine passes every serving
 /// check; the slot-past read is caught only with poisoned memory.
 mod serving {
     use crate::checks::Status;
@@ -115,6 +115,11 @@ mod serving {
     #[test]
     fn each_serving_bug_is_caught_by_its_mode_and_localised_at_f32() {
         check(DType::F32);
+    }
+
+    #[test]
+    fn each_serving_bug_is_caught_by_its_mode_and_localised_at_f16() {
+        check(DType::F16);
     }
 
     #[test]
