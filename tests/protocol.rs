@@ -47,16 +47,6 @@ fn run(mode: &str, engine: &str) -> (Output, serde_json::Value, Duration) {
     (o, report, took)
 }
 
-/// The serving checks, not applicable to an engine that declares no batches.
-const SERVING: [&str; 6] = [
-    "run::batch_invariance",
-    "run::order_invariance",
-    "run::chunked_prefill",
-    "run::prefix_reuse",
-    "run::poisoned_memory",
-    "run::repeat",
-];
-
 /// Every check of engine `bad` failed (but `weights`, not applicable: a
 /// protocol engine does not show its weights; and the serving checks, not
 /// applicable where it loaded: it declares no batches), each naming the
@@ -69,7 +59,12 @@ fn all_failed(report: &serde_json::Value, engine: &str) -> String {
             .iter()
             .filter(|c| c["engine"] == engine)
     };
-    for c in of_engine().filter(|c| SERVING.iter().any(|s| c["id"] == *s)) {
+    let serving = |c: &serde_json::Value| {
+        touchstone::checks::run::SERVING
+            .iter()
+            .any(|s| c["id"].as_str() == Some(&format!("run::{s}")))
+    };
+    for c in of_engine().filter(|c| serving(c)) {
         // Failed with the rest when the engine never loaded; else not applicable.
         let declined =
             c["status"] == "not_applicable" && c["message"].as_str().unwrap().contains("does not declare batches");
@@ -82,7 +77,7 @@ fn all_failed(report: &serde_json::Value, engine: &str) -> String {
         );
     }
     let checks: Vec<&serde_json::Value> = of_engine()
-        .filter(|c| c["id"] != "run::weights" && !SERVING.iter().any(|s| c["id"] == *s))
+        .filter(|c| c["id"] != "run::weights" && !serving(c))
         .collect();
     assert!(!checks.is_empty());
     for c in &checks {

@@ -11,6 +11,7 @@ mod common;
 use common::*;
 
 use libtest_mimic::{Arguments, Completion, Trial};
+use touchstone::checks::run::SERVING;
 
 fn main() {
     let args = Arguments::from_args();
@@ -70,15 +71,6 @@ fn main() {
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }
-
-const SERVING: [&str; 6] = [
-    "batch_invariance",
-    "order_invariance",
-    "chunked_prefill",
-    "prefix_reuse",
-    "poisoned_memory",
-    "repeat",
-];
 
 /// Each run check's (kind, status, message) in a JSON report.
 fn run_checks(report: &serde_json::Value) -> Vec<(String, String, String)> {

@@ -18,11 +18,12 @@
 //! order of work — who waits for a prefix, which chunk goes next, what each
 //! decode step is fed, sampling, `sample_probs` — is written once here.
 
-use super::{Captures, RunOutput, RunRequest, TapSet};
+use super::driver::Forward;
+use super::{Captures, Engine, RunOutput, RunRequest, TapSet};
 use crate::error::{Error, Result};
 use crate::sampling::{distribution, Sampler, Sampling};
 use crate::stage::{BlockStage, Stage, Step};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 
 /// Several sequences run together.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,12 +190,12 @@ fn is_attention(stage: Stage) -> bool {
 /// and keys 0..Sc of `[H, ΣTc, S_last]`, every other entry 0 (causally
 /// masked). A stage missing from some chunk is left out (its checks then
 /// fail as missing).
-pub fn join_chunks(parts: &[Captures]) -> Captures {
+pub fn join_chunks(mut parts: Vec<Captures>) -> Captures {
     let mut out = Captures::default();
-    let Some(first) = parts.first() else { return out };
-    if parts.len() == 1 {
-        return first.clone();
+    if parts.len() <= 1 {
+        return parts.pop().unwrap_or_default();
     }
+    let first = &parts[0];
     for ((_, stage), t0) in first.iter() {
         let pieces: Option<Vec<&Tensor>> = parts.iter().map(|p| p.get(Step::Prefill, *stage)).collect();
         let Some(pieces) = pieces else { continue };
@@ -235,24 +236,21 @@ pub struct Item {
     pub caps: Captures,
 }
 
-/// A built-in engine's batched forward pass over its paged KV cache.
-pub trait BatchForward {
+/// A built-in engine's batched forward pass over its paged KV cache. Its
+/// name, vocabulary and storage are its single-run `Forward`'s; what it
+/// takes is its `Engine::capabilities().serving`.
+pub trait BatchForward: Forward + Engine {
     /// One request's hold on the engine's serving state.
     type Session<'a>
     where
         Self: 'a;
-    fn engine_name(&self) -> &str;
-    fn vocab(&self) -> usize;
-    /// The dtype every capture is tagged with.
-    fn storage(&self) -> DType;
-    fn serving(&self) -> Serving;
     /// Takes the serving state for `req` (empty caches for its sequences).
     fn open(&self, req: &BatchRequest) -> Result<Self::Session<'_>>;
     /// Before sequence `seq`'s first step: reuse its prefix, if any.
     fn start(&self, s: &mut Self::Session<'_>, seq: usize, prefix: Option<PrefixHit>) -> Result<()>;
     /// One forward pass over every item (appending their keys and values,
     /// writing their taps); returns each item's last row of logits.
-    fn step(&self, s: &mut Self::Session<'_>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>>;
+    fn batch_step(&self, s: &mut Self::Session<'_>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>>;
     /// After the request: every sequence's memory goes back to the engine.
     fn close(&self, s: Self::Session<'_>) -> Result<()>;
 }
@@ -272,7 +270,10 @@ struct Progress {
 /// Runs a batch on a built-in engine: every live sequence's next work in
 /// each engine step, until each has run its prefill and its decode steps.
 pub fn run<F: BatchForward>(engine: &F, req: &BatchRequest, taps: &TapSet) -> Result<Vec<RunOutput>> {
-    req.validate(engine.engine_name(), engine.vocab(), &engine.serving())?;
+    let name = Forward::engine_name(engine);
+    let caps = Engine::capabilities(engine);
+    let serving = caps.serving_or_why().map_err(|why| Error::engine(name, why))?;
+    req.validate(name, Forward::vocab(engine), serving)?;
     let mut session = engine.open(req)?;
     let result = schedule(engine, &mut session, req, taps);
     engine.close(session)?;
@@ -336,7 +337,7 @@ fn schedule<F: BatchForward>(
         if items.is_empty() {
             break;
         }
-        let rows = engine.step(session, &mut items, taps)?;
+        let rows = engine.batch_step(session, &mut items, taps)?;
         for (mut item, row) in items.into_iter().zip(rows) {
             let s = &req.seqs[item.seq];
             let p = &mut prog[item.seq];
@@ -354,7 +355,7 @@ fn schedule<F: BatchForward>(
             }
             let token = samplers[item.seq].sample(&row);
             let out = p.out.get_or_insert_with(|| RunOutput {
-                captures: join_chunks(&std::mem::take(&mut p.parts)),
+                captures: join_chunks(std::mem::take(&mut p.parts)),
                 sampled: Vec::new(),
                 positions: Vec::new(),
                 unmapped: Vec::new(),
@@ -371,7 +372,7 @@ fn schedule<F: BatchForward>(
             out.positions.push((first..item.pos0 + item.tokens.len()).collect());
             if taps.contains(Stage::SampleProbs) && matches!(s.run.sampling, Sampling::Random { .. }) {
                 if let Some(d) = distribution(&s.run.sampling, &row) {
-                    let t = Tensor::new(vec![1, d.len()], d).with_dtype(engine.storage());
+                    let t = Tensor::new(vec![1, d.len()], d).with_dtype(Forward::storage(engine));
                     out.captures.insert(item.step, Stage::SampleProbs, t);
                 }
             }
@@ -403,7 +404,7 @@ mod tests {
         let mut b = Captures::default();
         b.insert(Step::Prefill, embed, t(vec![1, 1], vec![3.0]));
         b.insert(Step::Prefill, probs, t(vec![1, 1, 3], vec![0.2, 0.3, 0.5]));
-        let j = join_chunks(&[a, b]);
+        let j = join_chunks(vec![a, b]);
         assert_eq!(j.get(Step::Prefill, embed).unwrap().data(), &[1.0, 2.0, 3.0]);
         let p = j.get(Step::Prefill, probs).unwrap();
         assert_eq!(p.shape(), &[1, 3, 3]);

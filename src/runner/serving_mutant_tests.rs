@@ -19,14 +19,7 @@ mod serving {
     use crate::tensor::DType;
     use std::path::Path;
 
-    const MODES: [&str; 6] = [
-        "batch_invariance",
-        "order_invariance",
-        "chunked_prefill",
-        "prefix_reuse",
-        "poisoned_memory",
-        "repeat",
-    ];
+    use crate::checks::run::SERVING as MODES;
 
     /// The serving checks `modes` of the default spec on a fresh CPU engine.
     fn run(m: Option<Mutant>, storage: DType, modes: &[&str]) -> Vec<Outcome> {

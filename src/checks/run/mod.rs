@@ -20,6 +20,17 @@ super::registry::table!(RunRule;
 
 mod serving;
 
+/// The serving checks (engines that take batches), in table order: what is
+/// not applicable to an engine that declares no batches.
+pub const SERVING: [&str; 6] = [
+    <BatchInvariance as super::kind::Kind>::NAME,
+    <OrderInvariance as super::kind::Kind>::NAME,
+    <ChunkedPrefill as super::kind::Kind>::NAME,
+    <PrefixReuse as super::kind::Kind>::NAME,
+    <PoisonedMemory as super::kind::Kind>::NAME,
+    <Repeat as super::kind::Kind>::NAME,
+];
+
 /// The next-token goldens' reader, for `goldens regen` and `accept`.
 pub(crate) use next_token::set as next_token_set;
 

@@ -467,7 +467,11 @@ pub fn forward_batch(
         })
         .collect();
     if n_head == t {
-        tap_rows(segs, &rows, Stage::Logits, &[v], &logits);
+        match segs {
+            // A run alone: the buffer itself is the capture (no copy).
+            [seg] => seg.tap.keep(Stage::Logits, &[t, v], logits),
+            _ => tap_rows(segs, &rows, Stage::Logits, &[v], &logits),
+        }
     }
     lasts
 }

@@ -12,8 +12,7 @@ use super::paged::{reuse_prefix, Paged, ServeState, BLOCK};
 use super::CpuEngine;
 use crate::engine::batch::{BatchForward, BatchRequest, Item, PrefixHit, Serving};
 use crate::engine::TapSet;
-use crate::error::{Error, Result};
-use crate::tensor::DType;
+use crate::error::Result;
 
 /// One request's hold on the serving state (requests are served one at a
 /// time, as by one engine process).
@@ -38,26 +37,7 @@ impl CpuEngine {
 impl BatchForward for CpuEngine {
     type Session<'a> = Session<'a>;
 
-    fn engine_name(&self) -> &str {
-        "cpu"
-    }
-    fn vocab(&self) -> usize {
-        self.cfg.vocab
-    }
-    fn storage(&self) -> DType {
-        self.storage
-    }
-    fn serving(&self) -> Serving {
-        CpuEngine::serving_caps()
-    }
-
     fn open(&self, req: &BatchRequest) -> Result<Session<'_>> {
-        if self.cfg.vision.is_some() {
-            return Err(Error::engine(
-                "cpu",
-                "batches of a vision-language model are not supported",
-            ));
-        }
         let mut state = self.serve.lock().unwrap_or_else(|p| p.into_inner());
         let n = req.seqs.len();
         if state.slots.len() < n {
@@ -81,7 +61,7 @@ impl BatchForward for CpuEngine {
         Ok(())
     }
 
-    fn step(&self, s: &mut Session<'_>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>> {
+    fn batch_step(&self, s: &mut Session<'_>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>> {
         let slots: Vec<usize> = items.iter().map(|i| i.seq).collect();
         let mut segs: Vec<Seg> = items
             .iter_mut()

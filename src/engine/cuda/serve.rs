@@ -21,7 +21,7 @@ use super::storage::Storage;
 use crate::engine::batch::{BatchForward, BatchRequest, Item, Poison, PrefixHit, Serving};
 use crate::engine::blocks::{prefix_split, Table};
 use crate::engine::TapSet;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::DType;
 
 /// One request's hold on the engine.
@@ -160,31 +160,7 @@ where
 {
     type Session<'a> = Session<'a, T>;
 
-    fn engine_name(&self) -> &str {
-        self.dev.engine_name()
-    }
-    fn vocab(&self) -> usize {
-        self.cfg.vocab
-    }
-    fn storage(&self) -> DType {
-        T::DTYPE
-    }
-    fn serving(&self) -> Serving {
-        self.serving_caps().unwrap_or(Serving {
-            block_size: None,
-            invariant: false,
-            poison: false,
-            max_batch: 0,
-        })
-    }
-
     fn open(&self, req: &BatchRequest) -> Result<Session<'_, T>> {
-        if self.cfg.vision.is_some() {
-            return Err(Error::engine(
-                self.dev.engine_name(),
-                "batches of a vision-language model are not supported",
-            ));
-        }
         let run = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut state = self.serve.lock().unwrap_or_else(|p| p.into_inner());
         let cfg = &self.cfg;
@@ -272,7 +248,7 @@ where
         Ok(())
     }
 
-    fn step(&self, s: &mut Session<'_, T>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>> {
+    fn batch_step(&self, s: &mut Session<'_, T>, items: &mut [Item], taps: &TapSet) -> Result<Vec<Vec<f32>>> {
         let v = self.cfg.vocab;
         let slots: Vec<usize> = items.iter().map(|i| i.seq).collect();
         let mut segs: Vec<DevSeg> = items
