@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use super::features::{Activation, LocalAttention};
+pub use super::rope_scaling::RopeScaling;
 pub use super::vision::{ImageGrid, MRope, VisionConfig};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -29,14 +30,18 @@ pub struct ModelConfig {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub rope_theta: f64,
+    /// RoPE scaling (linear, dynamic, YaRN, LongRoPE, Llama 3), as HF
+    /// computes it (`model::rope_scaling`); None for plain RoPE.
+    pub rope_scaling: Option<RopeScaling>,
     pub rms_eps: f64,
     pub tie_embeddings: bool,
     /// Qwen3: q and k go through a per-head RMSNorm (weights of length
     /// head_dim) before RoPE, giving the `q_norm` / `k_norm` stages.
     pub qk_norm: bool,
-    /// A sliding attention window (keys older than this many positions are
-    /// masked), when the model uses one. The engines do not implement it, so a
-    /// run must stay within it (`Plan::build` checks), where it masks nothing.
+    /// A sliding window a GGUF declares for a family whose per-layer use
+    /// the file does not say (llama.cpp computes no window there): a run must
+    /// stay within it (`Plan::build` checks), where it masks nothing. An HF
+    /// config's windows are `local`, which the engines implement.
     pub sliding_window: Option<usize>,
     /// The longest context the model was built for (`max_position_embeddings`,
     /// GGUF `context_length`), when the file says.
@@ -54,9 +59,9 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// The scale of q·kᵀ: head_dim^-½, or Gemma's `query_pre_attn_scalar^-½`.
     pub attn_scale: f64,
-    /// Local (sliding-window) layers interleaved with global ones, each with
-    /// its own RoPE base (Gemma 3): implemented by the engines, unlike
-    /// `sliding_window`.
+    /// Sliding-window layers (Mistral, Phi-3, Qwen2/Qwen3's
+    /// `max_window_layers`, Gemma 3's interleaving with its own RoPE base):
+    /// implemented by the engines, unlike `sliding_window`.
     pub local: Option<LocalAttention>,
     /// A vision-language model's tower (Qwen2-VL, Qwen3-VL): the vision
     /// stages, fusion and M-RoPE follow from it. None for a text model.
@@ -125,6 +130,13 @@ impl ModelConfig {
                     cfg.head_dim / 2
                 ));
             }
+            if let Some(rs) = &cfg.rope_scaling {
+                return Err(format!(
+                    "text_config: RoPE scaling ({}) with M-RoPE is not implemented by touchstone's engines \
+                     (refusing rather than checking a different model)",
+                    rs.name()
+                ));
+            }
             cfg.arch = arch;
             cfg.vision = Some(vision);
             cfg.mrope = Some(mrope);
@@ -171,31 +183,39 @@ impl ModelConfig {
             .ok_or("missing number key `rms_norm_eps`")?;
         let tie_embeddings = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
         unimplemented(v)?;
-        let sliding_window = sliding_window(v, &arch)?;
-        let context_length = v
+        let rope_scaling = RopeScaling::from_config(v, &arch)?;
+        let layers = usize_key("num_hidden_layers")?;
+        let local = sliding_layers(v, &arch, layers)?;
+        let max_positions = v
             .get("max_position_embeddings")
             .and_then(Value::as_u64)
             .map(|n| n as usize);
+        // A scaled model's context is the scaled one (dynamic: unbounded).
+        let context_length = match &rope_scaling {
+            Some(rs) => rs.scaled_context(max_positions),
+            None => max_positions,
+        };
         let cfg = ModelConfig {
             vocab: usize_key("vocab_size")?,
             hidden,
             ffn: usize_key("intermediate_size")?,
-            layers: usize_key("num_hidden_layers")?,
+            layers,
             heads,
             kv_heads,
             head_dim,
             rope_theta,
+            rope_scaling,
             rms_eps,
             tie_embeddings,
             qk_norm: arch == "qwen3",
-            sliding_window,
+            sliding_window: None,
             context_length,
             act: Activation::Silu,
             norm_plus_one: false,
             embed_scale: None,
             post_norms: false,
             attn_scale: (head_dim as f64).powf(-0.5),
-            local: None,
+            local,
             vision: None,
             mrope: None,
             arch,
@@ -255,6 +275,9 @@ impl ModelConfig {
                 return Err("the sliding window must be positive".into());
             }
         }
+        if let Some(rs) = &self.rope_scaling {
+            rs.validate(self.head_dim)?;
+        }
         Ok(())
     }
 
@@ -266,11 +289,28 @@ impl ModelConfig {
             .map(|a| a.window)
     }
 
-    /// The RoPE base of layer `l` (local layers have their own).
+    /// The RoPE base of layer `l` (Gemma 3's local layers have their own).
     pub fn rope_theta_of(&self, l: usize) -> f64 {
         match &self.local {
-            Some(a) if a.layers.get(l) == Some(&true) => a.rope_theta,
+            Some(LocalAttention {
+                layers,
+                rope_theta: Some(t),
+                ..
+            }) if layers.get(l) == Some(&true) => *t,
             _ => self.rope_theta,
+        }
+    }
+
+    /// The RoPE scaling of layer `l`: the model's, except on local layers
+    /// with a base of their own (Gemma 3's are unscaled).
+    pub fn rope_scaling_of(&self, l: usize) -> Option<&RopeScaling> {
+        match &self.local {
+            Some(LocalAttention {
+                layers,
+                rope_theta: Some(_),
+                ..
+            }) if layers.get(l) == Some(&true) => None,
+            _ => self.rope_scaling.as_ref(),
         }
     }
 
@@ -317,35 +357,6 @@ fn unimplemented(v: &Value) -> std::result::Result<(), String> {
         ))
     };
     let present = |k: &str| v.get(k).filter(|x| !x.is_null());
-    // RoPE scaling of any type, in transformers 4 (`rope_scaling`) or 5
-    // (`rope_parameters.rope_type` and its factors) form.
-    if let Some(rs) = present("rope_scaling") {
-        let ty = rs.get("rope_type").or_else(|| rs.get("type"));
-        let default = ty.and_then(Value::as_str) == Some("default") && rs.get("factor").is_none();
-        if !default {
-            let field = if ty.is_some() {
-                "rope_scaling.rope_type"
-            } else {
-                "rope_scaling"
-            };
-            return refuse(field, ty.unwrap_or(rs), "RoPE scaling");
-        }
-    }
-    if let Some(rp) = present("rope_parameters") {
-        if let Some(ty) = rp.get("rope_type").filter(|t| t.as_str() != Some("default")) {
-            return refuse("rope_parameters.rope_type", ty, "RoPE scaling");
-        }
-        for k in [
-            "factor",
-            "original_max_position_embeddings",
-            "low_freq_factor",
-            "high_freq_factor",
-        ] {
-            if let Some(x) = rp.get(k).filter(|x| !x.is_null()) {
-                return refuse(&format!("rope_parameters.{k}"), x, "RoPE scaling");
-            }
-        }
-    }
     for k in ["hidden_act", "hidden_activation"] {
         if let Some(a) = present(k) {
             if a.as_str() != Some("silu") && a.as_str() != Some("swish") {
@@ -380,35 +391,96 @@ fn unimplemented(v: &Value) -> std::result::Result<(), String> {
             return refuse(k, x, "a scaled embedding, residual, attention or logits");
         }
     }
-    if let Some(lt) = present("layer_types").and_then(Value::as_array) {
-        if let Some((i, t)) = lt
-            .iter()
-            .enumerate()
-            .find(|(_, t)| t.as_str() != Some("full_attention"))
-        {
-            return refuse(
-                &format!("layer_types[{i}]"),
-                t,
-                "a layer type other than full attention",
-            );
-        }
-    }
     Ok(())
 }
 
-/// The sliding window a config actually uses. Qwen2/Qwen3 carry a
-/// `sliding_window` that only applies with `use_sliding_window: true`; for
-/// Mistral and Phi-3 a non-null `sliding_window` is in force.
-fn sliding_window(v: &Value, arch: &str) -> std::result::Result<Option<usize>, String> {
-    let w = match v.get("sliding_window") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(w) => w
-            .as_u64()
-            .ok_or_else(|| format!("`sliding_window` is {w}, expected a positive integer or null"))?,
+/// The sliding-window layers of an HF config, as HF's modeling code uses
+/// them (a query at p sees keys p − window < j ≤ p there):
+/// - Mistral and Phi-3: every layer, when `sliding_window` is not null;
+/// - Qwen2 and Qwen3: `layer_types` when given, else the layers from
+///   `max_window_layers` on (default 28), and only with
+///   `use_sliding_window: true` (the window is null otherwise);
+/// - Llama: none. HF's Llama has no window, whatever `sliding_window` says
+///   (touchstone computes what the reference computes).
+fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::result::Result<Option<LocalAttention>, String> {
+    let window = match v.get("sliding_window") {
+        None | Some(Value::Null) => None,
+        Some(w) => Some(
+            w.as_u64()
+                .filter(|&w| w > 0)
+                .ok_or_else(|| format!("`sliding_window` is {w}, expected a positive integer or null"))? as usize,
+        ),
     };
-    let gated = matches!(arch, "qwen2" | "qwen3");
-    let used = !gated || v.get("use_sliding_window").and_then(Value::as_bool) == Some(true);
-    Ok(used.then_some(w as usize))
+    let types = match v.get("layer_types").filter(|x| !x.is_null()) {
+        None => None,
+        Some(lt) => {
+            let items = lt.as_array().ok_or("`layer_types` is not a list")?;
+            if items.len() != layers {
+                return Err(format!(
+                    "`layer_types` has {} entries but `num_hidden_layers` is {layers}",
+                    items.len()
+                ));
+            }
+            let kinds = items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    Some("full_attention") => Ok(false),
+                    Some("sliding_attention") => Ok(true),
+                    _ => Err(format!(
+                        "`layer_types[{i}]` is {t}: a layer type other than full_attention or sliding_attention is \
+                         not implemented by touchstone's engines"
+                    )),
+                })
+                .collect::<std::result::Result<Vec<bool>, String>>()?;
+            Some(kinds)
+        }
+    };
+    let pattern = match arch {
+        "mistral" | "phi3" => window.map(|_| vec![true; layers]),
+        "qwen2" | "qwen3" => {
+            let used = v.get("use_sliding_window").and_then(Value::as_bool) == Some(true);
+            let window = window.filter(|_| used);
+            match (&types, window) {
+                (Some(t), None) if t.contains(&true) => {
+                    return Err(
+                        "`layer_types` has sliding_attention layers but the window is off (`use_sliding_window` is \
+                         not true or `sliding_window` is null)"
+                            .into(),
+                    )
+                }
+                (_, None) => None,
+                (Some(t), Some(_)) => Some(t.clone()),
+                (None, Some(_)) => {
+                    let from = match v.get("max_window_layers") {
+                        None | Some(Value::Null) => 28,
+                        Some(m) => m
+                            .as_u64()
+                            .ok_or_else(|| format!("`max_window_layers` is {m}, expected an integer"))?
+                            as usize,
+                    };
+                    Some((0..layers).map(|i| i >= from).collect())
+                }
+            }
+        }
+        _ => {
+            if let Some((i, _)) = types.iter().flatten().enumerate().find(|(_, &s)| s) {
+                return Err(format!(
+                    "`layer_types[{i}]` is \"sliding_attention\": HF's {arch} has no sliding-window layers, so this \
+                     config is not one touchstone can compute faithfully"
+                ));
+            }
+            None
+        }
+    };
+    Ok(match (pattern, window) {
+        (Some(layers), Some(window)) if layers.contains(&true) => Some(LocalAttention {
+            window,
+            layers,
+            rope_theta: None,
+        }),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -445,26 +517,9 @@ mod tests {
         for (k, val, named) in [
             (
                 "rope_scaling",
-                json!({"rope_type": "yarn", "factor": 4.0}),
+                json!({"rope_type": "su", "factor": 4.0}),
                 "rope_scaling.rope_type",
             ),
-            (
-                "rope_scaling",
-                json!({"type": "linear", "factor": 2.0}),
-                "rope_scaling.rope_type",
-            ),
-            ("rope_scaling", json!({"factor": 2.0}), "rope_scaling"),
-            (
-                "rope_parameters",
-                json!({"rope_type": "llama3", "rope_theta": 1e4}),
-                "rope_parameters.rope_type",
-            ),
-            (
-                "rope_parameters",
-                json!({"rope_theta": 1e4, "factor": 8.0}),
-                "rope_parameters.factor",
-            ),
-            ("hidden_act", json!("banana"), "hidden_act"),
             ("hidden_act", json!("gelu_pytorch_tanh"), "hidden_act"),
             ("hidden_activation", json!("gelu"), "hidden_activation"),
             ("attn_logit_softcapping", json!(50.0), "attn_logit_softcapping"),
@@ -475,7 +530,7 @@ mod tests {
             ("logits_scaling", json!(8.0), "logits_scaling"),
             (
                 "layer_types",
-                json!(["full_attention", "sliding_attention"]),
+                json!(["full_attention", "chunked_attention"]),
                 "layer_types[1]",
             ),
         ] {
@@ -505,18 +560,50 @@ mod tests {
     }
 
     #[test]
-    fn a_sliding_window_in_force_bounds_the_run() {
+    fn sliding_windows_are_read_as_hf_uses_them() {
         let mut v = base();
         v["rope_theta"] = json!(1e4);
         v["sliding_window"] = json!(8);
+        // Qwen2: only with use_sliding_window, from max_window_layers on.
+        assert_eq!(ModelConfig::from_json(&v).unwrap().local, None);
         v["use_sliding_window"] = json!(true);
+        v["max_window_layers"] = json!(1);
         let c = ModelConfig::from_json(&v).unwrap();
-        assert_eq!(c.sliding_window, Some(8));
-        assert!(c.unfaithful_beyond(8).is_none());
-        assert!(c.unfaithful_beyond(9).unwrap().contains("sliding_window"));
+        assert_eq!((c.window_of(0), c.window_of(1)), (None, Some(8)));
+        assert_eq!(c.rope_theta_of(1), 1e4, "a Qwen2 sliding layer keeps the model's RoPE");
+        assert!(c.unfaithful_beyond(100).is_none(), "the window is implemented");
+        // The default max_window_layers (28) leaves a 2-layer model full.
+        v["max_window_layers"] = Value::Null;
+        assert_eq!(ModelConfig::from_json(&v).unwrap().local, None);
+        // layer_types, when given, decides.
+        v["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert_eq!((c.window_of(0), c.window_of(1)), (Some(8), None));
+        v["use_sliding_window"] = json!(false);
+        assert!(ModelConfig::from_json(&v).unwrap_err().contains("window is off"));
+        // Mistral: every layer while sliding_window is set.
         v["model_type"] = json!("mistral");
-        v["use_sliding_window"] = Value::Null;
-        assert_eq!(ModelConfig::from_json(&v).unwrap().sliding_window, Some(8));
+        v["layer_types"] = Value::Null;
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert_eq!((c.window_of(0), c.window_of(1)), (Some(8), Some(8)));
+        // Llama: HF's Llama has no window, whatever the config says.
+        v["model_type"] = json!("llama");
+        assert_eq!(ModelConfig::from_json(&v).unwrap().local, None);
+        v["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        assert!(ModelConfig::from_json(&v).unwrap_err().contains("no sliding-window layers"));
+    }
+
+    #[test]
+    fn scaled_rope_sets_the_scaled_context() {
+        let mut v = base();
+        v["max_position_embeddings"] = json!(32768);
+        v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        v["rope_theta"] = json!(1e6);
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert_eq!(c.context_length, Some(131072));
+        assert_eq!(c.rope_scaling.as_ref().map(|s| s.name()), Some("yarn"));
+        v["rope_scaling"] = json!({"type": "dynamic", "factor": 2.0});
+        assert_eq!(ModelConfig::from_json(&v).unwrap().context_length, None, "dynamic grows as far as asked");
     }
 
     #[test]

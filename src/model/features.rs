@@ -48,6 +48,7 @@ pub struct LocalAttention {
     pub window: usize,
     /// Per layer: true for a local layer.
     pub layers: Vec<bool>,
-    /// The RoPE base of local layers (global ones use `rope_theta`).
-    pub rope_theta: f64,
+    /// The RoPE base of local layers when they have their own (Gemma 3,
+    /// unscaled); None: the model's RoPE, scaling included (Mistral, Qwen2).
+    pub rope_theta: Option<f64>,
 }

@@ -87,7 +87,7 @@ pub fn normalise(v: &Value) -> Result<(Value, GemmaParts), String> {
         Some(LocalAttention {
             window: w as usize,
             layers: types,
-            rope_theta: local_theta,
+            rope_theta: Some(local_theta),
         })
     } else {
         None

@@ -8,6 +8,7 @@ pub mod file_tensors;
 pub mod fused;
 pub mod gemma;
 pub mod gguf;
+pub mod rope_scaling;
 pub mod vision;
 pub mod weights;
 

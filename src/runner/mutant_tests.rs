@@ -93,6 +93,19 @@ mod self_test {
             VisionAttnCausal => ("qwen2-vl-tiny.yaml", "prefill/vision.blk.0.attn_probs"),
             // Qwen3-VL's language model rotates with base 1e6, its tower 1e4.
             VisionRopeTextTheta => ("qwen3-vl-tiny.yaml", "prefill/vision.blk.0.q_rope"),
+            // Long context (issue 37): each on the tiny model of its scaling,
+            // where the prompt's prefill (30 tokens) stays within the
+            // original 32 positions and the decode steps pass them.
+            // HF takes LongRoPE's short factors for a 30-token pass; the
+            // allocated context (128) picks the long ones.
+            LongropeByContext => ("longrope-tiny.yaml", "prefill/blk.0.q_rope"),
+            YarnNoAttentionFactor => ("yarn-tiny.yaml", "prefill/blk.0.q_rope"),
+            YarnTruncatedAnyway => ("yarn-tiny.yaml", "prefill/blk.0.q_rope"),
+            Llama3BandOffByOne => ("llama3-tiny.yaml", "prefill/blk.0.q_rope"),
+            // Layer 1 is the sliding one: one more key is scored where the
+            // golden has 0.
+            WindowOneTooWide => ("swa-tiny.yaml", "prefill/blk.1.attn_scores"),
+            DynamicFromZero => ("dynamic-tiny.yaml", "prefill/blk.0.q_rope"),
             // The serving bugs have their own self-test (`serving` below).
             SoftmaxOverPaddedLength
             | DecodeReadsNeighbourKv

@@ -244,20 +244,43 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
 /// at position 300 is ~1e-4 of a radian on the fastest pair). A wrong angle
 /// moves the pair by ~|Δangle|·‖x‖, orders of magnitude more.
 pub fn rope(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, theta: f64) -> Verdict {
+    let d = input.shape().last().copied().unwrap_or(0);
+    rope_with(input, output, positions, style, tol, &RopeFormula::plain(theta, d))
+}
+
+/// `rope` against a given formula (a scaled RoPE's frequencies and factor).
+pub fn rope_with(input: &Tensor, output: &Tensor, positions: &[usize], style: RopeStyle, tol: f64, f: &RopeFormula) -> Verdict {
     let rows: Vec<[usize; 3]> = positions.iter().map(|&p| [p, p, p]).collect();
     let d = input.shape().last().copied().unwrap_or(0);
-    let inv_freq: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
-    rope_axes(
-        input,
-        output,
-        &rows,
-        ["t", "h", "w"],
-        &vec![0; d / 2],
-        &inv_freq,
-        style,
-        tol,
-        theta,
-    )
+    rope_axes(input, output, &rows, ["t", "h", "w"], &vec![0; d / 2], style, tol, f)
+}
+
+/// What a `rope` stage must equal: each pair turned by position·`inv_freq[j]`
+/// (exact, f64) and multiplied by `scale` (a scaling's attention factor, 1
+/// otherwise). `freq_rel` bounds how far the reference's own f32 frequencies
+/// may be from `inv_freq`, relative (0 for plain θ^(−2j/D), whose f32
+/// formation the 2^-22 of the angle already covers); `what` names the
+/// formula in messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeFormula {
+    pub inv_freq: Vec<f64>,
+    pub scale: f64,
+    pub freq_rel: f64,
+    pub what: String,
+}
+
+impl RopeFormula {
+    /// Plain RoPE: θ^(−2j/D) over D/2 pairs.
+    pub fn plain(theta: f64, head_dim: usize) -> RopeFormula {
+        RopeFormula {
+            inv_freq: (0..head_dim / 2)
+                .map(|j| theta.powf(-((2 * j) as f64) / head_dim as f64))
+                .collect(),
+            scale: 1.0,
+            freq_rel: 0.0,
+            what: format!("position·theta^(-2j/D), theta {theta}"),
+        }
+    }
 }
 
 /// `rope` with multimodal positions: row t's pair j turns by
@@ -273,11 +296,15 @@ pub fn rope_axes(
     positions: &[[usize; 3]],
     names: [&str; 3],
     axes: &[usize],
-    inv_freq: &[f64],
     style: RopeStyle,
     tol: f64,
-    theta: f64,
+    f: &RopeFormula,
 ) -> Verdict {
+    let inv_freq = &f.inv_freq[..];
+    let m = f.scale;
+    // The attention factor, rounded to f32 and multiplied into cos and sin
+    // in f32: two more roundings where it is not 1.
+    let extra = if m != 1.0 { 2.0 * 2f64.powi(-24) } else { 0.0 };
     if input.shape() != output.shape() {
         return Verdict::fail(format!(
             "rope: input shape {:?} vs output shape {:?}: both must be the same [T, N, D]",
@@ -347,18 +374,19 @@ pub fn rope_axes(
                 let (x0, x1) = (a[base + i0] as f64, a[base + i1] as f64);
                 let (y0, y1) = (b[base + i0] as f64, b[base + i1] as f64);
                 let (nin, nout) = (x0.hypot(x1), y0.hypot(y1));
-                let err = (nout - nin).abs() / nin.max(1.0);
+                let err = (nout - m * nin).abs() / nin.max(1.0);
                 norm_max = norm_max.max(err);
-                if (nout - nin).abs() > tol * nin.max(1.0) + u * nin {
+                if (nout - m * nin).abs() > tol * nin.max(1.0) + (u + extra) * m * nin {
                     norm_bad += 1;
                     norm_first.get_or_insert((tt, hh, j, nin, nout));
                 }
                 all_zero &= nin <= tol;
                 let angle = pos(tt, j) as f64 * freq;
                 let (c, sn) = (angle.cos(), angle.sin());
-                let (r0, r1) = (x0 * c - x1 * sn, x1 * c + x0 * sn);
+                let (r0, r1) = (m * (x0 * c - x1 * sn), m * (x1 * c + x0 * sn));
                 let resid = (y0 - r0).hypot(y1 - r1);
-                let allowed = tol * nin.max(1.0) + (u + 4.0 * 2f64.powi(-24) + angle * 2f64.powi(-22)) * nin;
+                let allowed = tol * nin.max(1.0)
+                    + (u + extra + 4.0 * 2f64.powi(-24) + angle * (2f64.powi(-22) + f.freq_rel)) * m * nin;
                 ang_max = ang_max.max(resid / nin.max(1.0));
                 if resid > allowed {
                     ang_bad += 1;
@@ -366,7 +394,8 @@ pub fn rope_axes(
                 }
                 let diff = (y0 - x0).abs().max((y1 - x1).abs());
                 vec_diff = vec_diff.max(diff);
-                let identity_ok = (y0 - x0).abs() <= tol + u * x0.abs() && (y1 - x1).abs() <= tol + u * x1.abs();
+                let identity_ok = (y0 - m * x0).abs() <= tol + (u + extra) * (m * x0).abs()
+                    && (y1 - m * x1).abs() <= tol + (u + extra) * (m * x1).abs();
                 if p == 0 && !identity_ok {
                     id_bad += 1;
                     id_first.get_or_insert((tt, hh, j));
@@ -430,9 +459,11 @@ pub fn rope_axes(
     }
     if let Some((tt, hh, j, angle, resid, allowed)) = ang_first {
         failures.push(format!(
-            "(4) wrong rotation angle: {ang_bad} pairs are not the input turned by position·theta^(-2j/D) \
-             (theta {theta}); first {}: expected angle {angle:.6} rad, residual {} > allowed {} \
-             (wrong theta, or a wrong/frozen/wrapped position?)",
+            "(4) wrong rotation angle: {ang_bad} pairs are not the input turned by {}{}; first {}: expected \
+             angle {angle:.6} rad, residual {} > allowed {} (wrong theta or scaling, or a wrong/frozen/wrapped \
+             position?)",
+            f.what,
+            if m != 1.0 { format!(" times {m}") } else { String::new() },
             pair_text(tt, hh, j),
             sci(resid),
             sci(allowed)
@@ -469,9 +500,11 @@ pub fn rope_axes(
             format!("(2) all {checked} vectors at positions > 0 rotated ({skipped} skipped as ~0)")
         };
         Verdict::pass(format!(
-            "{head}: {identity}; {rotated}; (3) pair norms preserved within {} relative; (4) every pair turned by \
-             position·theta^(-2j/D), theta {theta} (max residual {} of max(‖x‖, 1))",
+            "{head}: {identity}; {rotated}; (3) pair norms {} within {} relative; (4) every pair turned by \
+             {} (max residual {} of max(‖x‖, 1))",
+            if m != 1.0 { format!("times the attention factor {m}") } else { "preserved".into() },
             sci(norm_max),
+            f.what,
             sci(ang_max)
         ))
     } else {

@@ -157,10 +157,13 @@ impl StageCheck for RopeCheck {
             let (q, half) = (dv / 4, dv / 2);
             let rows: Vec<[usize; 3]> = img.grid.patch_hw(vc.merge).into_iter().map(|(h, w)| [h, w, 0]).collect();
             let axes: Vec<usize> = (0..half).map(|j| usize::from(j >= q)).collect();
-            let inv: Vec<f64> = (0..half)
-                .map(|j| vc.rope_theta.powf(-((2 * (j % q)) as f64) / half as f64))
-                .collect();
-            return invariants::rope_axes(input, t, &rows, ["h", "w", "-"], &axes, &inv, self.style, self.tol, vc.rope_theta);
+            let f = invariants::RopeFormula {
+                inv_freq: (0..half)
+                    .map(|j| vc.rope_theta.powf(-((2 * (j % q)) as f64) / half as f64))
+                    .collect(),
+                ..invariants::RopeFormula::plain(vc.rope_theta, dv)
+            };
+            return invariants::rope_axes(input, t, &rows, ["h", "w", "-"], &axes, self.style, self.tol, &f);
         }
         // A VLM's M-RoPE: each frequency turns by its section's axis position.
         if let Some(mr) = &facts.config.mrope {
@@ -170,10 +173,38 @@ impl StageCheck for RopeCheck {
             };
             let d = facts.config.head_dim;
             let axes: Vec<usize> = (0..d / 2).map(|j| mr.axis_of(j)).collect();
-            let inv: Vec<f64> = (0..d / 2).map(|j| theta.powf(-((2 * j) as f64) / d as f64)).collect();
-            return invariants::rope_axes(input, t, &rows, ["t", "h", "w"], &axes, &inv, self.style, self.tol, theta);
+            let f = invariants::RopeFormula::plain(theta, d);
+            return invariants::rope_axes(input, t, &rows, ["t", "h", "w"], &axes, self.style, self.tol, &f);
         }
-        invariants::rope(input, t, at.positions(), self.style, self.tol, theta)
+        let positions = at.positions();
+        let f = formula(facts, at.stage.layer(), theta, positions);
+        invariants::rope_with(input, t, positions, self.style, self.tol, &f)
+    }
+}
+
+/// The rotation a text layer's `q_rope`/`k_rope` must be: plain RoPE, or the
+/// config's scaling at the step's pass length (its last position + 1, HF's
+/// `seq_len`: dynamic NTK and LongRoPE choose their table by it).
+fn formula(facts: &Facts, layer: Option<usize>, theta: f64, positions: &[usize]) -> invariants::RopeFormula {
+    let d = facts.config.head_dim;
+    let scaling = match layer {
+        Some(l) => facts.config.rope_scaling_of(l),
+        None => facts.config.rope_scaling.as_ref(),
+    };
+    let Some(s) = scaling else {
+        return invariants::RopeFormula::plain(theta, d);
+    };
+    let seq_len = positions.iter().max().map_or(0, |p| p + 1);
+    let table = match s.switch_after() {
+        Some(b) if seq_len > b => format!(" at seq_len {seq_len} (> {b}: the long table)"),
+        Some(b) => format!(" at seq_len {seq_len} (<= {b}: the original table)"),
+        None => String::new(),
+    };
+    invariants::RopeFormula {
+        inv_freq: s.inv_freq_f64(d, theta, seq_len),
+        scale: s.attention_factor(),
+        freq_rel: s.f32_rel_error(),
+        what: format!("position·inv_freq[j] of theta {theta} with {}{table}", s.describe()),
     }
 }
 

@@ -130,7 +130,8 @@ pub fn attend(
                     visible = visible.min(32);
                 }
                 // A local layer sees only the last `window` positions.
-                let first = window.map_or(0, |w| (pos0 + row_i + 1).saturating_sub(w));
+                let w = window.map(|w| w + usize::from(mutants.is(Mutant::WindowOneTooWide)));
+                let first = w.map_or(0, |w| (pos0 + row_i + 1).saturating_sub(w));
                 scale_and_mask(row, first, visible, scale);
                 if keep_scores {
                     sc[row_i * s..][..s].copy_from_slice(row);

@@ -101,6 +101,15 @@ pub fn forward(
         .expect("one sequence")
 }
 
+/// Layer `l`'s RoPE table of `tables` (the planted local-base bug of tests).
+fn layer_rope(tables: &LayerRopes, l: usize, mx: super::mutants::Mutants) -> &super::ops::Rope {
+    if mx.is(Mutant::LocalRopeGlobalBase) {
+        &tables.global
+    } else {
+        tables.of(l)
+    }
+}
+
 /// The row range of each sequence in the batch's concatenated rows.
 fn row_ranges(segs: &[Seg]) -> Vec<std::ops::Range<usize>> {
     let mut r0 = 0;
@@ -240,6 +249,18 @@ pub fn forward_batch(
         let p: Vec<f32> = m.positions.iter().flat_map(|a| a.iter().map(|&v| v as f32)).collect();
         tap.keep(Stage::Positions, &[3, t], p);
     }
+    // Each sequence's own tables where they depend on how far its pass
+    // reaches (dynamic NTK, LongRoPE: HF's seq_len = last position + 1).
+    let pass_ropes: Vec<Option<LayerRopes>> = segs
+        .iter()
+        .map(|s| {
+            let seq_len = s.pos0 + s.tokens.len();
+            match super::mutants::planted_pass_table(mx, cfg, seq_len) {
+                Some(r) => Some(ropes.replaced(r)),
+                None => ropes.for_pass(seq_len),
+            }
+        })
+        .collect();
     // The longest cache a sequence of this step attends over: what a batched
     // kernel pads to (only the planted padded-softmax bug reads it).
     let longest = segs.iter().map(|s| s.pos0 + s.tokens.len()).max().unwrap_or(0);
@@ -263,19 +284,19 @@ pub fn forward_batch(
             tap_rows(segs, &rows, st(B::QNorm), &[h, d], &q);
             tap_rows(segs, &rows, st(B::KNorm), &[kv, d], &k);
         }
-        let rope = if mx.is(Mutant::LocalRopeGlobalBase) {
-            &ropes.global
-        } else {
-            ropes.of(l)
-        };
         match (mm, &axes) {
             (Some(m), Some(axes)) => {
+                let rope = layer_rope(ropes, l, mx);
                 rope.apply_axes(&mut q, h, &m.positions, axes);
                 rope.apply_axes(&mut k, kv, &m.positions, axes);
             }
             _ => {
-                rope.apply(&mut q, h, &rope_positions);
-                rope.apply(&mut k, kv, &rope_positions);
+                for (r, own) in rows.iter().zip(&pass_ropes) {
+                    let rope = layer_rope(own.as_ref().unwrap_or(ropes), l, mx);
+                    let p = &rope_positions[r.clone()];
+                    rope.apply(&mut q[r.start * h * d..r.end * h * d], h, p);
+                    rope.apply(&mut k[r.start * kv * d..r.end * kv * d], kv, p);
+                }
             }
         }
         sd.round_slice(&mut q);

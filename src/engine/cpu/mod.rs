@@ -123,11 +123,10 @@ impl CpuEngine {
     pub(crate) fn mutated(mut self, m: mutants::Mutant) -> CpuEngine {
         self.mutants = mutants::Mutants::with(m);
         if m == mutants::Mutant::RopeThetaWrong {
-            let wrong = ops::Rope::new(self.cfg.head_dim, 10000.0);
-            self.ropes = LayerRopes {
-                global: wrong.clone(),
-                local: self.ropes.local.take().map(|(_, layers)| (wrong, layers)),
-            };
+            self.ropes = self.ropes.replaced(ops::Rope::new(self.cfg.head_dim, 10000.0));
+        }
+        if let Some(r) = mutants::planted_tables(m, &self.cfg) {
+            self.ropes = self.ropes.replaced(r);
         }
         self
     }

@@ -91,6 +91,24 @@ pub enum Mutant {
     CacheNotCleared,
     /// Every request leaks one KV block's worth of memory.
     BufferLeakedPerRequest,
+    // Long-context bugs (issue 37): each on the spec of its scaling.
+    /// LongRoPE's long factors chosen by the allocated context (the model's
+    /// max_position_embeddings) instead of the pass's length, as llama.cpp
+    /// picks them by `n_ctx`.
+    LongropeByContext,
+    /// YaRN's cos and sin not multiplied by its attention factor.
+    YarnNoAttentionFactor,
+    /// YaRN's correction range floored/ceiled although the config says
+    /// `truncate: false`.
+    YarnTruncatedAnyway,
+    /// Llama 3's smoothing band one pair too wide: the last high-frequency
+    /// pair blended as if it were inside the band.
+    Llama3BandOffByOne,
+    /// The sliding window one position too wide (keys p − window ≤ j ≤ p).
+    WindowOneTooWide,
+    /// Dynamic NTK's base formula applied from position 0: without HF's
+    /// `max(seq_len, max_position_embeddings)`, short passes are rescaled too.
+    DynamicFromZero,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
@@ -109,7 +127,7 @@ impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).
-    pub const ALL: [Mutant; 30] = [
+    pub const ALL: [Mutant; 36] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -140,6 +158,12 @@ impl Mutant {
         Mutant::MropeOneD,
         Mutant::VisionAttnCausal,
         Mutant::VisionRopeTextTheta,
+        Mutant::LongropeByContext,
+        Mutant::YarnNoAttentionFactor,
+        Mutant::YarnTruncatedAnyway,
+        Mutant::Llama3BandOffByOne,
+        Mutant::WindowOneTooWide,
+        Mutant::DynamicFromZero,
     ];
 }
 
@@ -181,4 +205,69 @@ pub fn argmax_last(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The RoPE tables of a planted scaling bug that holds for every pass (the
+/// YaRN and Llama 3 mutants), or None.
+#[cfg(test)]
+pub fn planted_tables(m: Mutant, cfg: &crate::model::ModelConfig) -> Option<super::ops::Rope> {
+    use super::ops::Rope;
+    use crate::model::rope_scaling::RopeScaling;
+    let (d, theta) = (cfg.head_dim, cfg.rope_theta);
+    match (m, cfg.rope_scaling.as_ref()?) {
+        (Mutant::YarnNoAttentionFactor, s @ RopeScaling::Yarn { .. }) => {
+            Some(Rope::from_parts(s.inv_freq_f32(d, theta, 0), 1.0))
+        }
+        (Mutant::YarnTruncatedAnyway, RopeScaling::Yarn { .. }) => {
+            let mut s = cfg.rope_scaling.clone()?;
+            if let RopeScaling::Yarn { truncate, .. } = &mut s {
+                *truncate = true;
+            }
+            Some(Rope::scaled(d, theta, Some(&s), 0))
+        }
+        (
+            Mutant::Llama3BandOffByOne,
+            s @ RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original,
+            },
+        ) => {
+            // Blend the pair just before the band as if it were inside it.
+            let plain = Rope::new(d, theta);
+            let mut inv = s.inv_freq_f32(d, theta, 0);
+            let high_w = (*original as f64 / high_freq_factor) as f32;
+            let two_pi = (2.0 * std::f64::consts::PI) as f32;
+            let w = |f: f32| (1.0f32 / f) * two_pi;
+            let last_high = plain.inv_freq().iter().rposition(|&f| w(f) < high_w)?;
+            let f0 = plain.inv_freq()[last_high];
+            let sm = ((1.0f32 / w(f0)) * *original as f32 - *low_freq_factor as f32)
+                / (high_freq_factor - low_freq_factor) as f32;
+            inv[last_high] = (1.0 - sm) * f0 / *factor as f32 + sm * f0;
+            Some(Rope::from_parts(inv, 1.0))
+        }
+        _ => None,
+    }
+}
+
+/// The RoPE table of a pass reaching `seq_len` positions under a planted
+/// length bug (LongRoPE by the allocated context, dynamic NTK from 0), or None.
+pub fn planted_pass_table(mx: Mutants, cfg: &crate::model::ModelConfig, seq_len: usize) -> Option<super::ops::Rope> {
+    use super::ops::Rope;
+    use crate::model::rope_scaling::RopeScaling;
+    let (d, theta) = (cfg.head_dim, cfg.rope_theta);
+    match cfg.rope_scaling.as_ref()? {
+        s @ RopeScaling::Longrope { .. } if mx.is(Mutant::LongropeByContext) => {
+            Some(Rope::scaled(d, theta, Some(s), cfg.context_length.unwrap_or(seq_len)))
+        }
+        RopeScaling::Dynamic { factor, max_positions } if mx.is(Mutant::DynamicFromZero) => {
+            let (f, m) = (*factor as f32, *max_positions as f32);
+            let grow = ((f * seq_len as f32) / m - (*factor - 1.0) as f32).powf((d as f64 / (d as f64 - 2.0)) as f32);
+            let base = theta as f32 * grow;
+            let inv = (0..d / 2).map(|j| 1.0f32 / base.powf((2 * j) as f32 / d as f32)).collect();
+            Some(Rope::from_parts(inv, 1.0))
+        }
+        _ => None,
+    }
 }

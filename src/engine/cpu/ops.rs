@@ -4,6 +4,8 @@
 //! order (a few f32 ulps per stage): the CPU engine is the reference other
 //! engines are judged against.
 
+use crate::model::rope_scaling::RopeScaling;
+
 /// RMSNorm of each `width`-wide row, as HF's `Qwen2RMSNorm`/`LlamaRMSNorm` in f32:
 /// `variance = x.pow(2).mean(-1)`, `x = x * rsqrt(variance + eps)`, `w * x`.
 /// Each square is rounded to f32 (as `x.pow(2)` materialises it), summed in
@@ -118,11 +120,14 @@ pub fn torch_sum(x: &[f32]) -> f32 {
 }
 
 /// NEOX (rotate-half) rotary embedding with HF's f32 arithmetic:
-/// `inv_freq = 1 / base^(arange(0,D,2).float()/D)` in f32, angle = inv_freq·pos
-/// in f32, cos/sin of that f32 angle.
+/// `inv_freq = 1 / base^(arange(0,D,2).float()/D)` in f32 (or a scaling's
+/// frequencies, `RopeScaling::inv_freq_f32`), angle = inv_freq·pos in f32,
+/// cos/sin of that f32 angle, each times the scaling's attention factor in
+/// f32 (HF's `emb.cos() * attention_scaling`; 1 without scaling: exact).
 #[derive(Clone, Debug)]
 pub struct Rope {
     inv_freq: Vec<f32>,
+    attn: f32,
 }
 
 impl Rope {
@@ -131,7 +136,23 @@ impl Rope {
         let inv_freq = (0..head_dim / 2)
             .map(|j| 1.0f32 / base.powf((2 * j) as f32 / head_dim as f32))
             .collect();
-        Rope { inv_freq }
+        Rope { inv_freq, attn: 1.0 }
+    }
+
+    /// The table of a pass reaching `seq_len` positions under `scaling`.
+    pub fn scaled(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>, seq_len: usize) -> Rope {
+        match scaling {
+            None => Rope::new(head_dim, theta),
+            Some(s) => Rope {
+                inv_freq: s.inv_freq_f32(head_dim, theta, seq_len),
+                attn: s.attention_factor() as f32,
+            },
+        }
+    }
+
+    /// A table from its parts (the planted scaling bugs of tests).
+    pub(crate) fn from_parts(inv_freq: Vec<f32>, attn: f32) -> Rope {
+        Rope { inv_freq, attn }
     }
 
     pub fn head_dim(&self) -> usize {
@@ -152,7 +173,7 @@ impl Rope {
                 let a = f * p;
                 // Evaluated in f64 and rounded: correctly rounded f32 cos/sin,
                 // within torch's own 1-ulp vectorised results.
-                ((a as f64).cos() as f32, (a as f64).sin() as f32)
+                ((a as f64).cos() as f32 * self.attn, (a as f64).sin() as f32 * self.attn)
             })
             .unzip()
     }
@@ -190,7 +211,7 @@ impl Rope {
             let (cos, sin): (Vec<f32>, Vec<f32>) = (0..half)
                 .map(|j| {
                     let a = self.inv_freq[j] * pos[axes[j]][t] as f32;
-                    ((a as f64).cos() as f32, (a as f64).sin() as f32)
+                    ((a as f64).cos() as f32 * self.attn, (a as f64).sin() as f32 * self.attn)
                 })
                 .unzip();
             for head in row.chunks_exact_mut(d) {
@@ -238,16 +259,24 @@ pub struct LayerRopes {
     pub global: Rope,
     /// Local layers' table, and which layers are local.
     pub local: Option<(Rope, Vec<bool>)>,
+    /// The model's scaling when its table depends on the pass's length
+    /// (dynamic NTK, LongRoPE), with what building another table needs.
+    varies: Option<(RopeScaling, usize, f64)>,
 }
 
 impl LayerRopes {
+    /// The tables of a pass that stays within the model's original context.
     pub fn new(cfg: &crate::model::ModelConfig) -> LayerRopes {
+        let scaling = cfg.rope_scaling.as_ref();
         LayerRopes {
-            global: Rope::new(cfg.head_dim, cfg.rope_theta),
-            local: cfg
-                .local
-                .as_ref()
-                .map(|l| (Rope::new(cfg.head_dim, l.rope_theta), l.layers.clone())),
+            global: Rope::scaled(cfg.head_dim, cfg.rope_theta, scaling, 0),
+            local: cfg.local.as_ref().and_then(|l| {
+                l.rope_theta
+                    .map(|t| (Rope::new(cfg.head_dim, t), l.layers.clone()))
+            }),
+            varies: scaling
+                .filter(|s| s.switch_after().is_some())
+                .map(|s| (s.clone(), cfg.head_dim, cfg.rope_theta)),
         }
     }
     /// Layer `l`'s table.
@@ -255,6 +284,25 @@ impl LayerRopes {
         match &self.local {
             Some((r, layers)) if layers.get(l) == Some(&true) => r,
             _ => &self.global,
+        }
+    }
+    /// The tables of a pass reaching `seq_len` positions (its last
+    /// position + 1), when they differ from `self`'s (HF's
+    /// `dynamic_rope_update`); None: `self`'s apply.
+    pub fn for_pass(&self, seq_len: usize) -> Option<LayerRopes> {
+        let (s, d, theta) = self.varies.as_ref()?;
+        (s.table_key(seq_len) != 0).then(|| LayerRopes {
+            global: Rope::scaled(*d, *theta, Some(s), seq_len),
+            local: self.local.clone(),
+            varies: None,
+        })
+    }
+    /// A copy with every table replaced (the planted RoPE bugs of tests).
+    pub(crate) fn replaced(&self, global: Rope) -> LayerRopes {
+        LayerRopes {
+            local: self.local.as_ref().map(|(_, layers)| (global.clone(), layers.clone())),
+            global,
+            varies: None,
         }
     }
 }

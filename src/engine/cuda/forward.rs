@@ -171,6 +171,20 @@ where
             None => None,
         };
 
+        // A sequence whose pass reaches past a length-dependent scaling's
+        // boundary (dynamic NTK, LongRoPE) rotates with its pass's own
+        // tables, uploaded for its rows only (first row = its pos0).
+        let own_tables: Vec<Option<(RopeTables, Option<RopeTables>)>> = segs
+            .iter()
+            .map(|s| {
+                let n = s.tokens.len();
+                self.ropes
+                    .for_pass(s.pos0 + n)
+                    .map(|r| self.rope_tables_of(&r, s.pos0, s.pos0 + n))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+
         let mut attn_norm = self.gbuf("attn_norm", t * e)?;
         let mut q = self.gbuf("q", t * qd)?;
         let mut k = self.gbuf("k", t * kvd)?;
@@ -215,8 +229,9 @@ where
                 }
                 None => (&q, &k, &mut q_rope, &mut k_rope),
             };
-            let tabs = match (tables.local, &self.ropes.local) {
-                (Some(lt), Some((_, local))) if local.get(l) == Some(&true) => lt,
+            let is_local = matches!(&self.ropes.local, Some((_, local)) if local.get(l) == Some(&true));
+            let tabs = match tables.local {
+                Some(lt) if is_local => lt,
                 _ => tables.global,
             };
             match (vlm.as_deref(), vstep.as_ref()) {
@@ -227,10 +242,15 @@ where
                 _ => {
                     // Each sequence rotates at its own positions.
                     let mut r0 = 0;
-                    for seg in segs.iter() {
+                    for (seg, own) in segs.iter().zip(&own_tables) {
                         let n = seg.tokens.len();
-                        self.rope_rows(q_in, q_out, tabs, r0, n, h, seg.pos0)?;
-                        self.rope_rows(k_in, k_out, tabs, r0, n, kvh, seg.pos0)?;
+                        let (tabs, p0) = match own {
+                            Some((_, Some(lt))) if is_local => (lt, 0),
+                            Some((g, _)) if !is_local || tables.local.is_none() => (g, 0),
+                            _ => (tabs, seg.pos0),
+                        };
+                        self.rope_rows(q_in, q_out, tabs, r0, n, h, p0)?;
+                        self.rope_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
                         r0 += n;
                     }
                 }

@@ -148,10 +148,21 @@ where
 {
     /// cos/sin tables for positions `0..total` (and a local layers' own, Gemma 3).
     pub(super) fn rope_tables(&self, total: usize) -> Result<(RopeTables, Option<RopeTables>)> {
+        self.rope_tables_of(&self.ropes, 0, total)
+    }
+
+    /// cos/sin tables of `ropes` for positions `from..to`, row 0 at `from`.
+    pub(super) fn rope_tables_of(
+        &self,
+        ropes: &crate::engine::cpu::ops::LayerRopes,
+        from: usize,
+        to: usize,
+    ) -> Result<(RopeTables, Option<RopeTables>)> {
         let half = self.cfg.head_dim / 2;
+        let n = to - from;
         let tables = |rope: &crate::engine::cpu::ops::Rope| -> Result<RopeTables> {
-            let (mut cos, mut sin) = (Vec::with_capacity(total * half), Vec::with_capacity(total * half));
-            for p in 0..total {
+            let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
+            for p in from..to {
                 let (c, s) = rope.cos_sin(p);
                 cos.extend(c);
                 sin.extend(s);
@@ -161,8 +172,8 @@ where
                 sin: self.dev.upload("rope_sin", &sin)?,
             })
         };
-        let global = tables(&self.ropes.global)?;
-        let local = self.ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?;
+        let global = tables(&ropes.global)?;
+        let local = ropes.local.as_ref().map(|(r, _)| tables(r)).transpose()?;
         Ok((global, local))
     }
 

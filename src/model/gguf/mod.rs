@@ -146,12 +146,12 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         Some(w) => Some(crate::model::config::LocalAttention {
             window: w,
             layers: swa_layers(f, &arch, layers)?,
-            rope_theta: match f.get(&format!("{arch}.rope.freq_base_swa")) {
+            rope_theta: Some(match f.get(&format!("{arch}.rope.freq_base_swa")) {
                 None => crate::model::gemma::DEFAULT_LOCAL_THETA,
                 Some(v) => v
                     .as_f64()
                     .ok_or_else(|| bad(wrong_type(f, &format!("{arch}.rope.freq_base_swa"), "a number")))?,
-            },
+            }),
         }),
     };
     // llama.cpp's Gemma 3 score scale: 1/√head_dim, except the 27B (62
@@ -163,6 +163,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         (head_dim as f64).powf(-0.5)
     };
     let cfg = ModelConfig {
+        rope_scaling: None,
         qk_norm: arch == "qwen3" || gemma,
         sliding_window,
         context_length,
@@ -566,7 +567,9 @@ pub fn model_writer(cfg: &ModelConfig, tensors: &BTreeMap<String, Tensor>, ty: G
             &format!("{a}.attention.sliding_window_pattern"),
             Value::Array(ValueType::Bool, l.layers.iter().map(|b| Value::Bool(*b)).collect()),
         );
-        w.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(l.rope_theta as f32));
+        if let Some(t) = l.rope_theta {
+            w.kv(&format!("{a}.rope.freq_base_swa"), Value::F32(t as f32));
+        }
     }
     for (hf, t) in tensors {
         if hf == "lm_head.weight" && cfg.tie_embeddings {
