@@ -119,7 +119,7 @@ pub struct ExecEngine {
 impl ExecEngine {
     /// Starts the command and sends `load`.
     pub fn start(spec: &ExecSpec, model: &Path, opts: &LoadOptions, names: &NameMap) -> Result<ExecEngine> {
-        let config = crate::model::read_config(model)?;
+        let config = crate::model::read_config_with(model, opts.config.as_ref())?;
         let fail = |msg: String| Error::engine(&spec.name, msg);
         let mut cmd = Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
@@ -201,10 +201,20 @@ impl ExecEngine {
             tokenizes: false,
         };
         let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
-        let answer = engine.request(
-            "load",
-            json!({"op": "load", "protocol": PROTOCOL, "model": model, "storage": opts.storage.to_string()}),
-        )?;
+        let mut load = json!({"op": "load", "protocol": PROTOCOL, "model": model, "storage": opts.storage.to_string()});
+        // A spec's `config:` override goes with the model; an engine that
+        // does not say it applied it would compute another model.
+        if let Some(c) = &opts.config {
+            load["config"] = c.clone();
+        }
+        let answer = engine.request("load", load)?;
+        if opts.config.is_some() && answer.get("config").and_then(Value::as_bool) != Some(true) {
+            return Err(fail(
+                "the spec overrides the model's config (`config:`), and the engine's load answer does not say it \
+                 applied the override (`\"config\": true`): refusing to check a model it may not compute"
+                    .into(),
+            ));
+        }
         if let Some(n) = answer.get("engine").and_then(Value::as_str) {
             eprintln!("touchstone: engine `{}` is `{n}` ({})", spec.name, spec.command_line());
         }

@@ -56,6 +56,10 @@ pub struct GoldenSet {
     /// This load's number, unique in the process: what a plan's memo keys
     /// values computed from this set by (`uid`).
     uid: u64,
+    /// A spec's `reference_rules`: from this position on the reference
+    /// computes by another rule than the config's (llama.cpp without a
+    /// sliding window, ...), so no step reaching it is judged against it.
+    departs_from: Option<usize>,
 }
 
 impl GoldenSet {
@@ -184,7 +188,31 @@ impl GoldenSet {
             grid,
             answers: Default::default(),
             uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            departs_from: None,
         })
+    }
+
+    /// Declares that this reference follows another rule from position
+    /// `from` on (a spec's `reference_rules`): `records` is false for every
+    /// step whose rows reach it.
+    pub fn departing_from(mut self, from: usize) -> GoldenSet {
+        self.departs_from = Some(from);
+        self
+    }
+
+    /// The position this reference follows another rule from, if declared.
+    pub fn departs_from(&self) -> Option<usize> {
+        self.departs_from
+    }
+
+    /// The last position `step`'s rows reach (the prompt's last at the
+    /// prefill, p + n − 1 at decode n).
+    pub fn last_position(&self, step: Step) -> usize {
+        let p = self.prompt().len();
+        match step {
+            Step::Prefill => p.saturating_sub(1),
+            Step::Decode(n) => p + n - 1,
+        }
     }
 
     /// Unique to this load in the process. Its tensors never change after
@@ -256,6 +284,10 @@ impl GoldenSet {
     /// written at every call, which a run asks hundreds of thousands of times
     /// (every floor asks of every input), hence the answers kept.
     fn records_afresh(&self, step: Step, stage: Stage) -> bool {
+        // Nothing where it follows another rule than the config's.
+        if self.departs_from.is_some_and(|from| self.last_position(step) >= from) {
+            return false;
+        }
         // Nothing from where its forward overflowed on.
         if self.overflow.is_some_and(|o| (step, stage) >= o) {
             return false;

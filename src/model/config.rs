@@ -77,10 +77,52 @@ const SUPPORTED: &[&str] = &["qwen2", "qwen3", "llama", "mistral", "phi3", "gemm
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
+        Self::from_hf_dir_with(dir, None)
+    }
+
+    /// Reads `<dir>/config.json` with a spec's `config:` override merged in
+    /// (`merge_override`).
+    pub fn from_hf_dir_with(dir: &Path, over: Option<&Value>) -> Result<ModelConfig> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
+        let mut v: Value =
+            serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
+        if let Some(o) = over {
+            merge_override(&mut v, o).map_err(|m| Error::model(&path, format!("the spec's `config:`: {m}")))?;
+        }
         Self::from_json(&v).map_err(|msg| Error::model(&path, msg))
+    }
+
+    /// A GGUF model's config with a spec's `config:` override: only its RoPE
+    /// scaling (`rope_scaling` / `rope_parameters`) and
+    /// `max_position_embeddings`, merged into the HF form of what the file says.
+    pub fn with_gguf_override(mut self, over: &Value) -> std::result::Result<ModelConfig, String> {
+        let o = over.as_object().ok_or("expected a mapping of HF config keys")?;
+        if let Some(k) = o
+            .keys()
+            .find(|k| !matches!(k.as_str(), "rope_scaling" | "rope_parameters" | "max_position_embeddings"))
+        {
+            return Err(format!(
+                "`{k}` cannot override a GGUF model's config (a GGUF takes rope_scaling, rope_parameters and \
+                 max_position_embeddings; give an HF model folder for other keys)"
+            ));
+        }
+        if self.rope_scaling.is_some() {
+            return Err("the model already has RoPE scaling; an override cannot be merged into it".into());
+        }
+        let mut v = serde_json::json!({"rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta}});
+        if let Some(c) = self.context_length {
+            v["max_position_embeddings"] = c.into();
+        }
+        merge_override(&mut v, over)?;
+        let max_positions = v.get("max_position_embeddings").and_then(Value::as_u64).map(|n| n as usize);
+        self.rope_scaling = RopeScaling::from_config(&v, &self.arch)?;
+        self.context_length = match &self.rope_scaling {
+            Some(rs) => rs.scaled_context(max_positions),
+            None => max_positions,
+        };
+        self.validate()?;
+        Ok(self)
     }
 
     pub fn from_json(v: &Value) -> std::result::Result<ModelConfig, String> {
@@ -389,6 +431,46 @@ fn unimplemented(v: &Value) -> std::result::Result<(), String> {
     ] {
         if let Some(x) = present(k).filter(|x| x.as_f64() != Some(1.0)) {
             return refuse(k, x, "a scaled embedding, residual, attention or logits");
+        }
+    }
+    Ok(())
+}
+
+/// Merges a spec's `config:` override into an HF config `v`, as the
+/// recorders do (`goldens/recorders/hf_loading.py`): each key replaces the
+/// config's, except the RoPE scaling keys, which update the rope parameters
+/// the config already has (`rope_parameters` in transformers 5, else
+/// `rope_scaling`), `type` read as `rope_type`, so that `rope_theta` and the
+/// other parameters the override does not name are kept.
+pub fn merge_override(v: &mut Value, over: &Value) -> std::result::Result<(), String> {
+    let (Some(base), Some(o)) = (v.as_object_mut(), over.as_object()) else {
+        return Err("expected a mapping of HF config keys".into());
+    };
+    for (k, x) in o {
+        if k == "rope_scaling" || k == "rope_parameters" {
+            let params = x
+                .as_object()
+                .ok_or_else(|| format!("`{k}` is {x}, expected a mapping"))?;
+            let into = if base.get("rope_parameters").is_some_and(Value::is_object) {
+                "rope_parameters"
+            } else if base.get("rope_scaling").is_some_and(Value::is_object) {
+                "rope_scaling"
+            } else {
+                k.as_str()
+            };
+            let target = base
+                .entry(into)
+                .or_insert_with(|| Value::Object(Default::default()));
+            if !target.is_object() {
+                *target = Value::Object(Default::default());
+            }
+            let t = target.as_object_mut().expect("an object");
+            for (pk, pv) in params {
+                let key = if pk == "type" { "rope_type" } else { pk.as_str() };
+                t.insert(key.to_string(), pv.clone());
+            }
+        } else {
+            base.insert(k.clone(), x.clone());
         }
     }
     Ok(())

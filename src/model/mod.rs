@@ -43,6 +43,9 @@ pub struct LoadOptions {
     /// show the `weights` check names the tensor. Never set it otherwise.
     #[doc(hidden)]
     pub plant: Option<LoaderBug>,
+    /// A spec's `config:` override (HF config keys), merged into the
+    /// model's config before anything is computed from it.
+    pub config: Option<serde_json::Value>,
 }
 
 /// A planted loader bug (see `LoadOptions::plant`): the three ways a new
@@ -111,9 +114,24 @@ fn format_of(path: &Path) -> Result<Format> {
 
 /// Reads only the config of a model (an HF folder or a `.gguf` file).
 pub fn read_config(path: &Path) -> Result<ModelConfig> {
+    read_config_with(path, None)
+}
+
+/// Reads only the config of a model, with a spec's `config:` override.
+pub fn read_config_with(path: &Path, over: Option<&serde_json::Value>) -> Result<ModelConfig> {
     match format_of(path)? {
-        Format::HfDir => ModelConfig::from_hf_dir(path),
-        Format::Gguf => gguf::config(&GgufFile::open(path)?),
+        Format::HfDir => ModelConfig::from_hf_dir_with(path, over),
+        Format::Gguf => gguf_config_with(&GgufFile::open(path)?, path, over),
+    }
+}
+
+fn gguf_config_with(f: &GgufFile, path: &Path, over: Option<&serde_json::Value>) -> Result<ModelConfig> {
+    let cfg = gguf::config(f)?;
+    match over {
+        None => Ok(cfg),
+        Some(o) => cfg
+            .with_gguf_override(o)
+            .map_err(|m| Error::model(path, format!("the spec's `config:`: {m}"))),
     }
 }
 
@@ -122,7 +140,7 @@ pub fn read_config(path: &Path) -> Result<ModelConfig> {
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
     let (cfg, mut ws) = match format_of(path)? {
         Format::HfDir => {
-            let cfg = ModelConfig::from_hf_dir(path)?;
+            let cfg = ModelConfig::from_hf_dir_with(path, opts.config.as_ref())?;
             let mut ws = Weights::from_hf_dir(path)?;
             if cfg.vision.is_some() {
                 ws.rename(vision::canonical_name);
@@ -131,7 +149,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
         }
         Format::Gguf => {
             let f = GgufFile::open(path)?;
-            let cfg = gguf::config(&f)?;
+            let cfg = gguf_config_with(&f, path, opts.config.as_ref())?;
             let ws = gguf::weights(&f, &cfg, opts)?;
             (cfg, ws)
         }

@@ -66,12 +66,15 @@ impl RopeScaling {
     pub fn from_config(v: &Value, arch: &str) -> Result<Option<RopeScaling>, String> {
         // transformers 5 writes `rope_parameters` (with `rope_theta` in it);
         // transformers 4 `rope_scaling`. Either may be absent or null.
-        let found = FIELDS.iter().find_map(|&f| {
-            v.get(f)
-                .filter(|p| p.is_object())
-                .filter(|p| p.get("rope_type").or_else(|| p.get("type")).is_some() || p.get("factor").is_some())
-                .map(|p| (f, p))
-        });
+        // The first that asks for scaling (a config may carry a `default`
+        // rope_parameters beside a transformers-4 `rope_scaling`).
+        let scaled = |p: &&Value| {
+            let ty = p.get("rope_type").or_else(|| p.get("type"));
+            ty.is_some_and(|t| t.as_str() != Some("default")) || p.get("factor").is_some_and(|f| !f.is_null())
+        };
+        let found = FIELDS
+            .iter()
+            .find_map(|&f| v.get(f).filter(|p| p.is_object()).filter(scaled).map(|p| (f, p)));
         let Some((field, p)) = found else {
             for f in FIELDS {
                 if let Some(x) = v.get(f).filter(|x| !x.is_null() && !x.is_object()) {

@@ -109,10 +109,16 @@ impl Plan {
             };
             return Err(Error::model(&model, why));
         }
-        let config = model::read_config(&model)?;
+        let config = model::read_config_with(&model, spec.config.as_ref())?;
         let mut goldens = BTreeMap::new();
         for (source, path) in &spec.goldens {
-            goldens.insert(source.clone(), Arc::new(GoldenSet::load(source, path)?));
+            let mut g = GoldenSet::load(source, path)?;
+            // A reference the spec declares to follow another rule from a
+            // position on is judged only before it (`reference_rules`).
+            if let Some(r) = spec.reference_rules.get(source) {
+                g = g.departing_from(r.from_position);
+            }
+            goldens.insert(source.clone(), Arc::new(g));
         }
         let oracle = load_oracle(&spec)?;
         let p = prompt::resolve(&spec, &model, &config, &goldens)?;
@@ -139,6 +145,7 @@ impl Plan {
         // The spec's storage dtype; `touchstone run --storage` overrides it.
         let load_options = LoadOptions {
             storage: spec.storage,
+            config: spec.config.clone(),
             ..LoadOptions::default()
         };
         let file = FileTensors::new(&model, &config);
@@ -162,7 +169,13 @@ impl Plan {
             shared: None,
         };
         let mut checks = stages::plan(&spec, &facts)?;
-        for rc in run_checks {
+        let rules = spec.reference_rules.iter().map(|(source, rule)| {
+            Arc::new(crate::checks::run::reference_rule::ReferenceRuleCheck {
+                source: source.clone(),
+                rule: rule.clone(),
+            }) as Arc<dyn RunCheck>
+        });
+        for rc in run_checks.into_iter().chain(rules) {
             let id = format!("run::{}", rc.id());
             if checks.iter().any(|c| c.id == id) {
                 return Err(Error::SpecInvalid {

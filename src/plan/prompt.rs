@@ -149,6 +149,24 @@ pub fn check_references(
         recorded.insert(ORACLE.to_string(), Arc::clone(o));
     }
     crate::golden::provenance::check_fresh(model, config, &recorded, spec.prompt.tokens.as_deref())?;
+    // Every reference recorded with the spec's `config:` override, and none
+    // with one the spec does not make: the override changes the model.
+    for (src, g) in &recorded {
+        let had = g.provenance.get("config_override").filter(|v| !v.is_null());
+        if had != spec.config.as_ref() {
+            let show = |v: Option<&serde_json::Value>| v.map_or("none".to_string(), |v| v.to_string());
+            return Err(Error::golden(
+                &g.path,
+                format!(
+                    "stale golden: `{src}` was recorded with config override {} but the spec's `config:` is {} — \
+                     regenerate with `touchstone goldens regen {}`",
+                    show(had),
+                    show(spec.config.as_ref()),
+                    spec.path.display()
+                ),
+            ));
+        }
+    }
     // A VLM golden recorded from another image, or with other processor
     // settings, describes another input: one clear error, not a wall of
     // mismatches from vision.pixels on.

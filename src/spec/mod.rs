@@ -71,6 +71,27 @@ pub struct Spec {
     /// default true). A model too large to emulate in CI time says `false`;
     /// `--engine cuda-emu` still runs it.
     pub emulate: bool,
+    /// `config:`: HF config keys that replace the model's own (e.g. Qwen's
+    /// documented YaRN `rope_scaling`), as its users override them. The
+    /// engines, the recorders (`--config-override`) and the goldens'
+    /// provenance (`config_override`) all see the same override.
+    pub config: Option<serde_json::Value>,
+    /// `reference_rules`: golden sources that compute by another rule than
+    /// the config's from a position on (llama.cpp without Qwen2's sliding
+    /// window, YaRN always truncated, LongRoPE's factors by the context).
+    /// Such a golden is judged only before that position; beyond it the
+    /// difference is measured and must be seen (`run::reference_rule:<src>`).
+    pub reference_rules: BTreeMap<String, ReferenceRule>,
+}
+
+/// One entry of `reference_rules`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceRule {
+    /// The first position where the reference's rule gives other numbers.
+    pub from_position: usize,
+    /// What the reference does instead, in words (shown in the report).
+    pub rule: String,
 }
 
 /// `record:` — a subset of what the recorders write, so that a real model's

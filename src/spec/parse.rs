@@ -63,6 +63,10 @@ struct RawSpec {
     #[serde(default)]
     names: BTreeMap<String, NameTarget>,
     emulate: Option<bool>,
+    /// Checked in `parse`: a mapping of HF config keys.
+    config: Option<serde_yaml::Value>,
+    #[serde(default)]
+    reference_rules: BTreeMap<String, super::ReferenceRule>,
 }
 
 /// `names:` as a validated map; errors are located at the offending name.
@@ -100,6 +104,19 @@ impl<'de> Deserialize<'de> for DTypeKey {
         DType::parse(&s)
             .map(DTypeKey)
             .ok_or_else(|| de::Error::custom(format!("unknown dtype `{s}` (known: f32, f16, bf16)")))
+    }
+}
+
+/// `config:` as JSON: a non-empty mapping of HF config keys (what
+/// `crate::model::ConfigOverride` accepts is checked when the model is read).
+fn config_override(v: serde_yaml::Value) -> std::result::Result<serde_json::Value, String> {
+    let j: serde_json::Value = serde_json::to_value(&v)
+        .map_err(|e| format!("config: not representable as a model config (JSON): {e}"))?;
+    match j.as_object() {
+        Some(m) if !m.is_empty() => Ok(j),
+        _ => Err("config: expected a non-empty mapping of HF config keys (e.g. `rope_scaling: {type: yarn, \
+                  factor: 4.0, original_max_position_embeddings: 32768}`)"
+            .into()),
     }
 }
 
@@ -173,6 +190,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Spec> {
         engines: raw.engines,
         names: name_map(path, text, raw.names)?,
         emulate: raw.emulate.unwrap_or(true),
+        reference_rules: raw.reference_rules,
+        config: match raw.config {
+            None => None,
+            Some(v) => Some(config_override(v).map_err(|msg| error_at(path, locate(text, "config:"), msg))?),
+        },
     };
     spec.validate_references(text)?;
     spec.validate_scaled(text, raw.scaled.is_some())?;

@@ -99,6 +99,27 @@ impl Spec {
         if let Some(g) = &self.prompt.golden {
             env.require_source("prompt", g).map_err(at)?;
         }
+        for src in self.reference_rules.keys() {
+            if !self.goldens.contains_key(src) {
+                return Err(self.located(
+                    text,
+                    &format!("{src}:"),
+                    format!(
+                        "reference_rules: `{src}` is not one of the spec's goldens ({})",
+                        self.goldens.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        if !self.reference_rules.is_empty() && self.reference_rules.len() >= self.goldens.len() {
+            return Err(self.located(
+                text,
+                "reference_rules:",
+                "reference_rules: every golden is declared to follow another rule; at least one reference must \
+                 compute the config's (the one the others' differences are measured against)"
+                    .into(),
+            ));
+        }
         let p = &self.prompt;
         if p.chat && p.text.is_none() {
             return Err(self.located(text, "chat", "prompt.chat needs `text:` (the user message)".into()));

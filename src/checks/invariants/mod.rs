@@ -153,6 +153,14 @@ pub fn softmax_rows(probs: &Tensor, tol: f64) -> Verdict {
 /// 0, not "small": a masked logit is -inf and exp(-inf) is 0 in every format, so
 /// anything else means the mask is missing or misplaced.
 pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
+    causal_window(probs, positions, None)
+}
+
+/// `causal` on a sliding-window layer too: with `window` w, a query at p
+/// sees keys p − w < j ≤ p (HF's `sliding_window_overlay`), so the entries
+/// j ≤ p − w are exactly 0 as well; they are counted apart, and offenders
+/// all at j = p − w are told as a window one position too wide.
+pub fn causal_window(probs: &Tensor, positions: &[usize], window: Option<usize>) -> Verdict {
     let &[h, t, s] = probs.shape() else {
         return Verdict::fail(format!(
             "causal: attention probabilities must be [H, T, S], got shape {:?}",
@@ -172,17 +180,26 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
             probs.shape()
         ));
     }
+    // Keys 0..first(p) are outside the window of a query at p.
+    let first = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
     let future = h * positions.iter().map(|&p| s - 1 - p).sum::<usize>();
-    let where_ = format!("positions {}, S = {s}", describe_positions(positions));
-    if future == 0 {
+    let old = h * positions.iter().map(|&p| first(p)).sum::<usize>();
+    let masked = future + old;
+    let where_ = match window {
+        Some(w) => format!("positions {}, S = {s}, sliding window {w}", describe_positions(positions)),
+        None => format!("positions {}, S = {s}", describe_positions(positions)),
+    };
+    if masked == 0 {
         // Honest about vacuity: a decode row sees the whole cache, nothing to test.
         return Verdict::skip(format!(
-            "causal: not applicable: every query row is at the last cache position ({where_}), so no entry is in the future"
+            "causal: not applicable: every query row is at the last cache position and sees every key ({where_}), \
+             so no entry is masked"
         ))
         .metric("future_entries", 0.0);
     }
     let data = probs.data();
-    let (mut nonzero, mut next_only, mut first, mut max_abs) = (0usize, 0usize, None, 0.0f32);
+    let (mut nonzero, mut next_only, mut first_bad, mut max_abs) = (0usize, 0usize, None, 0.0f32);
+    let (mut old_nonzero, mut edge_only, mut old_first) = (0usize, 0usize, None);
     for hh in 0..h {
         for (tt, &p) in positions.iter().enumerate() {
             let row = &data[(hh * t + tt) * s..][..s];
@@ -190,29 +207,57 @@ pub fn causal(probs: &Tensor, positions: &[usize]) -> Verdict {
                 if x != 0.0 {
                     nonzero += 1;
                     next_only += (ss == p + 1) as usize;
-                    first.get_or_insert((hh, tt, ss, x, p));
+                    first_bad.get_or_insert((hh, tt, ss, x, p));
+                    max_abs = max_abs.max(x.abs());
+                }
+            }
+            let f = first(p);
+            for (ss, &x) in row.iter().enumerate().take(f) {
+                if x != 0.0 {
+                    old_nonzero += 1;
+                    edge_only += (ss + 1 == f) as usize;
+                    old_first.get_or_insert((hh, tt, ss, x, p));
                     max_abs = max_abs.max(x.abs());
                 }
             }
         }
     }
-    let v = match first {
-        None => Verdict::pass(format!(
-            "all {future} future entries are exactly 0 over {h} heads x {t} rows ({where_})"
-        )),
-        Some((hh, tt, ss, x, p)) => {
-            let mut msg = format!(
-                "{nonzero} of {future} future entries are not 0 ({where_}); first at [h, t, s] = [{hh}, {tt}, {ss}] \
-                 (query row {tt} is at position {p}): {x}; largest |prob| {max_abs}"
-            );
-            if next_only == nonzero {
-                msg += "; all offenders are at s = position + 1: is the mask off by one?";
-            }
-            Verdict::fail(msg)
+    let mut fails = Vec::new();
+    if let Some((hh, tt, ss, x, p)) = first_bad {
+        let mut msg = format!(
+            "{nonzero} of {future} future entries are not 0 ({where_}); first at [h, t, s] = [{hh}, {tt}, {ss}] \
+             (query row {tt} is at position {p}): {x}; largest |prob| {max_abs}"
+        );
+        if next_only == nonzero {
+            msg += "; all offenders are at s = position + 1: is the mask off by one?";
         }
+        fails.push(msg);
+    }
+    if let (Some((hh, tt, ss, x, p)), Some(w)) = (old_first, window) {
+        let mut msg = format!(
+            "{old_nonzero} of {old} entries older than the sliding window are not 0 ({where_}): a query at p sees \
+             keys p - {w} < j <= p; first at [h, t, s] = [{hh}, {tt}, {ss}] (query row {tt} is at position {p}): {x}"
+        );
+        if edge_only == old_nonzero {
+            msg += &format!("; all offenders are at s = position - {w}: is the window one position too wide?");
+        }
+        fails.push(msg);
+    }
+    let v = if fails.is_empty() {
+        match window {
+            Some(_) => Verdict::pass(format!(
+                "all {future} future entries and {old} entries older than the window are exactly 0 over {h} heads \
+                 x {t} rows ({where_})"
+            )),
+            None => Verdict::pass(format!(
+                "all {future} future entries are exactly 0 over {h} heads x {t} rows ({where_})"
+            )),
+        }
+    } else {
+        Verdict::fail(fails.join("\n"))
     };
-    v.metric("future_entries", future as f64)
-        .metric("future_nonzero", nonzero as f64)
+    v.metric("future_entries", masked as f64)
+        .metric("future_nonzero", (nonzero + old_nonzero) as f64)
         .metric("future_max_abs", max_abs as f64)
 }
 

@@ -449,3 +449,35 @@ fn rope_checks_the_angle_against_theta_and_position() {
     let v = rope(&x, &y, &[300, 301], RopeStyle::Interleaved, 1e-5, 10000.0);
     assert!(v.passed(), "{}", v.message);
 }
+
+#[test]
+fn causal_window_demands_zeros_older_than_the_window() {
+    // 1 head, rows at positions 0..4, S = 5, window 2: row p sees p-1, p.
+    let mut d = vec![0.0f32; 25];
+    for p in 0..5usize {
+        let lo = p.saturating_sub(1);
+        for j in lo..=p {
+            d[p * 5 + j] = 1.0 / (p - lo + 1) as f32;
+        }
+    }
+    let probs = t(&[1, 5, 5], d.clone());
+    let v = causal_window(&probs, &[0, 1, 2, 3, 4], Some(2));
+    assert!(v.passed(), "{}", v.message);
+    assert!(v.message.contains("older than the window"), "{}", v.message);
+    // The window one too wide: key p - 2 gets weight.
+    let mut wide = d.clone();
+    for p in 2..5usize {
+        wide[p * 5 + p - 2] = 0.1;
+    }
+    let v = causal_window(&t(&[1, 5, 5], wide.clone()), &[0, 1, 2, 3, 4], Some(2));
+    assert!(v.failed());
+    assert!(v.message.contains("3 of 6 entries older than the sliding window"), "{}", v.message);
+    assert!(v.message.contains("one position too wide"), "{}", v.message);
+    // Without the window the same tensor is causal.
+    assert!(causal(&t(&[1, 5, 5], wide), &[0, 1, 2, 3, 4]).passed());
+    // A decode row at position 4 over S = 5 has keys 0..=2 outside the window.
+    let row = t(&[1, 1, 5], vec![0.0, 0.0, 0.0, 0.5, 0.5]);
+    assert!(causal_window(&row, &[4], Some(2)).passed());
+    let row = t(&[1, 1, 5], vec![0.2, 0.0, 0.0, 0.4, 0.4]);
+    assert!(causal_window(&row, &[4], Some(2)).failed());
+}

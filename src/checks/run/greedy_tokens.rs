@@ -106,7 +106,27 @@ fn evaluate(facts: &Facts, engine: &dyn Engine, source: &str) -> Result<Verdict,
         .goldens
         .get(source)
         .ok_or_else(|| format!("golden source `{source}` is not loaded"))?;
-    let expected = golden.greedy_ids().map_err(|e| e.to_string())?;
+    let mut expected = golden.greedy_ids().map_err(|e| e.to_string())?;
+    // A reference that follows another rule from a position on
+    // (`reference_rules`) is held to its picks from logits before it only:
+    // token i comes from the logits at position p − 1 + i.
+    let mut cut = String::new();
+    if let Some(from) = golden.departs_from() {
+        let keep = (from + 1).saturating_sub(facts.prompt.len()).min(expected.len());
+        if keep == 0 {
+            return Ok(Verdict::not_applicable(format!(
+                "golden `{source}` follows another rule from position {from} (`reference_rules`), before any token \
+                 it picked"
+            )));
+        }
+        if keep < expected.len() {
+            cut = format!(
+                " (the first {keep} of {}: `{source}` follows another rule from position {from})",
+                expected.len()
+            );
+            expected.truncate(keep);
+        }
+    }
     if golden.prompt() != facts.prompt {
         return Ok(Verdict::fail(format!(
             "the run's prompt {:?} is not the prompt golden `{source}` was recorded with {:?}",
@@ -148,7 +168,7 @@ fn evaluate(facts: &Facts, engine: &dyn Engine, source: &str) -> Result<Verdict,
             .metric("first_mismatch", i as f64))
         }
         None => Ok(Verdict::pass(format!(
-            "{} greedy tokens equal golden `{source}`: {:?}",
+            "{} greedy tokens equal golden `{source}`: {:?}{cut}",
             expected.len(),
             expected
         ))

@@ -19,6 +19,7 @@ super::registry::table!(RunRule;
 );
 
 mod serving;
+pub mod reference_rule;
 
 /// The serving checks (engines that take batches), in table order: what is
 /// not applicable to an engine that declares no batches.

@@ -20,7 +20,7 @@ pub struct Causal;
 impl Kind for Causal {
     const NAME: &'static str = "causal";
     const PARAMS: &'static str = "none";
-    const ABOUT: &'static str = "blk.*.attn_probs only: entries on future positions are exactly 0 (planned at the prefill only)";
+    const ABOUT: &'static str = "blk.*.attn_probs only: entries on future positions, and on a sliding-window layer keys older than the window, are exactly 0 (planned at the prefill, and at every step of a sliding-window layer)";
     fn bare() -> Self {
         Causal
     }
@@ -51,12 +51,15 @@ impl StageCheck for Causal {
     fn metric(&self) -> Option<Metric> {
         Some(Metric::FutureMaxAbs)
     }
-    fn planned(&self, step: Step, _: Stage, _: &Facts) -> bool {
-        step == Step::Prefill
+    /// The prefill, and every step of a sliding-window layer (a decode row
+    /// has keys older than its window once the cache outgrows it).
+    fn planned(&self, step: Step, stage: Stage, facts: &Facts) -> bool {
+        step == Step::Prefill || stage.layer().is_some_and(|l| facts.config.window_of(l).is_some())
     }
-    fn judge(&self, _: &Facts, at: &At) -> Verdict {
+    fn judge(&self, facts: &Facts, at: &At) -> Verdict {
+        let window = at.stage.layer().and_then(|l| facts.config.window_of(l));
         match at.capture() {
-            Ok(t) => invariants::causal(t, at.positions()),
+            Ok(t) => invariants::causal_window(t, at.positions(), window),
             Err(v) => v,
         }
     }

@@ -66,6 +66,12 @@ pub(super) fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<V
              (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
         )));
     };
+    if args.config_override.is_some() {
+        return Err(Error::Usage(format!(
+            "spec `{spec}`: `config:` overrides are not supported for vision-language goldens (record_vlm.py does \
+             not apply them)"
+        )));
+    }
     if args.steps.is_some()
         || args.stages.is_some()
         || args.rows.is_some()
@@ -99,9 +105,13 @@ pub(super) fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<V
     Ok(out)
 }
 
-/// The subset arguments (`record:`), the same for both recorders.
+/// The subset arguments (`record:`), the same for both recorders, and the
+/// spec's config override, which both apply.
 pub(super) fn subset_args(args: &RecordArgs) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(c) = &args.config_override {
+        out.extend(["--config-override".to_string(), c.clone()]);
+    }
     if let Some(s) = &args.steps {
         out.extend(["--steps".to_string(), s.join(",")]);
     }

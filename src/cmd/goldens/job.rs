@@ -81,6 +81,9 @@ impl Recorder {
 /// What a spec asks the recorders to record (its `prompt:` and `record:`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecordArgs {
+    /// The spec's `config:` override as JSON (`--config-override`): every
+    /// recorder applies it to the model's config before it computes.
+    pub config_override: Option<String>,
     /// `prompt.tokens`: the ids recorded exactly as given.
     pub tokens: Option<Vec<u32>>,
     /// `prompt.text`; without it (and without `tokens`) the current golden's

@@ -113,6 +113,7 @@ pub fn jobs(specs: &[PathBuf], filter: SourceFilter) -> Result<Vec<Job>> {
 /// and its `record:` subset.
 fn record_args(spec: &Spec) -> RecordArgs {
     RecordArgs {
+        config_override: spec.config.as_ref().map(|c| c.to_string()),
         tokens: spec.prompt.tokens.clone(),
         prompt: spec.prompt.text.clone(),
         chat: spec.prompt.chat,

@@ -48,6 +48,13 @@ pub fn jobs(spec: &Spec, filter: SourceFilter, kv_f16: bool) -> Result<Vec<Job>>
     if items.is_empty() {
         return Ok(Vec::new());
     }
+    if spec.config.is_some() {
+        return Err(Error::Usage(format!(
+            "spec `{}`: a `next_token` check with a `config:` override is not supported (record_next_token.py does \
+             not apply overrides)",
+            spec.name
+        )));
+    }
     let arithmetic = declared_arithmetic(spec)?;
     let mut jobs = Vec::new();
     for (set, folder) in items {
