@@ -165,6 +165,36 @@ mod self_test {
         }
     }
 
+    /// The long-context bugs are caught without any golden too: the `rope`
+    /// check's formula (the config's scaling at the pass's length) at the
+    /// first q_rope they change, naming the position, and `causal` on the
+    /// sliding layer for the wide window.
+    #[test]
+    fn long_context_bugs_fail_their_golden_free_check() {
+        use Mutant::*;
+        for (m, spec, id, says) in [
+            (LongropeByContext, "longrope-tiny.yaml", "prefill/blk.0.q_rope::rope", "seq_len 30 (<= 32"),
+            (YarnNoAttentionFactor, "yarn-tiny.yaml", "prefill/blk.0.q_rope::rope", "attention factor"),
+            (YarnTruncatedAnyway, "yarn-tiny.yaml", "prefill/blk.0.q_rope::rope", "wrong rotation angle"),
+            (Llama3BandOffByOne, "llama3-tiny.yaml", "prefill/blk.0.q_rope::rope", "wrong rotation angle"),
+            (DynamicFromZero, "dynamic-tiny.yaml", "prefill/blk.0.q_rope::rope", "seq_len 30 (<= 32"),
+            (WindowOneTooWide, "swa-tiny.yaml", "prefill/blk.1.attn_probs::causal", "one position too wide"),
+        ] {
+            let r = run(spec, Some(m), DType::F32);
+            let o = r
+                .outcomes
+                .iter()
+                .find(|o| o.id == id)
+                .unwrap_or_else(|| panic!("{m:?}: no outcome {id} on {spec}"));
+            assert_eq!(o.status, Status::Fail, "{m:?}: {id} on {spec} must fail: {}", o.message);
+            assert!(o.message.contains(says), "{m:?}: {id}: {}", o.message);
+            // And the correct engine passes the same check.
+            let clean = run(spec, None, DType::F32);
+            let c = clean.outcomes.iter().find(|o| o.id == id).expect("planned");
+            assert_eq!(c.status, Status::Pass, "{spec}: {id}: {}", c.message);
+        }
+    }
+
     #[test]
     fn every_mutant_is_caught_and_localised_at_f32() {
         caught_and_localised(DType::F32);
