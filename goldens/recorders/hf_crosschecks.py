@@ -4,8 +4,9 @@ against a recomputation.
 - cache_cross_check: one forward over the prompt and every token fed up to
   the last step must give (nearly) the same last logits row as that cached
   step (provenance `cache_vs_full_max_abs_diff`).
-- sliding_cross_check, for sliding-window models (Gemma 3; a layer slides
-  when config.layer_types says sliding_attention): the canonical [H,T,S] has
+- sliding_cross_check, for sliding-window models (Gemma 3, Qwen2 with
+  use_sliding_window; a layer slides when config.layer_types says
+  sliding_attention): the canonical [H,T,S] has
   S = every position so far, but HF's default cache for such a config
   (DynamicCache(config=...)) keeps only the last sliding_window - 1
   positions of a sliding layer, so its decode-step attentions would be
@@ -17,7 +18,9 @@ against a recomputation.
   recording (provenance `sliding_cache_vs_full_cache_max_abs_diff`, asserted
   < 1e-3; about 2e-6 in float32).
 
-Both run on the steps before any overflow only (overflow.py): `run.clean`.
+Both run on the steps before any overflow only (overflow.py): `run.clean`,
+and from a fresh model's RoPE state (record_hf.py resets a scaled RoPE's
+per-forward table first: rope_scaling_f64.py).
 """
 import contextlib
 
@@ -34,7 +37,7 @@ def log(msg):
 
 
 def run_sliding(cfg):
-    """Whether any layer of this model slides (Gemma 3)."""
+    """Whether any layer of this model slides (Gemma 3, Qwen2 with use_sliding_window)."""
     return any(w is not None for w in layer_windows(cfg))
 
 

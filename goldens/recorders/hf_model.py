@@ -81,9 +81,9 @@ def load(path, source, dtype, log):
     log(f"loaded in float32: {m.model_bytes / oracle_f64.GIB:.2f} GiB, peak RSS so far "
         f"{oracle_f64.peak_rss() / oracle_f64.GIB:.2f} GiB")
     if dtype == "float64":
-        m.patched = oracle_f64.to_float64(model)
-        m.f64_bytes = model.oracle_f64_bytes
         m.guard = oracle_f64.F32Guard()
+        m.patched = oracle_f64.to_float64(model, m.guard)
+        m.f64_bytes = model.oracle_f64_bytes
         log(f"float64, streamed layer by layer ({m.patched})")
     elif dtype in ("bfloat16", "float16"):
         model.to(getattr(torch, dtype))

@@ -74,7 +74,8 @@ def load_bindings(src, lib_dir):
 class NodeRecorder:
     """The eval callback: for every node, its name, op and shape; for F32
     nodes that are not pure views of other memory (KV cache writes and
-    views), a copy of the data."""
+    views), a copy of the data; for a ROPE, its frequency factors' tensor
+    (name and values; `freq_factors`, None without)."""
 
     def __init__(self, g):
         self.g = g
@@ -104,8 +105,13 @@ class NodeRecorder:
         op = self.g.ggml_op_desc(t).decode()
         ne = [int(x) for x in tt.ne]
         data = self.read(t) if tt.type == GGML_TYPE_F32 and op not in VIEW_OPS else None
-        self.nodes.append({"name": name, "op": op, "ne": ne, "data": data,
-                           "op_params": bytes(bytearray(tt.op_params))})
+        node = {"name": name, "op": op, "ne": ne, "data": data, "op_params": bytes(bytearray(tt.op_params))}
+        if op == "ROPE":
+            # A ROPE's frequency factors (src[2]: rope_freqs, Phi-3's
+            # rope_factors_long/short), or None: what the scaling was given.
+            f = tt.src[2]
+            node["freq_factors"] = None if not f else (self.g.ggml_get_name(f).decode("utf-8"), self.read(f))
+        self.nodes.append(node)
         return True
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Build a tiny random-weight model (Qwen2, Llama, Qwen3, Phi-3 or Gemma 3) the goldens are recorded from.
 
-usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3|gemma3] [--initializer-range R]
+usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3|gemma3
+                              |llama3|yarn|longrope|linear|dynamic|swa] [--initializer-range R]
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -77,6 +78,14 @@ it is when there is no tokenizer.model, so no converter patch is needed for
 the vocabulary, only the pre-tokenizer name). The BPE vocabulary has exactly
 512 entries (asserted): the converter trims token_embd to the tokenizer's
 size for Gemma 3, and that trim must be a no-op.
+
+--family llama3|yarn|longrope|linear|dynamic|swa (issue 37, the
+long-context models): llama, qwen2, phi3, llama, llama and qwen2 as above
+(same dims, tokenizer, seeds and initializer range; phi3's paired LM head
+too) with only the config changed: a RoPE scaling or Qwen2's sliding
+window. The overrides, and the check that transformers reads the written
+config.json as intended, are in long_context_families.py; the tokenizer's
+model_max_length follows the variant's max_position_embeddings.
 """
 import argparse
 import hashlib
@@ -92,6 +101,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import transformers
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
+import long_context_families  # noqa: E402  (the long-context families' config overrides)
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
                           Phi3ForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
@@ -256,8 +267,15 @@ def build_tokenizer(regex=QWEN2_PRETOKENIZE_REGEX, specials=SPECIALS):
     return tok
 
 
-def build_config(eos_id, initializer_range):
-    return Qwen2Config(
+def _config(cls, over, **kw):
+    """A config of `cls` from a builder's keywords, `over` (a long-context
+    family's overrides, long_context_families.py) replacing some."""
+    kw.update(over or {})
+    return cls(**kw)
+
+
+def build_config(eos_id, initializer_range, over=None):
+    return _config(Qwen2Config, over,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -282,8 +300,8 @@ def build_config(eos_id, initializer_range):
     )
 
 
-def build_llama_config(eos_id, initializer_range):
-    return LlamaConfig(
+def build_llama_config(eos_id, initializer_range, over=None):
+    return _config(LlamaConfig, over,
         vocab_size=VOCAB,
         hidden_size=96,
         intermediate_size=128,
@@ -306,8 +324,8 @@ def build_llama_config(eos_id, initializer_range):
     )
 
 
-def build_qwen3_config(eos_id, initializer_range):
-    return Qwen3Config(
+def build_qwen3_config(eos_id, initializer_range, over=None):
+    return _config(Qwen3Config, over,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -331,8 +349,8 @@ def build_qwen3_config(eos_id, initializer_range):
     )
 
 
-def build_phi3_config(eos_id, initializer_range):
-    return Phi3Config(
+def build_phi3_config(eos_id, initializer_range, over=None):
+    return _config(Phi3Config, over,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -357,8 +375,8 @@ def build_phi3_config(eos_id, initializer_range):
     )
 
 
-def build_gemma3_config(eos_id, initializer_range):
-    return Gemma3TextConfig(
+def build_gemma3_config(eos_id, initializer_range, over=None):
+    return _config(Gemma3TextConfig, over,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -410,14 +428,16 @@ def sha256(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
+    ap.add_argument("--family", choices=sorted(FAMILIES) + sorted(long_context_families.VARIANTS), default="qwen2")
     ap.add_argument("--initializer-range", type=float, default=None,
                     help="for the attention sweep only; the committed models use the default "
                          f"({INITIALIZER_RANGE_BY_FAMILY})")
     args = ap.parse_args()
+    # A long-context family is its base family with config overrides.
+    fam, over = long_context_families.base_of(args.family), long_context_families.overrides(args.family)
     if args.initializer_range is None:
-        args.initializer_range = INITIALIZER_RANGE_BY_FAMILY[args.family]
-    regex, specials = FAMILIES[args.family]
+        args.initializer_range = INITIALIZER_RANGE_BY_FAMILY[fam]
+    regex, specials = FAMILIES[fam]
     out = args.out_dir
     os.makedirs(out, exist_ok=True)
 
@@ -448,13 +468,13 @@ def main():
         pad_token=eos,
         bos_token=None,
         unk_token=None,
-        model_max_length=MAX_POSITIONS,
+        model_max_length=over.get("max_position_embeddings", MAX_POSITIONS),
     )
     fast.save_pretrained(out)
 
     torch.manual_seed(WEIGHT_SEED)
-    build, cls = BUILDERS[args.family]
-    model = cls(build(eos_id, args.initializer_range)).to(torch.float32).eval()
+    build, cls = BUILDERS[fam]
+    model = cls(build(eos_id, args.initializer_range, over)).to(torch.float32).eval()
     # HF initialises biases to 0 and norm weights to 1, which would let an
     # engine that forgets the bias add or the norm scale pass. Randomise them
     # (small, so the model stays well behaved) with their own generator.
@@ -463,25 +483,25 @@ def main():
         for name, p in model.named_parameters():  # fixed module order
             if name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            elif "norm" in name and args.family in ONE_PLUS_W_NORM:
+            elif "norm" in name and fam in ONE_PLUS_W_NORM:
                 # Gemma: the norm scales by 1 + w, HF starts w at 0.
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
             elif "norm" in name:
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
     # Guard the assumptions the goldens rely on.
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert tied == TIED[args.family], f"{args.family}: LM head tied={tied}, expected {TIED[args.family]}"
-    if args.family in PAIR_TIED_HEAD:
+    assert tied == TIED[fam], f"{args.family}: LM head tied={tied}, expected {TIED[fam]}"
+    if fam in PAIR_TIED_HEAD:
         assert not tied and VOCAB % 2 == 0
         with torch.no_grad():
             W = model.lm_head.weight
             W[1::2] = W[0::2]
         assert torch.equal(W[1::2], W[0::2])
-    if args.family == "qwen2":
+    if fam == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
     else:
         assert not any(n.endswith(".bias") for n, _ in model.named_parameters()), f"{args.family} has no biases"
-    if args.family == "qwen3":
+    if fam == "qwen3":
         a = model.model.layers[0].self_attn
         assert a.head_dim == 32 != model.config.hidden_size // model.config.num_attention_heads
         assert a.q_norm.weight.shape == (32,) and a.k_norm.weight.shape == (32,)
@@ -502,7 +522,7 @@ def main():
         norms = [(n_, p_) for n_, p_ in model.named_parameters() if "norm" in n_]
         assert len(norms) == 6 * c.num_hidden_layers + 1, [n_ for n_, _ in norms]
         assert all(abs(float(p_.detach().mean())) < 0.1 for _, p_ in norms), "gemma3 norm weights must be drawn around 0"
-    if args.family == "phi3":
+    if fam == "phi3":
         assert hasattr(model.model.layers[0].self_attn, "qkv_proj") and hasattr(model.model.layers[0].mlp, "gate_up_proj")
     model.save_pretrained(out, safe_serialization=True)
     if tied:
@@ -510,8 +530,10 @@ def main():
         with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
             assert "lm_head.weight" not in f.keys(), "tied LM head must not be saved"
 
+    # A long-context family: transformers reads the written config as meant.
+    scaling = long_context_families.check_written(args.family, out, model) if args.family != fam else None
     files = sorted(os.listdir(out))
-    if args.family in PAIR_TIED_HEAD:
+    if fam in PAIR_TIED_HEAD:
         # The saved head still has its pairs (bit for bit), and they tie the
         # logits exactly: a forward over the corpus's first line.
         from safetensors import safe_open
@@ -526,13 +548,14 @@ def main():
     print(json.dumps({
         "out": out,
         "family": args.family,
-        "lm_head_pair_tied": args.family in PAIR_TIED_HEAD,
+        "lm_head_pair_tied": fam in PAIR_TIED_HEAD,
         "files": files,
         "tokenizer_vocab": n,
         "initializer_range": args.initializer_range,
         "model_sha256": sha256(os.path.join(out, "model.safetensors")),
         "tokenizer_sha256": sha256(os.path.join(out, "tokenizer.json")),
         "config_sha256": sha256(os.path.join(out, "config.json")),
+        **({"base_family": fam, "checked": scaling} if scaling is not None else {}),
     }))
 
 

@@ -40,7 +40,7 @@ prints reports the whole run's peak RSS against F.
 
 Three places of HF's code compute in float32 whatever the model's dtype, and
 are replaced for the run by the same formulas in float64: the RoPE cos/sin
-tables, RMSNorm (q_norm/k_norm included; Gemma 3's own 1 + w variant) and the
+tables (a scaled RoPE's too, chosen per forward as HF does: rope_scaling_f64.py), RMSNorm (q_norm/k_norm included; Gemma 3's own 1 + w variant) and the
 eager attention softmax (see record_hf.py's docstring). F32Guard, a dispatch
 mode, counts every aten op whose output is a floating tensor of another dtype
 than float64; a run must end with none, outside the `allowed` sections (the
@@ -54,6 +54,8 @@ import types
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import rope_scaling_f64
 
 GIB = 1 << 30
 
@@ -100,7 +102,8 @@ def rope_default_f64(cfg, layer_type=None):
     (rope_parameters[layer_type])."""
     rp = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
     if rp.get("rope_type", "default") != "default":
-        sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only, not {rp['rope_type']!r}")
+        # (a scaled RoPE without layer types is rope_scaling_f64's)
+        sys.exit(f"record_hf.py: --dtype float64 supports rope_type `default` only here, not {rp['rope_type']!r}")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
     return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
@@ -212,13 +215,17 @@ def rms_forward_f64(self, hidden_states):
     return self.weight * hidden_states
 
 
-def to_float64(model):
+def to_float64(model, guard=None):
     """Make every forward of `model` the float64 oracle: parameters widened
     unit by unit while they are used (stream_float64), buffers (RoPE
     inv_freq, Gemma 3's embed_scale) in float64 for good, and HF's float32
-    islands replaced (see the module docstring). Returns what was patched,
-    for the log and record_next_token.py's provenance (`settings.float64`,
-    unchanged from the whole-model conversion's)."""
+    islands replaced (see the module docstring). A scaled RoPE (linear,
+    dynamic, yarn, longrope, llama3) becomes rope_scaling_f64's float64
+    forward, its table per forward checked against a float32 HF rotary
+    module run beside it (under `guard`'s allowed sections): the model's
+    `oracle_rope`. Returns what was patched, for the log and
+    record_next_token.py's provenance (`settings.float64`, unchanged from
+    the whole-model conversion's; `rope` names the scaling)."""
     assert all(p.dtype == torch.float32 for p in model.parameters()), "weights are not all float32"
     # Buffers are small: widened once, as model.to(torch.float64) did.
     for mod in model.modules():
@@ -248,6 +255,14 @@ def to_float64(model):
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         rope = {lt: f"float64 default, theta {model.config.rope_parameters[lt]['rope_theta']}" for lt in inv64s}
+    elif rope_scaling_f64.is_scaled(model.config):
+        # The scaling's table in float64, chosen per forward as HF does.
+        oracle_rope = rope_scaling_f64.OracleRope(rot, model.config, guard, allowed)
+        model.oracle_rope = oracle_rope
+
+        def rope_forward(self, x, position_ids):
+            return oracle_rope.forward(x, position_ids)
+        rope = rope_scaling_f64.describe(model.config)
     else:
         inv64 = rope_default_f64(model.config)
         assert rot.inv_freq.shape == inv64.shape and rot.attention_scaling == 1.0

@@ -99,7 +99,18 @@ with --dtype float64). Tokens the filters remove are exactly 0. Provenance:
 `sampling: {temperature, top_k, top_p}` and `sampling_processors` (the class
 names in order). The tokens fed stay the greedy ones.
 
-Sliding-window models (Gemma 3): the cache keeps every position of every
+Scaled RoPE (linear, dynamic, yarn, longrope, llama3; rope_scaling_f64.py):
+HF computes the tables in float32, and the float64 oracle computes the same
+formulas in float64. Each step is one forward on the model as loaded
+(prefill, then one token per decode step), so a per-forward scaling
+(dynamic, longrope: the table of seq_len = max(position_ids) + 1, cached
+keys never re-rotated) records per step the table HF picks for it; after
+every step the table is asserted against the rule (float32: HF's own vs
+float64 RopeF64; float64: against a float32 HF rotary module fed the same
+positions). Provenance `rope`: the scaling, and per step its seq_len, table
+and attention scaling; the cross-checks start from a fresh RoPE state.
+
+Sliding-window models (Gemma 3, Qwen2 with use_sliding_window): the cache keeps every position of every
 layer (the canonical [H,T,S]), HF's mask still applies the window (asserted
 by the tap), and the logits are cross-checked with HF's own trimmed cache
 (hf_crosschecks.py; provenance `sliding_cache_vs_full_cache_max_abs_diff`),
@@ -138,6 +149,7 @@ import golden_io  # noqa: E402  (shared with record_llamacpp.py)
 from golden_io import FORMAT, progress, sha256_file  # noqa: E402
 import hf_model  # noqa: E402  (loading, determinism, provenance: shared with the other HF recorders)
 import oracle_f64  # noqa: E402
+import rope_scaling_f64  # noqa: E402  (a scaled RoPE's table per step)
 import overflow  # noqa: E402  (a forward that overflows is data)
 from hf_crosschecks import cache_cross_check, run_sliding, sliding_cross_check  # noqa: E402
 from hf_hooks import Recorder, attention_rows, attention_summary, config_dims, layer_windows  # noqa: E402
@@ -335,11 +347,11 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
     n_layers = cfg.num_hidden_layers
     run = types.SimpleNamespace(out={}, steps=[], greedy_ids=[], att_rows={"prefill": [], "decode": []},
                                 prefill_row_max=[], logit_absmax=0.0, step_tokens={}, step_last_logits=[],
-                                fed=list(prompt_ids), clean=[], not_run=[])
+                                fed=list(prompt_ids), clean=[], not_run=[], rope_passes={})
     out = run.out
     x = torch.tensor([prompt_ids], dtype=torch.int64)
     windows = layer_windows(cfg)
-    # A sliding-window model (Gemma 3) would get a DynamicCache built from its
+    # A sliding-window model (Gemma 3, Qwen2's swa) would get a DynamicCache built from its
     # config, whose sliding layers keep only the last window - 1 positions:
     # attn_scores/attn_probs of those layers would be narrower than S in
     # decode steps. The canonical [H,T,S] has every position, so the cache
@@ -381,6 +393,11 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                             use_cache=True, output_attentions=True, return_dict=True)
             assert past is None or res.past_key_values is past
             past = res.past_key_values
+            if m.rope_watch is not None:
+                # A scaled RoPE: the table this forward used (seq_len =
+                # max(position_ids) + 1 = pos + T) is the one HF's
+                # per-forward rule gives (asserted in the watch).
+                run.rope_passes[step] = m.rope_watch.after(step, pos + T)
             if run_sliding(cfg):
                 lens = [layer.keys.shape[-2] for layer in past.layers]
                 assert len(lens) == n_layers and lens == [pos + T] * n_layers and not any(past.is_sliding), \
@@ -478,6 +495,9 @@ def main():
     prompt_ids, prompt = choose_prompt(args, tok, cfg, source)
     log(f"prompt: {len(prompt_ids)} tokens; {args.decode_steps} decode step(s)")
 
+    # A scaled RoPE (linear, dynamic, yarn, longrope, llama3): the table of
+    # every step, from the fresh model's state (rope_scaling_f64.py).
+    m.rope_watch = rope_scaling_f64.watch(model)
     r = Recorder(model)
     r.guard = m.guard
     r.install()
@@ -486,7 +506,12 @@ def main():
         run = record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch)
     finally:
         r.remove()
+    # Each cross-check starts from a fresh model's RoPE state (a per-pass
+    # scaling's table depends on the forwards before).
+    fresh = m.rope_watch.reset if m.rope_watch is not None else (lambda: None)
+    fresh()
     sliding_vs_full_cache = sliding_cross_check(m, run, prompt_ids) if run_sliding(cfg) else None
+    fresh()
     cache_vs_full = cache_cross_check(m, run, prompt_ids)
     if m.guard is not None:
         assert not m.guard.bad, f"float64 run: ops produced other float dtypes: {dict(m.guard.bad)}"
@@ -495,6 +520,9 @@ def main():
                                       args.row_list, run.step_tokens, sel.aux, sel.aux_rows)
     prov = hf_model.build_provenance(args, prompt, m.cfg_dict, run.greedy_ids, run.steps, cache_vs_full, source,
                                      record, sampling, RECORDER)
+    if m.rope_watch is not None:
+        # Scaled RoPE only (other goldens keep their provenance).
+        prov["rope"] = rope_scaling_f64.provenance(model, m.rope_watch, run.rope_passes, args.dtype)
     if run_sliding(cfg) and (sliding_vs_full_cache is not None or watch.found is None):
         # Sliding-window models only (other goldens keep their provenance).
         prov["sliding_cache_vs_full_cache_max_abs_diff"] = sliding_vs_full_cache

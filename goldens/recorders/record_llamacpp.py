@@ -81,6 +81,22 @@ beyond the window, and each layer's RoPE of Q and K uses its layer type's
 base (ROPE op_params freq_base: rope.freq_base_swa on sliding layers). The
 stored attn_scores are zeroed on the same masked entries.
 
+A model whose HF config slides where llama.cpp does not (Qwen2 with
+use_sliding_window: llama.cpp's qwen2 has no sliding window) is recorded as
+llama.cpp computes it, full attention: the masks and checks follow the
+windows llama.cpp applies (llama_model_n_swa 0: none), and provenance
+`sliding_window` says what HF asked and what was applied
+(llamacpp_scaling.py).
+
+A scaled RoPE (HF rope_type linear, dynamic, yarn, longrope, llama3) is
+recorded as llama.cpp does it, which is not always HF's (dynamic: plain
+RoPE; YaRN: correction range always truncated; LongRoPE: long or short
+factors by the context's n_ctx_seq, not the pass length; llamacpp_scaling.py
+lists them). Provenance `rope_scaling`: the GGUF's rope and context keys,
+the context (n_ctx, n_ctx_seq, n_ctx_train, rope_freq_scale_train), and the
+ROPE parameters of the graph (the same in every step: asserted), factors
+tensor included.
+
 Gemma 3's GELU: ggml's CPU GEGLU (ggml_vec_geglu_f32, GGML_GELU_FP16 is
 defined unconditionally in ggml-cpu/vec.h) rounds the gate to float16 and
 looks the GELU up in a float16 table for |gate| < 10, then multiplies by up
@@ -107,6 +123,7 @@ import build_llamacpp  # noqa: E402
 import golden_io  # noqa: E402
 from golden_io import FORMAT, progress, sha256_file  # noqa: E402
 import llamacpp_lib as lib  # noqa: E402  (libllama: bindings, eval callback, context)
+import llamacpp_scaling  # noqa: E402  (what llama.cpp was given: RoPE scaling, sliding window)
 import overflow  # noqa: E402  (a forward that overflows is data)
 # The node map: which graph node is which stage, in the canonical layout.
 from llamacpp_graph import (HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, attention_layout, canonical,  # noqa: E402
@@ -263,12 +280,22 @@ def main():
     # Read now: the model is freed before the provenance is written.
     general_name, file_type = lib.meta_str(lc, model, "general.name"), lib.meta_str(lc, model, "general.file_type")
     attn = attention_layout(hf_cfg, arch, dims)
-    sliding = any(w is not None for w in attn["windows"])
-    if sliding:
-        # llama.cpp's window is the GGUF's; which layers slide is checked on
-        # the graph (attn_probs' zeros, each layer's RoPE base).
-        swa = lib.meta_str(lc, model, f"{arch}.attention.sliding_window")
-        assert swa is not None and int(swa) == hf_cfg["sliding_window"], (swa, hf_cfg["sliding_window"])
+    swa_entry = None
+    if any(w is not None for w in attn["windows"]):
+        swa, n_swa = lib.meta_str(lc, model, f"{arch}.attention.sliding_window"), lc.llama_model_n_swa(model)
+        if n_swa == 0:
+            # HF slides, llama.cpp does not (Qwen2: its converter writes no
+            # sliding_window, llama_model_qwen2 builds full attention): the
+            # golden records llama.cpp's full attention, the masks and checks
+            # below follow what llama.cpp applies; provenance `sliding_window`.
+            attn = dict(attn, windows=[None] * n_layer)
+            swa_entry = llamacpp_scaling.sliding_window_entry(hf_cfg, arch, swa, n_swa, attn["windows"])
+            log(f"HF slides (window {hf_cfg['sliding_window']}), llama.cpp applies no window (n_swa 0)")
+        else:
+            # llama.cpp's window is the GGUF's; which layers slide is checked
+            # on the graph (attn_probs' zeros, each layer's RoPE base).
+            assert swa is not None and int(swa) == hf_cfg["sliding_window"] == n_swa, (swa, hf_cfg["sliding_window"])
+    sliding = any(w is not None for w in attn["windows"])  # as llama.cpp applies it
     log(f"{arch} `{general_name}`, {n_layer} layers, vocab {n_vocab}")
 
     # llama.cpp's own tokenization of the prompt text: recorded, and must
@@ -303,6 +330,14 @@ def main():
         sys.exit(f"record_llamacpp.py: {n_total} tokens do not fit the context of {cparams.n_ctx}")
     ctx = lc.llama_init_from_model(model, cparams)
     assert ctx, "context init failed"
+    # A scaled RoPE: what llama.cpp was given (GGUF keys, the context, and
+    # every step's ROPE parameters from the graph; llamacpp_scaling.py).
+    scaled = llamacpp_scaling.rope_scaled(hf_cfg)
+    rope_context = {"n_ctx": lc.llama_n_ctx(ctx), "n_ctx_seq": lc.llama_n_ctx_seq(ctx),
+                    "n_ctx_train": lc.llama_model_n_ctx_train(model),
+                    "rope_freq_scale_train": lc.llama_model_rope_freq_scale_train(model)} if scaled else None
+    rope_keys = llamacpp_scaling.gguf_keys(lc, model, arch) if scaled else None
+    rope_steps = {}
 
     out, greedy_ids, api_vs_graph = {}, [], 0.0
     disagreement = None  # the first step whose greedy pick is not HF's
@@ -334,6 +369,8 @@ def main():
             want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
                 sel.aux_sets.get(step, set()) | sel.aux_rows_sets.get(step, set())
             check_rope_bases(rec.nodes, step, attn)
+            if scaled:
+                rope_steps[step] = llamacpp_scaling.rope_graph(rec.nodes, n_layer, step)
             # Every stage (the overflow watch looks at all of them); the
             # masked-entry checks on the stages stored, as always.
             stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, set(order), positions,
@@ -412,6 +449,10 @@ def main():
     if sliding:
         # Sliding-window models only (other goldens keep their provenance).
         prov["settings"]["swa_full"] = True
+    if swa_entry is not None:
+        prov["sliding_window"] = swa_entry
+    if scaled and rope_steps:
+        prov["rope_scaling"] = llamacpp_scaling.rope_provenance(hf_cfg, rope_keys, rope_context, rope_steps)
     if chat:
         prov["prompt"].update(chat=True, rendered=hf_prov["prompt"]["rendered"])
     if disagreement is not None:

@@ -8,6 +8,10 @@
 #     sampling-oracle.safetensors (--sample-probs 0.7,40,0.9), and
 #     tokens-{hf,llamacpp,oracle}.safetensors (the token-id prompt of
 #     specs/qwen2-tiny-tokens.yaml)
+#   the long-context models (issue 37; make_model.py --family llama3, yarn,
+#     longrope, linear, dynamic, swa: long_context_families.py), goldens/
+#     <family>-tiny/: the same files as the tiny models above, recorded on
+#     the 30 prompt token ids LONG_TOKENS with 4 decode steps
 #   goldens/qwen2.5-0.5b/ (and gemma3-270m/, gemma3-270m-neartie/): hf,
 #     llamacpp and oracle .safetensors and the 16-bit HF goldens a spec
 #     declares (hf-bf16, hf-f16), from the
@@ -31,6 +35,8 @@
 #            model; libmtmd is built if missing), compared the same way
 #        REGEN_ONLY=reals goldens/recorders/regen.sh [OUT_DIR]
 #            only the real models (each whose GGUF is cached)
+#        REGEN_ONLY=long goldens/recorders/regen.sh [OUT_DIR]
+#            only the long-context tiny models
 #
 #   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
 #            per model; a relative path is taken from the current directory.
@@ -64,6 +70,14 @@ REQS="$HERE/requirements.txt"
 GOLDENS="$ROOT/goldens"
 # model folder name -> make_model.py --family
 MODELS="qwen2-tiny:qwen2 llama-tiny:llama qwen3-tiny:qwen3 phi3-tiny:phi3 gemma3-tiny:gemma3"
+# The long-context models (issue 37), model folder name -> make_model.py
+# --family, recorded on LONG_TOKENS with 4 decode steps: the passes reach
+# 31 .. 34 positions and straddle 32, the boundary of every scaling
+# (original_max_position_embeddings 32; dynamic's max_position_embeddings
+# 32), and the prefill crosses swa-tiny's window of 8.
+LONG_MODELS="llama3-tiny:llama3 yarn-tiny:yarn longrope-tiny:longrope linear-tiny:linear dynamic-tiny:dynamic swa-tiny:swa"
+LONG_TOKENS=""  # (7 i + 3) mod 500 + 1 for i = 0 .. 29
+for i in $(seq 0 29); do LONG_TOKENS="$LONG_TOKENS${LONG_TOKENS:+,}$(( (7 * i + 3) % 500 + 1 ))"; done
 
 OUT="${1:-$CACHE/regen}"
 [ -n "$OUT" ] || die "OUT_DIR is empty"
@@ -136,15 +150,18 @@ fi
 record_args() { "$TS" goldens args -0 "$1" || die "touchstone goldens args $1 failed"; }
 
 # REGEN_ONLY=vlm: the images and the vision-language models only;
-# REGEN_ONLY=reals: the real models only (their GGUFs cached).
+# REGEN_ONLY=reals: the real models only (their GGUFs cached);
+# REGEN_ONLY=long: the long-context tiny models only.
 ONLY="${REGEN_ONLY:-}"
 case "$ONLY" in
     "") ;;
     vlm) say "REGEN_ONLY=vlm: the test images and the vision-language models only"
-         MODELS="";;  # REALS is emptied where it is set, below
+         MODELS="" LONG_MODELS="";;  # REALS is emptied where it is set, below
     reals) say "REGEN_ONLY=reals: the real models only"
+         MODELS="" LONG_MODELS="";;
+    long) say "REGEN_ONLY=long: the long-context tiny models only"
          MODELS="";;
-    *) die "REGEN_ONLY=$ONLY: the values are 'vlm' and 'reals'";;
+    *) die "REGEN_ONLY=$ONLY: the values are 'vlm', 'reals' and 'long'";;
 esac
 
 if [ "$ONLY" != vlm ]; then
@@ -159,7 +176,7 @@ EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safete
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
 REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
-[ "$ONLY" != vlm ] || REALS=""  # REGEN_ONLY=vlm
+[ "$ONLY" != vlm ] && [ "$ONLY" != long ] || REALS=""  # REGEN_ONLY=vlm, long
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 # A spec's next-token goldens (record_next_token.py), in its next_token folder.
 NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetensors llamacpp.safetensors"
@@ -283,6 +300,30 @@ for m in $MODELS; do
         --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py failed"
 done
 
+# The long-context models: as the tiny models above, on LONG_TOKENS with 4
+# decode steps (each step one forward on the model as loaded, so HF's
+# per-forward dynamic/LongRoPE tables are recorded step by step; llama.cpp
+# as it is, its differences named in the provenance: record_llamacpp.py).
+for m in $LONG_MODELS; do
+    name="${m%%:*}" family="${m##*:}"
+    dir="$OUT/$name"
+    mkdir -p "$dir" || die "cannot create $dir"
+    rm -rf "$dir/model" "$dir"/*.safetensors "$dir/model.gguf"
+    say "[$name] building the model into $dir/model"
+    "$PYBIN" "$HERE/make_model.py" "$dir/model" --family "$family" >/dev/null || die "make_model.py --family $family failed"
+    for kind in hf oracle; do
+        dt=float32; [ "$kind" = oracle ] && dt=float64
+        say "[$name] recording $dir/$kind.safetensors ($dt)"
+        "$PYBIN" "$HERE/record_hf.py" "$dir/model" "$dir/$kind.safetensors" --prompt-tokens "$LONG_TOKENS" \
+            --decode-steps 4 --dtype "$dt" >/dev/null || die "record_hf.py ($name, $dt) failed"
+    done
+    say "[$name] converting to $dir/model.gguf"
+    "$PYBIN" "$HERE/convert_gguf.py" "$dir/model" "$dir/model.gguf" >/dev/null 2>&1 || die "convert_gguf.py ($name) failed"
+    say "[$name] recording llama.cpp goldens into $dir/llamacpp.safetensors"
+    "$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/llamacpp.safetensors" \
+        --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py ($name) failed"
+done
+
 if [ -z "$ONLY" ]; then
 # qwen2-tiny, long prompt (specs/qwen2-tiny-long.yaml's text): compact, and
 # the [H,T,S] scores at decode2 only (the prefill's, 348x348 per head, would
@@ -376,7 +417,7 @@ VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-
 VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
 VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
 IMAGES="grid-112x168.png grid-224x320.png"
-[ "$ONLY" != reals ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals
+[ "$ONLY" != reals ] && [ "$ONLY" != long ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals, long
 if [ -n "$IMAGES" ]; then
     say "[images] writing the test images into $OUT/images"
     rm -rf "$OUT/images"
@@ -428,6 +469,10 @@ for m in $MODELS; do
     # shellcheck disable=SC2086
     compare_list "$name" $FILES ${!extra_var:-}
 done
+for m in $LONG_MODELS; do
+    # shellcheck disable=SC2086
+    compare_list "${m%%:*}" $FILES
+done
 # shellcheck disable=SC2086
 for REAL in $REALS_DONE; do
     more="MORE_${REAL//[.-]/_}"
@@ -450,7 +495,7 @@ if [ "$differ" = 0 ]; then
 else
     say "DIFFERENT: the regenerated files do not match goldens/"
     say "review the change (compare_sources.py OLD NEW shows per-stage differences), then accept per model with:"
-    for m in $MODELS; do
+    for m in $MODELS $LONG_MODELS; do
         name="${m%%:*}"
         # Keep the folder's next-token goldens (a subfolder, accepted below).
         say "  mkdir -p '$GOLDENS/$name' && find '$GOLDENS/$name' -mindepth 1 -maxdepth 1 ! -name next-token -exec rm -rf {} + && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"

@@ -1,3 +1,6 @@
+//! RoPE scaling against HF's own tables (a committed fixture), and the
+//! reading of either config form with its refusals.
+
 use super::*;
 use serde_json::json;
 

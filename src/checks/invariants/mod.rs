@@ -437,7 +437,7 @@ pub fn rope_axes(
                     ang_bad += 1;
                     ang_first.get_or_insert((tt, hh, j, angle, resid, allowed));
                 }
-                let diff = (y0 - x0).abs().max((y1 - x1).abs());
+                let diff = (y0 - m * x0).abs().max((y1 - m * x1).abs());
                 vec_diff = vec_diff.max(diff);
                 let identity_ok = (y0 - m * x0).abs() <= tol + (u + extra) * (m * x0).abs()
                     && (y1 - m * x1).abs() <= tol + (u + extra) * (m * x1).abs();
