@@ -68,6 +68,9 @@ impl ChunkedPrefill {
                 "not applicable: a one-token prompt has no chunks",
             ));
         }
+        if let Some(why) = serving::pass_length_matters(facts, t + self.decode_steps) {
+            return Ok(Verdict::not_applicable(why));
+        }
         let forced = serving::forced_tokens(engine, facts, self.decode_steps)?;
         let taps = serving::taps(engine, facts);
         let target = serving::target(facts, self.decode_steps, &forced);

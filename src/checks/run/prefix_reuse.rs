@@ -67,6 +67,9 @@ impl PrefixReuse {
         let room = facts.config.context_length.unwrap_or(usize::MAX);
         let longest = lengths.last().copied().unwrap_or(1);
         let total = longest + TAIL;
+        if let Some(why) = serving::pass_length_matters(facts, total + self.decode_steps) {
+            return Ok(Verdict::not_applicable(why));
+        }
         if total + self.decode_steps > room {
             return Ok(Verdict::not_applicable(format!(
                 "not applicable: a prefix of {longest} plus {TAIL} positions and {} decode steps exceeds the model's \

@@ -38,6 +38,26 @@ pub fn serving(engine: &dyn Engine, facts: &Facts) -> Result<Serving, Verdict> {
         .map_err(Verdict::not_applicable)
 }
 
+/// Why a mode that changes how far a forward pass reaches (a chunked
+/// prefill, a prefix served from the cache) is not applicable to this model:
+/// its RoPE table depends on each pass's length (dynamic NTK, LongRoPE, HF's
+/// `dynamic_rope_update`), so once a run reaches past the boundary the
+/// schedules compute different numbers by HF's own rule, and comparing them
+/// would fail a correct engine. None where the model has no such table or
+/// the run (`reach` positions) stays within the boundary.
+pub fn pass_length_matters(facts: &Facts, reach: usize) -> Option<String> {
+    let s = facts.config.rope_scaling.as_ref()?;
+    let b = s.switch_after()?;
+    (reach > b).then(|| {
+        format!(
+            "not applicable: the model's {} RoPE chooses its table by each forward pass's length (HF's \
+             `dynamic_rope_update`), and this run reaches {reach} positions, past {b}: splitting or reusing passes \
+             changes the numbers by HF's own rule",
+            s.name()
+        )
+    })
+}
+
 /// Every stage the engine can tap (greedy: no sample_probs).
 pub fn taps(engine: &dyn Engine, facts: &Facts) -> TapSet {
     engine.capabilities().tappable(facts.config, false)
