@@ -218,7 +218,7 @@ fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
     for (key, value, named) in [
         (
             "rope_scaling",
-            json!({"rope_type": "yarn", "factor": 4.0}),
+            json!({"rope_type": "su", "factor": 4.0}),
             "rope_scaling.rope_type",
         ),
         ("hidden_act", json!("banana"), "hidden_act"),
@@ -237,18 +237,54 @@ fn config_fields_the_engines_do_not_implement_are_refused_by_name() {
 }
 
 #[test]
-fn a_run_longer_than_a_sliding_window_in_force_is_refused() {
+fn a_sliding_window_in_an_hf_config_is_computed_and_its_zeros_checked() {
     use serde_json::json;
     let d = tempfile::tempdir().unwrap();
+    // Both layers slide with a window of 4 (transformers 5 writes
+    // layer_types, which then decides, as in HF).
     let m = model_with_config(d.path(), |c| {
-        c["sliding_window"] = json!(8);
+        c["sliding_window"] = json!(4);
         c["use_sliding_window"] = json!(true);
+        c["layer_types"] = json!(["sliding_attention", "sliding_attention"]);
     });
     let s = write(d.path(), "s.yaml", &spec_text(&m, &hf_golden()));
-    expect_exit2(
-        &["run", &s.display().to_string()],
-        &["sliding attention window is 8", "sliding_window"],
+    let report = d.path().join("r.json");
+    let o = touchstone(&[
+        "run",
+        &s.display().to_string(),
+        "--engine",
+        "cpu",
+        "--only",
+        "*::causal",
+        "--json",
+        &report.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.all());
+    let r = json(&report);
+    let causal: Vec<&serde_json::Value> = r["checks"].as_array().unwrap().iter().collect();
+    // The prefill and, on a sliding layer, every decode step.
+    assert!(causal.len() > 2, "{causal:?}");
+    for c in causal {
+        let msg = c["message"].as_str().unwrap();
+        assert!(msg.contains("older than the window are exactly 0"), "{msg}");
+        assert!(msg.contains("sliding window 4"), "{msg}");
+    }
+}
+
+#[test]
+fn a_config_override_the_goldens_were_not_recorded_with_is_refused() {
+    let (_d, s, _) = edited_spec(
+        "\nprompt:",
+        "\nconfig:\n  rope_scaling: {type: linear, factor: 2.0}\nprompt:",
     );
+    expect_exit2(&["run", &s], &["stale golden", "recorded with config override none", "\"linear\""]);
+    let (_d, s, text) = edited_spec("\nprompt:", "\nconfig: 3\nprompt:");
+    let line = line_of(&text, "config:");
+    expect_exit2(&["run", &s], &[&format!("{s}:{line}:"), "non-empty mapping"]);
+    // On the model's own keys: an override the engines do not implement is
+    // refused by name, as in config.json.
+    let (_d, s, _) = edited_spec("\nprompt:", "\nconfig:\n  rope_scaling: {type: su, factor: 2.0}\nprompt:");
+    expect_exit2(&["run", &s], &["\"su\"", "not implemented"]);
 }
 
 /// The default spec (absolute paths) with `from` replaced by `to`, written to a temp dir.

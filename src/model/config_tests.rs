@@ -129,3 +129,42 @@ fn rejects_bad_group() {
     v["num_key_value_heads"] = json!(3);
     assert!(ModelConfig::from_json(&v).unwrap_err().contains("multiple"));
 }
+
+#[test]
+fn an_override_updates_the_rope_parameters_the_config_has() {
+    // transformers 5: into rope_parameters, rope_theta kept, `type` as rope_type.
+    let mut v = base();
+    v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e6});
+    v["max_position_embeddings"] = json!(32768);
+    let over = json!({"rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}});
+    merge_override(&mut v, &over).unwrap();
+    assert_eq!(v["rope_parameters"]["rope_type"], "yarn");
+    assert_eq!(v["rope_parameters"]["rope_theta"], 1e6);
+    assert!(v.get("rope_scaling").is_none());
+    let c = ModelConfig::from_json(&v).unwrap();
+    assert_eq!((c.rope_theta, c.context_length), (1e6, Some(131072)));
+    // transformers 4: into rope_scaling; any other key replaces the config's.
+    let mut v = base();
+    v["rope_theta"] = json!(1e4);
+    merge_override(&mut v, &json!({"rope_scaling": {"type": "linear", "factor": 2.0}, "sliding_window": 8})).unwrap();
+    assert_eq!(v["rope_scaling"], json!({"rope_type": "linear", "factor": 2.0}));
+    assert_eq!(v["sliding_window"], 8);
+    assert!(merge_override(&mut v, &json!({"rope_scaling": 3})).unwrap_err().contains("expected a mapping"));
+    assert!(merge_override(&mut v, &json!([1])).is_err());
+}
+
+#[test]
+fn a_gguf_takes_only_a_rope_override() {
+    let mut v = base();
+    v["rope_theta"] = json!(1e6);
+    v["max_position_embeddings"] = json!(32768);
+    let c = ModelConfig::from_json(&v).unwrap();
+    let y = c
+        .clone()
+        .with_gguf_override(&json!({"rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}))
+        .unwrap();
+    assert_eq!(y.rope_scaling.as_ref().map(|s| s.name()), Some("yarn"));
+    assert_eq!(y.context_length, Some(131072));
+    let e = c.with_gguf_override(&json!({"sliding_window": 8})).unwrap_err();
+    assert!(e.contains("`sliding_window` cannot override a GGUF"), "{e}");
+}
