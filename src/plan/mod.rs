@@ -172,7 +172,8 @@ impl Plan {
         let rules = spec.reference_rules.iter().map(|(source, rule)| {
             Arc::new(crate::checks::run::reference_rule::ReferenceRuleCheck {
                 source: source.clone(),
-                rule: rule.clone(),
+                from_position: rule.from_position,
+                rule: rule.rule.clone(),
             }) as Arc<dyn RunCheck>
         });
         for rc in run_checks.into_iter().chain(rules) {
