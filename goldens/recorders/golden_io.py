@@ -403,6 +403,21 @@ def select_step(step, tensors, sel, T, keeps=None):
     return out
 
 
+def read_tokens(path, ap):
+    """The token ids a golden fed at each step, its steps and its prompt
+    (record_hf.py --tokens-from; `ap.error` for a missing or foreign file)."""
+    from safetensors import safe_open
+    if not os.path.isfile(path):
+        ap.error(f"--tokens-from {path} does not exist")
+    with safe_open(path, "np") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            ap.error(f"--tokens-from {path} is not a {FORMAT} file (format {meta.get('format')!r})")
+        prov = json.loads(meta["provenance"])
+        tokens = {s: [int(x) for x in f.get_tensor(f"{s}/tokens")] for s in prov["steps"]}
+    return {"steps": prov["steps"], "tokens": tokens, "prompt": prov["prompt"]}
+
+
 def sha256_file(path):
     """Streamed: model files can be gigabytes."""
     h = hashlib.sha256()

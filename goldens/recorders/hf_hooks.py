@@ -68,6 +68,15 @@ reproduces HF's attention weights bit for bit and that HF's mask removes
 exactly the entries it zeroes (the causal ones, and on a sliding-window
 layer those `sliding_window` or more positions back: HF's
 sliding_window_overlay keeps kv_idx > q_idx - sliding_window).
+
+Lean capture (Recorder.lean, record_hf.py with a subset): a stage the step
+does not store is only checked for finiteness (after the rounding to
+float32) and held as an empty STANDIN, or whole when it is not finite (the
+overflow watch describes it); attn_probs is taken in the attention tap
+layer by layer instead of from output_attentions (which holds every
+layer's [H,T,S] at once: 24 x 690 MB for a 2480-token prompt of Qwen2.5
+0.5B in float64), and `--logits last` keeps the last row only. A stored
+stage is the same array either way.
 """
 import importlib
 
@@ -77,6 +86,7 @@ import torch
 import golden_io
 from golden_io import progress
 from oracle_f64 import allowed
+from overflow import STANDIN  # what a lean capture holds for a finite stage it does not store
 
 
 class Recorder:
@@ -103,6 +113,17 @@ class Recorder:
         self.orig_rope = None
         self.orig_eager = None
         self.guard = None  # the F32Guard of a float64 run: put() may round
+        # Lean capture (a recording that stores a subset of a long prompt):
+        # `lean(stage)` says whether the step stores that stage; the others
+        # are only looked at (see put), and the attention probabilities come
+        # from the attention tap, one layer at a time, not from every
+        # layer's output_attentions at once. `last_row`: stages kept as
+        # their last row only (--logits last). None: every stage, whole.
+        self.lean = None
+        self.last_row = set()
+        self.standins = set()  # stages of this step held as STANDIN
+        # Qwen3 / Gemma 3 q_norm/k_norm hooks read the stored projections.
+        self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
         # Progress lines (one per layer of a model of more than 4 layers).
         self.log = lambda msg: progress("record_hf.py", msg)
 
@@ -114,7 +135,19 @@ class Recorder:
         # Copy so that later in-place ops in the model cannot alias the record.
         # For a float64 run this is the one rounding to float32.
         with allowed(self.guard):
-            self.rec[name] = t[0].detach().to(torch.float32).contiguous().numpy().copy()
+            x = t[0].detach()
+            if self.lean is not None and not self.lean(name) and not (
+                    self.qk_norm and name.rsplit(".", 1)[-1] in ("q", "k")):
+                # Not stored: the overflow watch needs only whether it is
+                # finite once rounded to float32 (a non-finite one is kept
+                # whole, for the watch to describe), so nothing else is held.
+                if bool(torch.isfinite(x.to(torch.float32)).all()):
+                    self.rec[name] = STANDIN
+                    self.standins.add(name)
+                    return
+            elif self.lean is not None and name in self.last_row:
+                x = x[-1:]
+            self.rec[name] = x.to(torch.float32).contiguous().numpy().copy()
 
     def install(self):
         m = self.model.model
@@ -276,6 +309,12 @@ class Recorder:
             if bool(torch.isfinite(scores).all()) and bool(torch.isfinite(weights).all()):
                 assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
             self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill(masked, 0.0))
+            if self.lean is not None:
+                # Lean capture: this layer's probabilities now (the forward
+                # then runs without output_attentions, which would hold every
+                # layer's [H,T,S] until it returns).
+                del scores, again
+                self.put(f"blk.{self.layer}.attn_probs", weights)
             return out, weights
         self.modeling.eager_attention_forward = eager_wrapper
 

@@ -134,6 +134,43 @@ def node_map(arch):
     return [(s, *m[s]) for s in order]
 
 
+class LeanNodes:
+    """A lean capture's choice of nodes (llamacpp_lib.NodeRecorder's
+    `keep`): the nodes of the stages in `want`, by the map's name and op,
+    and for an "after" selector the first node of its op after each node of
+    its name (a node pick() may choose, at most a few more). One per step:
+    wants() follows the graph's order."""
+
+    def __init__(self, arch, n_layer, want, table=None):
+        self.pairs, self.after, self.armed = set(), {}, set()
+        for stage, name, op, sel in (node_map(arch) if table is None else table):
+            for L in (range(n_layer) if "{L}" in stage else [None]):
+                if stage.format(L=L) in want:
+                    if sel == "after":
+                        self.after[name.format(L=L)] = op
+                    else:
+                        self.pairs.add((name.format(L=L), op))
+
+    def wants(self, name, op):
+        hit = (name, op) in self.pairs or op in self.armed
+        self.armed.discard(op)
+        if name in self.after:
+            self.armed.add(self.after[name])
+        return hit
+
+
+def computable(step_nodes, arch, n_layer, stages):
+    """The stages of `stages` whose node holds data (a lean capture: the
+    stored ones, and any whose node was not finite)."""
+    out = set()
+    for stage, name, op, sel in node_map(arch):
+        for L in (range(n_layer) if "{L}" in stage else [None]):
+            st = stage.format(L=L)
+            if st in stages and pick(step_nodes, name.format(L=L), op, sel, st, L)["data"] is not None:
+                out.add(st)
+    return out
+
+
 def pick(nodes, name, op, sel, stage, layer):
     if sel == "last" or sel.startswith("split:"):
         hits = [n for n in nodes if n["name"] == name and n["op"] == op]

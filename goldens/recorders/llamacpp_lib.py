@@ -75,11 +75,19 @@ class NodeRecorder:
     """The eval callback: for every node, its name, op and shape; for F32
     nodes that are not pure views of other memory (KV cache writes and
     views), a copy of the data; for a ROPE, its frequency factors' tensor
-    (name and values; `freq_factors`, None without)."""
+    (name and values; `freq_factors`, None without).
 
-    def __init__(self, g):
+    `keep` (None: every node) makes the capture lean: an object whose
+    wants(name, op), asked for every node in graph order, says whether its
+    data is needed (llamacpp_graph.LeanNodes). Any other F32 node is read,
+    checked for finiteness and dropped (data None), or kept whole when it is
+    not finite (the overflow watch describes it), so a long prompt never
+    holds every layer's [H,T,n_kv] at once."""
+
+    def __init__(self, g, keep=None):
         self.g = g
         self.nodes = []
+        self.keep = keep
 
     def read(self, t):
         """A copy of an F32 tensor's data (numpy shape = ggml `ne` reversed,
@@ -93,8 +101,10 @@ class NodeRecorder:
         buf = (ctypes.c_uint8 * n)()
         self.g.ggml_backend_tensor_get(t, buf, 0, n)
         flat = np.frombuffer(buf, dtype=np.uint8)
-        return np.lib.stride_tricks.as_strided(flat.view(np.float32), shape=tuple(reversed(ne)),
-                                               strides=tuple(reversed(nb))).copy()
+        shape, strides = tuple(reversed(ne)), tuple(reversed(nb))
+        if strides == np.empty(shape, dtype=np.float32).strides and n == 4 * int(np.prod(shape)):
+            return flat.view(np.float32).reshape(shape)  # contiguous: the buffer itself, no second copy
+        return np.lib.stride_tricks.as_strided(flat.view(np.float32), shape=shape, strides=strides).copy()
 
     def callback(self, t, ask, user_data):
         if ask:
@@ -104,7 +114,10 @@ class NodeRecorder:
         assert self.g.ggml_get_name(t).decode("utf-8") == name, "struct ggml_tensor layout mismatch"
         op = self.g.ggml_op_desc(t).decode()
         ne = [int(x) for x in tt.ne]
+        wanted = self.keep is None or self.keep.wants(name, op)  # asked of every node, in order
         data = self.read(t) if tt.type == GGML_TYPE_F32 and op not in VIEW_OPS else None
+        if not wanted and data is not None and np.isfinite(data).all():
+            data = None  # lean: not needed, and finite
         node = {"name": name, "op": op, "ne": ne, "data": data, "op_params": bytes(bytearray(tt.op_params))}
         if op == "ROPE":
             # A ROPE's frequency factors (src[2]: rope_freqs, Phi-3's
@@ -179,6 +192,14 @@ def fill_batch(batch, toks, positions):
         batch.n_seq_id[i] = 1
         batch.seq_id[i][0] = 0
         batch.logits[i] = 1
+
+
+def logits_vs_graph(lc, ctx, graph):
+    """The largest |llama_get_logits_ith(i) - graph[i]| over the rows of
+    `graph` [n, n_vocab] (row by row: a long prompt's logits are GB)."""
+    n, n_vocab = graph.shape
+    return max(float(np.abs(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)) - graph[i]).max())
+               for i in range(n))
 
 
 def all_logits(lc, ctx, n, n_vocab):

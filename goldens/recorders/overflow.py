@@ -25,6 +25,13 @@ import sys
 import numpy as np
 
 
+# What a lean capture (hf_hooks.Recorder.lean, llamacpp_lib.NodeRecorder's
+# keep) holds for a stage it does not store and found finite: an empty
+# float32 array, which first_nonfinite reads as finite.
+STANDIN = np.zeros((0,), dtype=np.float32)
+STANDIN.flags.writeable = False
+
+
 def first_nonfinite(tensors, order):
     """The first stage of `order` whose tensor in `tensors` holds a
     non-finite value (integer tensors and absent stages are skipped), as

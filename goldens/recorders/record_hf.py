@@ -6,6 +6,7 @@ usage: record_hf.py MODEL OUT_FILE [--prompt TEXT [--chat] | --prompt-tokens ID,
                     [--stages-at STEP=PATTERN,...] [--rows ROW,...] [--aux STEP=PATTERN,...]
                     [--dtype float32|float64|bfloat16|float16] [--oracle ORACLE]
                     [--tokens-from GOLDEN] [--sample-probs TEMPERATURE,TOP_K,TOP_P]
+                    [--config-override JSON]
 
 MODEL is an HF folder (config.json, tokenizer files and either one
 `model.safetensors` or a sharded `model.safetensors.index.json` with its
@@ -110,6 +111,20 @@ float64 RopeF64; float64: against a float32 HF rotary module fed the same
 positions). Provenance `rope`: the scaling, and per step its seq_len, table
 and attention scaling; the cross-checks start from a fresh RoPE state.
 
+--config-override JSON (a spec's `config:`, as `touchstone goldens regen`
+passes it) merges that mapping into the model's HF config before the model
+is built, as touchstone's engines do (config_override.py: the RoPE keys
+update the RoPE parameters the config has; a GGUF takes only rope_scaling,
+rope_parameters and max_position_embeddings), and asserts the model carries
+it (the rotary module's scaling included; the float64 oracle's tables are
+then rope_scaling_f64's for it). Provenance: `config_override`, the mapping
+as given, and `model_config`, the merged config.
+
+With a subset (--steps, --stages, --logits last, --rows) the hooks capture
+lean (hf_hooks.py): a stage not stored is only checked for finiteness, and
+the attention probabilities are taken one layer at a time, so a long
+prompt never holds every layer's [H,T,S]. The stored tensors are the same.
+
 Sliding-window models (Gemma 3, Qwen2 with use_sliding_window): the cache keeps every position of every
 layer (the canonical [H,T,S]), HF's mask still applies the window (asserted
 by the tap), and the logits are cross-checked with HF's own trimmed cache
@@ -140,14 +155,15 @@ import numpy as np
 import tokenizers
 import torch
 import transformers
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache
 
 # Import the sibling scripts without leaving a __pycache__ in the repository.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_io  # noqa: E402  (shared with record_llamacpp.py)
-from golden_io import FORMAT, progress, sha256_file  # noqa: E402
+from golden_io import progress, sha256_file  # noqa: E402
 import hf_model  # noqa: E402  (loading, determinism, provenance: shared with the other HF recorders)
+import config_override  # noqa: E402  (a spec's `config:` mapping)
 import oracle_f64  # noqa: E402
 import rope_scaling_f64  # noqa: E402  (a scaled RoPE's table per step)
 import overflow  # noqa: E402  (a forward that overflows is data)
@@ -161,20 +177,6 @@ DEFAULT_PROMPT = "Golden tensors check every stage."
 
 def log(msg):
     progress("record_hf.py", msg)
-
-
-def read_tokens(path, ap):
-    """The token ids a golden fed at each step, its steps and its prompt."""
-    from safetensors import safe_open
-    if not os.path.isfile(path):
-        ap.error(f"--tokens-from {path} does not exist")
-    with safe_open(path, "np") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != FORMAT:
-            ap.error(f"--tokens-from {path} is not a {FORMAT} file (format {meta.get('format')!r})")
-        prov = json.loads(meta["provenance"])
-        tokens = {s: [int(x) for x in f.get_tensor(f"{s}/tokens")] for s in prov["steps"]}
-    return {"steps": prov["steps"], "tokens": tokens, "prompt": prov["prompt"]}
 
 
 def parse_args():
@@ -217,7 +219,11 @@ def parse_args():
     ap.add_argument("--sample-probs", default=None, metavar="TEMPERATURE,TOP_K,TOP_P",
                     help="store `sample_probs` [1,V] at every step: HF's temperature/top-k/top-p "
                          "processors on the last logits row, then softmax (TOP_K 0, TOP_P 1.0: off)")
+    ap.add_argument("--config-override", default=None, metavar="JSON",
+                    help="merge this mapping into the model's HF config (a spec's `config:`; config_override.py)")
     args = ap.parse_args()
+    args.override = None if args.config_override is None else config_override.parse(args.config_override,
+                                                                                     "record_hf.py")
     args.sampling = None
     if args.sample_probs is not None:
         try:
@@ -233,7 +239,7 @@ def parse_args():
     if args.tokens_from is not None:
         if args.prompt != DEFAULT_PROMPT or args.chat:
             ap.error("--tokens-from takes the prompt from the golden: leave out --prompt and --chat")
-        args.forced = read_tokens(args.tokens_from, ap)
+        args.forced = golden_io.read_tokens(args.tokens_from, ap)
         n_forced = len(args.forced["steps"]) - 1
         given = [a for a in sys.argv[1:] if a == "--decode-steps" or a.startswith("--decode-steps=")]
         if given and args.decode_steps != n_forced:
@@ -283,20 +289,6 @@ def parse_selection(ap, args, model_type, n_layers):
     except golden_io.SelectionError as e:
         ap.error(str(e))
     return sel
-
-
-def sampling_processors(model, sampling):
-    """HF's own list for a fresh sampling config, built by the method
-    generate() uses: exactly its order and its on/off conditions."""
-    gc = GenerationConfig(do_sample=True, temperature=sampling["temperature"], top_k=sampling["top_k"],
-                          top_p=sampling["top_p"])
-    procs = model._get_logits_processor(generation_config=gc, input_ids_seq_length=1, device="cpu")
-    from transformers.generation import logits_process as lp
-    want = ([lp.TemperatureLogitsWarper] if sampling["temperature"] != 1.0 else []) + \
-           ([lp.TopKLogitsWarper] if sampling["top_k"] != 0 else []) + \
-           ([lp.TopPLogitsWarper] if sampling["top_p"] < 1.0 else [])
-    assert [type(p_) for p_ in procs] == want, f"HF's processors: {[type(p_).__name__ for p_ in procs]}"
-    return procs, {"params": sampling, "processors": [type(p_).__name__ for p_ in procs]}
 
 
 def choose_prompt(args, tok, cfg, source):
@@ -364,6 +356,8 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
     order = golden_io.all_stages(cfg.model_type, n_layers, args.extra)
     expected = order + ["tokens", "positions"]
     forced = args.forced
+    # A subset is captured lean (hf_hooks.Recorder.lean): only what is stored is held.
+    lean = args.steps is not None or args.stages != "*" or args.logits != "all" or args.row_list is not None
     all_steps = ["prefill"] + [f"decode{i}" for i in range(1, args.decode_steps + 1)]
     with torch.no_grad():
         for si, step in enumerate(all_steps):
@@ -385,12 +379,18 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                 continue
             run.steps.append(step)
             r.rec.clear()
+            r.standins.clear()
             r.step = step
+            if lean:
+                r.lean = lambda k, step=step: k in sel.aux_sets.get(step, ()) or golden_io.stored(
+                    step, k, sel.keep_steps, sel.keep, sel.stages_at_sets, sel.aux_rows_sets)
+                r.last_row = {"logits"} if sel.logits == "last" and "logits" not in sel.aux_sets.get(step, ()) \
+                    else set()
             log(f"{step}: {T} token(s) at position {pos}")
             r.S = pos + T
             with guard or contextlib.nullcontext():
                 res = model(input_ids=x, position_ids=positions[None], past_key_values=past,
-                            use_cache=True, output_attentions=True, return_dict=True)
+                            use_cache=True, output_attentions=not lean, return_dict=True)
             assert past is None or res.past_key_values is past
             past = res.past_key_values
             if m.rope_watch is not None:
@@ -417,26 +417,35 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                     assert abs(float(sp.astype(np.float64).sum()) - 1.0) < 1e-5, sp.sum()
                     if args.sampling["top_k"]:
                         assert (sp > 0).sum() <= args.sampling["top_k"] or pair_ties
-            assert len(res.attentions) == n_layers
-            for li, a in enumerate(res.attentions):
-                r.put(f"blk.{li}.attn_probs", a)  # [1,H,T,S] -> [H,T,S]
+            if not lean:  # (lean: the attention tap put them, layer by layer)
+                assert len(res.attentions) == n_layers
+                for li, a in enumerate(res.attentions):
+                    r.put(f"blk.{li}.attn_probs", a)  # [1,H,T,S] -> [H,T,S]
             # The hooked logits must be what the model returned.
-            assert np.array_equal(r.rec["logits"], res.logits[0].to(torch.float32).numpy(), equal_nan=True)
+            if "logits" not in r.standins:
+                n = r.rec["logits"].shape[0]
+                assert np.array_equal(r.rec["logits"], res.logits[0, -n:].to(torch.float32).numpy(), equal_nan=True)
             r.rec["tokens"] = x[0].numpy().astype(np.int64)
             r.rec["positions"] = positions.numpy()
             assert sorted(r.rec) == sorted(expected), sorted(set(r.rec) ^ set(expected))
             S = pos + T
             for k, v in r.rec.items():
-                assert v.shape == golden_io.expected_shape(k, T, S, dims), f"{step}/{k}: shape {v.shape}"
+                want = golden_io.expected_shape(k, T, S, dims)
+                want = (1,) + tuple(want[1:]) if k in r.last_row else want
+                assert k in r.standins or v.shape == want, f"{step}/{k}: shape {v.shape}"
             if watch.scan(step, r.rec, order):
                 run.clean.append(step)
                 for li in range(n_layers):
                     probs = r.rec[f"blk.{li}.attn_probs"]
+                    if f"blk.{li}.attn_probs" in r.standins:
+                        continue  # lean: not stored, not held
                     run.att_rows["prefill" if si == 0 else "decode"] += attention_rows(
                         probs, positions.numpy(), windows[li])
                     if si == 0:
                         run.prefill_row_max.append(probs.max(axis=-1).mean())
-                run.logit_absmax = max(run.logit_absmax, float(np.abs(r.rec["logits"]).max()))
+                lg = r.rec["logits"]  # (lean: the STANDIN, empty, when not stored)
+                run.logit_absmax = max(run.logit_absmax, float(np.abs(lg).max()) if lg.size else
+                                       float(res.logits[0].abs().max()))
             # tokens/positions of every step: teacher forcing needs them.
             kept = golden_io.select_step(step, r.rec, sel, T, lambda k: watch.keeps(step, k))
             out.update({f"{step}/{k}": v for k, v in kept.items()})
@@ -461,6 +470,7 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                 break
             run.fed.append(feed)
             x = torch.tensor([[feed]], dtype=torch.int64)
+            res = None  # the prefill's [T,V] logits are not held through the decode steps
     # A decode step feeds one token, run or not (record.rows names every step).
     run.step_tokens.update({s: 1 for s in run.not_run})
     return run
@@ -477,7 +487,9 @@ def main():
             cfg_file = json.load(f)
         # Validate the stage patterns before the (slow) weight load.
         parse_selection(ap, args, cfg_file.get("model_type"), cfg_file["num_hidden_layers"])
-    m = hf_model.load(args.model, source, args.dtype, log)
+    elif args.override is not None:
+        config_override.check_keys(args.override, True, "record_hf.py")
+    m = hf_model.load(args.model, source, args.dtype, log, args.override)
     model, cfg, tok = m.model, m.cfg, m.tok
     n_layers = cfg.num_hidden_layers
     sel = parse_selection(ap, args, cfg.model_type, n_layers)
@@ -489,7 +501,7 @@ def main():
         log("the LM head's rows are equal in pairs: checking exact logit ties and even greedy ids")
     procs, sampling = None, None
     if args.sampling is not None:
-        procs, sampling = sampling_processors(model, args.sampling)
+        procs, sampling = hf_model.sampling_processors(model, args.sampling)
         log(f"sampling processors: {sampling['processors']}")
     log(f"loaded: {cfg.model_type}, {n_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}")
     prompt_ids, prompt = choose_prompt(args, tok, cfg, source)

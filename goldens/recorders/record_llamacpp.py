@@ -4,7 +4,7 @@
 usage: record_llamacpp.py GGUF OUT_FILE --hf-golden HF_GOLDEN [--threads N]
                           [--steps STEP,...] [--stages PATTERN,...] [--logits all|last]
                           [--stages-at STEP=PATTERN,...] [--rows ROW,...] [--aux STEP=PATTERN,...]
-                          [--kv-type f32|f16] [--oracle ORACLE] [--list-nodes]
+                          [--kv-type f32|f16] [--oracle ORACLE] [--config-override JSON] [--list-nodes]
 
 GGUF is used as it is, quantised or not (a real model's Q4_K_M file runs
 as downloaded; the tiny models' F32 GGUFs come from convert_gguf.py).
@@ -97,6 +97,28 @@ the context (n_ctx, n_ctx_seq, n_ctx_train, rope_freq_scale_train), and the
 ROPE parameters of the graph (the same in every step: asserted), factors
 tensor included.
 
+--config-override JSON (a spec's `config:`, as `touchstone goldens regen`
+passes it to both recorders) must be the override the HF golden was
+recorded with (its provenance `config_override`; the HF golden's
+model_config is then the merged config). The GGUF runs as it is and
+llama.cpp is given the override's RoPE through its context parameters
+(llamacpp_scaling.override_context): YaRN as rope_scaling_type YARN,
+rope_freq_scale 1/factor, yarn_orig_ctx original_max_position_embeddings,
+yarn_ext_factor 1, yarn_beta_fast/slow (HF's 32/1 unless given); llama.cpp
+itself then makes the attention factor 0.1 ln(factor) + 1, HF's. Linear
+scaling and rope_theta are expressible too; anything else (dynamic,
+LongRoPE, Llama 3, YaRN with truncate false or another attention factor,
+other config keys) is refused, exit 2. The graph's ROPE op_params are then
+asserted to be what was given, and the frequencies and attention factor
+they make (in float64) HF's within float32 rounding. Provenance:
+`config_override` as given, and `rope_scaling` with `context_params` (what
+llama.cpp was given) and that check.
+
+A prompt longer than 256 tokens gets a context of the next multiple of
+256 (256 otherwise, as always). With a subset the eval callback copies only
+the nodes of the stages stored (and the logits); every other node is only
+checked for finiteness (llamacpp_lib.NodeRecorder's `keep`).
+
 Gemma 3's GELU: ggml's CPU GEGLU (ggml_vec_geglu_f32, GGML_GELU_FP16 is
 defined unconditionally in ggml-cpu/vec.h) rounds the gate to float16 and
 looks the GELU up in a float16 table for |gate| < 10, then multiplies by up
@@ -124,11 +146,13 @@ import golden_io  # noqa: E402
 from golden_io import FORMAT, progress, sha256_file  # noqa: E402
 import llamacpp_lib as lib  # noqa: E402  (libllama: bindings, eval callback, context)
 import llamacpp_scaling  # noqa: E402  (what llama.cpp was given: RoPE scaling, sliding window)
+import config_override  # noqa: E402  (a spec's `config:` mapping)
 import overflow  # noqa: E402  (a forward that overflows is data)
 # The node map: which graph node is which stage, in the canonical layout.
-from llamacpp_graph import (HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, attention_layout, canonical,  # noqa: E402
-                            check_rope_bases)
+from llamacpp_graph import (HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, LeanNodes, attention_layout,  # noqa: E402
+                            canonical, check_rope_bases, computable)
 from llamacpp_lib import NodeRecorder, load_bindings, versions_and_build  # noqa: E402
+from overflow import STANDIN  # noqa: E402  (a stage not stored, finite)
 
 RECORDER = "goldens/recorders/record_llamacpp.py"
 
@@ -161,6 +185,9 @@ def parse_args():
                     help="the float64 oracle's golden: an overflow's provenance gives its largest |x| there")
     ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
                     help="K and V cache type: f32 (default; closest to HF) or f16 (llama.cpp's own default)")
+    ap.add_argument("--config-override", default=None, metavar="JSON",
+                    help="the spec's `config:` mapping the HF golden was recorded with (config_override.py); "
+                         "llama.cpp is given its RoPE through the context parameters")
     ap.add_argument("--list-nodes", action="store_true",
                     help="print every graph node (step, index, name, op, numpy shape) to stderr")
     ap.add_argument("--cache-dir", default=build_llamacpp.DEFAULT_CACHE,
@@ -174,6 +201,8 @@ def parse_args():
             ap.error(f"{args.gguf} is not a GGUF file (no GGUF magic)")
     if args.oracle is not None:
         overflow.check_oracle(args.oracle)
+    args.override = None if args.config_override is None else config_override.parse(args.config_override,
+                                                                                     "record_llamacpp.py")
     return ap, args
 
 
@@ -247,6 +276,11 @@ def main():
     prompt_ids = [int(x) for x in hf["prefill/tokens"]]
     assert prompt_ids == hf_prov["prompt"]["token_ids"]
     hf_cfg = hf_prov["model_config"]
+    if hf_prov.get("config_override") != args.override:
+        print(f"record_llamacpp.py: --config-override {json.dumps(args.override)}, but the HF golden "
+              f"{args.hf_golden} was recorded with {json.dumps(hf_prov.get('config_override'))}: give the override "
+              "it was recorded with (both references must run the same model)", file=sys.stderr)
+        sys.exit(2)
     n_layer = hf_cfg["num_hidden_layers"]
     dims = golden_io.model_dims(hf_cfg)
     sel = selection(ap, args, hf_prov, hf_cfg["model_type"], n_layer, steps)
@@ -325,14 +359,20 @@ def main():
     # position left the window to a later token, and the columns would no
     # longer be positions. The window itself is applied by llama.cpp's SWA
     # mask either way; the zeros are checked in canonical().
-    cparams = lib.context_params(lc, 256, args.threads, args.kv_type, cb, swa_full=True)
-    if n_total > cparams.n_ctx:
-        sys.exit(f"record_llamacpp.py: {n_total} tokens do not fit the context of {cparams.n_ctx}")
+    # 256 as always (a LongRoPE model's factors depend on it), more for a longer prompt.
+    cparams = lib.context_params(lc, max(256, -(-n_total // 256) * 256), args.threads, args.kv_type, cb,
+                                 swa_full=True)
+    given = None
+    if args.override is not None:
+        # The override's RoPE, through the context parameters (or exit 2).
+        given = llamacpp_scaling.override_context(lc, cparams, hf_cfg, args.override,
+                                                  llamacpp_scaling.gguf_keys(lc, model, arch), arch)
+        log(f"config override: llama.cpp given {json.dumps(given, sort_keys=True)}")
     ctx = lc.llama_init_from_model(model, cparams)
     assert ctx, "context init failed"
     # A scaled RoPE: what llama.cpp was given (GGUF keys, the context, and
     # every step's ROPE parameters from the graph; llamacpp_scaling.py).
-    scaled = llamacpp_scaling.rope_scaled(hf_cfg)
+    scaled = llamacpp_scaling.rope_scaled(hf_cfg) or given is not None
     rope_context = {"n_ctx": lc.llama_n_ctx(ctx), "n_ctx_seq": lc.llama_n_ctx_seq(ctx),
                     "n_ctx_train": lc.llama_model_n_ctx_train(model),
                     "rope_freq_scale_train": lc.llama_model_rope_freq_scale_train(model)} if scaled else None
@@ -344,6 +384,7 @@ def main():
     batch = lc.llama_batch_init(cparams.n_batch, 0, 1)
     pos_next = 0
     order = golden_io.all_stages(arch, n_layer)  # every stage, in execution order
+    lean = sel.keep_steps != steps or sel.patterns != ["*"] or sel.logits != "all" or sel.rows is not None
     watch = overflow.Watch("float32", args.oracle)  # llama.cpp's activations: f32
     try:
         for step in steps:
@@ -359,6 +400,10 @@ def main():
                 continue
             log(f"{step}: {len(toks)} token(s) at position {positions[0]}")
             rec.nodes = []
+            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
+                sel.aux_sets.get(step, set()) | sel.aux_rows_sets.get(step, set())
+            if lean:  # only the nodes of the stored stages (and the logits, for the greedy pick and checks)
+                rec.keep = LeanNodes(arch, n_layer, want | {"logits"})
             lib.fill_batch(batch, toks, positions)
             rc = lc.llama_decode(ctx, batch)
             assert rc == 0, f"llama_decode returned {rc}"
@@ -366,22 +411,23 @@ def main():
             if args.list_nodes:
                 for i, nd in enumerate(rec.nodes):
                     print(f"{step} {i:4d} {nd['name']:<22} {nd['op']:<10} {list(reversed(nd['ne']))}", file=sys.stderr)
-            want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
-                sel.aux_sets.get(step, set()) | sel.aux_rows_sets.get(step, set())
             check_rope_bases(rec.nodes, step, attn)
             if scaled:
                 rope_steps[step] = llamacpp_scaling.rope_graph(rec.nodes, n_layer, step)
             # Every stage (the overflow watch looks at all of them); the
             # masked-entry checks on the stages stored, as always.
-            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, set(order), positions,
+            # (lean: the stages whose nodes were kept; the others are finite, STANDIN)
+            some = computable(rec.nodes, arch, n_layer, set(order)) if lean else set(order)
+            stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, some, positions,
                                attn, checked=want, finite=False)
+            stages.update({st: STANDIN for st in order if st not in stages})
             rec.nodes = []  # a real model's nodes are large; drop them now
-            api = lib.all_logits(lc, ctx, len(toks), n_vocab)
             lg = stages["logits"]
             finite_logits = bool(np.isfinite(lg).all())
             if finite_logits:
-                api_vs_graph = max(api_vs_graph, float(np.abs(api - lg).max()))
+                api_vs_graph = max(api_vs_graph, lib.logits_vs_graph(lc, ctx, lg))
             else:
+                api = lib.all_logits(lc, ctx, len(toks), n_vocab)
                 assert np.array_equal(api, lg, equal_nan=True), "llama_get_logits_ith differs from result_output"
             watch.scan(step, stages, order)
             if finite_logits:
@@ -453,6 +499,13 @@ def main():
         prov["sliding_window"] = swa_entry
     if scaled and rope_steps:
         prov["rope_scaling"] = llamacpp_scaling.rope_provenance(hf_cfg, rope_keys, rope_context, rope_steps)
+        if given is not None:
+            # What llama.cpp was given for the override, and the graph's check of it.
+            prov["rope_scaling"]["context_params"] = given
+            prov["rope_scaling"]["override_check"] = llamacpp_scaling.check_override(prov["rope_scaling"]["graph"],
+                                                                                    given, hf_cfg)
+    if args.override is not None:
+        prov["config_override"] = args.override
     if chat:
         prov["prompt"].update(chat=True, rendered=hf_prov["prompt"]["rendered"])
     if disagreement is not None:
