@@ -97,6 +97,12 @@ impl Meter {
                 IN_USE[id].store(false, Ordering::Release);
                 format!("cannot start the memory meter's threads: {e}")
             })?;
+        // Every thread runs once before counting starts: a pool thread sets
+        // up its own state (deques, thread-locals) the first time the OS runs
+        // it, and that would otherwise be counted at whichever request it
+        // happened in (2 KB that moved readings from run to run).
+        pool.broadcast(|_| ());
+        LIVE[id].store(0, Ordering::Relaxed);
         Ok(Meter { id, pool })
     }
 

@@ -50,8 +50,8 @@ scale as ggml computes them. sliding_window_entry(): the HF window, the
 GGUF key, llama_model_n_swa and whether the window is applied.
 """
 import ctypes
+import json
 import math
-import sys
 import types
 
 import numpy as np
@@ -205,8 +205,7 @@ def override_context(lc, cparams, hf_cfg, over, keys, arch):
     was given ({param: value}). Exits 2 with the reason for an override
     llama.cpp's context parameters cannot express."""
     def refuse(msg):
-        print(f"record_llamacpp.py: --config-override {json_of(over)}: {msg}", file=sys.stderr)
-        sys.exit(2)
+        config_override.fail("record_llamacpp.py", f"{json.dumps(over, sort_keys=True)}: {msg}")
     bad = [k for k in sorted(over) if k not in config_override.GGUF_KEYS]
     if bad:
         refuse(f"llama.cpp's context parameters cannot express `{bad[0]}` (only rope_scaling, rope_parameters and "
@@ -253,13 +252,8 @@ def override_context(lc, cparams, hf_cfg, over, keys, arch):
         given.update(rope_freq_scale=cparams.rope_freq_scale, yarn_orig_ctx=cparams.yarn_orig_ctx,
                      yarn_ext_factor=cparams.yarn_ext_factor, yarn_beta_fast=cparams.yarn_beta_fast,
                      yarn_beta_slow=cparams.yarn_beta_slow,
-                     yarn_attn_factor="not given (-1: llama_context makes it get_mscale(factor) / (1 + 0.1 ln factor))")
+                     yarn_attn_factor="not given (-1): llama_context sets get_mscale(factor) / (1 + 0.1 ln factor)")
     return given
-
-
-def json_of(v):
-    import json
-    return json.dumps(v, sort_keys=True)
 
 
 def check_override(graph, given, hf_cfg):

@@ -502,6 +502,8 @@ def main():
         if given is not None:
             # What llama.cpp was given for the override, and the graph's check of it.
             prov["rope_scaling"]["context_params"] = given
+            if "rope_scaling_type" in given:
+                prov["rope_scaling"]["rope_scaling_type"] = f"{given['rope_scaling_type']} (context_params)"
             prov["rope_scaling"]["override_check"] = llamacpp_scaling.check_override(prov["rope_scaling"]["graph"],
                                                                                     given, hf_cfg)
     if args.override is not None:
