@@ -141,7 +141,7 @@ class Recorder:
                 # Not stored: the overflow watch needs only whether it is
                 # finite once rounded to float32 (a non-finite one is kept
                 # whole, for the watch to describe), so nothing else is held.
-                if bool(torch.isfinite(x.to(torch.float32)).all()):
+                if all_finite(x, torch.float32):
                     self.rec[name] = STANDIN
                     self.standins.add(name)
                     return
@@ -306,14 +306,15 @@ class Recorder:
             # Only on finite data: an overflow (a 16-bit reference's scores past
             # its range) is recorded as data by the recorder (overflow.py), and
             # NaN equals nothing, itself included.
-            if bool(torch.isfinite(scores).all()) and bool(torch.isfinite(weights).all()):
+            if all_finite(scores) and all_finite(weights):
                 assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
-            self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill(masked, 0.0))
+            del again  # (a long prompt's [H,T,S] copies are freed as soon as they are checked)
+            self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill_(masked, 0.0))
             if self.lean is not None:
                 # Lean capture: this layer's probabilities now (the forward
                 # then runs without output_attentions, which would hold every
                 # layer's [H,T,S] until it returns).
-                del scores, again
+                del scores
                 self.put(f"blk.{self.layer}.attn_probs", weights)
             return out, weights
         self.modeling.eager_attention_forward = eager_wrapper
@@ -328,6 +329,19 @@ class Recorder:
         if self.orig_eager is not None:
             self.modeling.eager_attention_forward = self.orig_eager
             self.orig_eager = None
+
+
+def all_finite(t, dtype=None, block=1 << 24):
+    """Whether every element of `t` (rounded to `dtype` first, if given) is
+    finite, a block of elements at a time: torch.isfinite of a whole tensor
+    makes an abs() copy and two masks (2.7x a [T,V] logits tensor at once,
+    4 GB more for a 2480-token prompt's float64 logits)."""
+    flat = t.reshape(-1)
+    for a in range(0, flat.numel(), block):
+        c = flat[a:a + block]
+        if not bool(torch.isfinite(c if dtype is None else c.to(dtype)).all()):
+            return False
+    return True
 
 
 def layer_windows(cfg):

@@ -168,7 +168,8 @@ import oracle_f64  # noqa: E402
 import rope_scaling_f64  # noqa: E402  (a scaled RoPE's table per step)
 import overflow  # noqa: E402  (a forward that overflows is data)
 from hf_crosschecks import cache_cross_check, run_sliding, sliding_cross_check  # noqa: E402
-from hf_hooks import Recorder, attention_rows, attention_summary, config_dims, layer_windows  # noqa: E402
+from hf_hooks import (Recorder, all_finite, attention_rows, attention_summary, config_dims,  # noqa: E402
+                      layer_windows)
 from model_source import describe_source  # noqa: E402
 
 RECORDER = "goldens/recorders/record_hf.py"
@@ -402,7 +403,7 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                 lens = [layer.keys.shape[-2] for layer in past.layers]
                 assert len(lens) == n_layers and lens == [pos + T] * n_layers and not any(past.is_sliding), \
                     f"{step}: the cache holds {lens} positions per layer, expected all {pos + T}"
-            logits_finite = bool(torch.isfinite(res.logits).all())
+            logits_finite = all_finite(res.logits)
             if pair_ties and logits_finite:
                 lg = res.logits[0]
                 assert torch.equal(lg[:, 0::2], lg[:, 1::2]), f"{step}: logit pairs do not tie exactly"
@@ -445,7 +446,7 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
                         run.prefill_row_max.append(probs.max(axis=-1).mean())
                 lg = r.rec["logits"]  # (lean: the STANDIN, empty, when not stored)
                 run.logit_absmax = max(run.logit_absmax, float(np.abs(lg).max()) if lg.size else
-                                       float(res.logits[0].abs().max()))
+                                       max(float(row.abs().max()) for row in res.logits[0]))
             # tokens/positions of every step: teacher forcing needs them.
             kept = golden_io.select_step(step, r.rec, sel, T, lambda k: watch.keeps(step, k))
             out.update({f"{step}/{k}": v for k, v in kept.items()})
