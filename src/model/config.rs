@@ -451,6 +451,19 @@ pub fn merge_override(v: &mut Value, over: &Value) -> std::result::Result<(), St
             let params = x
                 .as_object()
                 .ok_or_else(|| format!("`{k}` is {x}, expected a mapping"))?;
+            // Gemma 3 keeps one dict per layer type: an override of "the"
+            // rope parameters names no layer type, and merged beside them
+            // it would be read by nothing.
+            let nested = base
+                .get("rope_parameters")
+                .and_then(Value::as_object)
+                .is_some_and(|p| p.values().any(Value::is_object));
+            if nested {
+                return Err(format!(
+                    "`{k}` cannot override this model's RoPE: its rope_parameters are per layer type \
+                     (full_attention, sliding_attention), and RoPE scaling of either is not implemented"
+                ));
+            }
             let into = if base.get("rope_parameters").is_some_and(Value::is_object) {
                 "rope_parameters"
             } else if base.get("rope_scaling").is_some_and(Value::is_object) {

@@ -151,6 +151,11 @@ fn an_override_updates_the_rope_parameters_the_config_has() {
     assert_eq!(v["sliding_window"], 8);
     assert!(merge_override(&mut v, &json!({"rope_scaling": 3})).unwrap_err().contains("expected a mapping"));
     assert!(merge_override(&mut v, &json!([1])).is_err());
+    // Per-layer-type rope parameters (Gemma 3) take no such override.
+    let mut g = json!({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}});
+    let e = merge_override(&mut g, &json!({"rope_scaling": {"type": "linear", "factor": 8.0}})).unwrap_err();
+    assert!(e.contains("per layer type"), "{e}");
 }
 
 #[test]
