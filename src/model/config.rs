@@ -506,31 +506,7 @@ fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::result::Result<O
                 .ok_or_else(|| format!("`sliding_window` is {w}, expected a positive integer or null"))? as usize,
         ),
     };
-    let types = match v.get("layer_types").filter(|x| !x.is_null()) {
-        None => None,
-        Some(lt) => {
-            let items = lt.as_array().ok_or("`layer_types` is not a list")?;
-            if items.len() != layers {
-                return Err(format!(
-                    "`layer_types` has {} entries but `num_hidden_layers` is {layers}",
-                    items.len()
-                ));
-            }
-            let kinds = items
-                .iter()
-                .enumerate()
-                .map(|(i, t)| match t.as_str() {
-                    Some("full_attention") => Ok(false),
-                    Some("sliding_attention") => Ok(true),
-                    _ => Err(format!(
-                        "`layer_types[{i}]` is {t}: a layer type other than full_attention or sliding_attention is \
-                         not implemented by touchstone's engines"
-                    )),
-                })
-                .collect::<std::result::Result<Vec<bool>, String>>()?;
-            Some(kinds)
-        }
-    };
+    let types = super::features::listed_layer_types(v.get("layer_types"), layers)?;
     let pattern = match arch {
         "mistral" | "phi3" => window.map(|_| vec![true; layers]),
         "qwen2" | "qwen3" => {

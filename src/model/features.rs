@@ -52,3 +52,32 @@ pub struct LocalAttention {
     /// unscaled); None: the model's RoPE, scaling included (Mistral, Qwen2).
     pub rope_theta: Option<f64>,
 }
+
+/// An HF config's `layer_types` (transformers 5), when given: per layer,
+/// true for `sliding_attention`, false for `full_attention`; any other type
+/// is refused by index.
+pub fn listed_layer_types(lt: Option<&serde_json::Value>, layers: usize) -> Result<Option<Vec<bool>>, String> {
+    let Some(lt) = lt.filter(|x| !x.is_null()) else {
+        return Ok(None);
+    };
+    let items = lt.as_array().ok_or("`layer_types` is not a list")?;
+    if items.len() != layers {
+        return Err(format!(
+            "`layer_types` has {} entries but `num_hidden_layers` is {layers}",
+            items.len()
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t.as_str() {
+            Some("sliding_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(format!(
+                "`layer_types[{i}]` is {t}: a layer type other than full_attention or sliding_attention is not \
+                 implemented by touchstone's engines"
+            )),
+        })
+        .collect::<Result<Vec<bool>, String>>()
+        .map(Some)
+}

@@ -131,26 +131,8 @@ pub fn normalise(v: &Value) -> Result<(Value, GemmaParts), String> {
 /// Per layer, whether it is a sliding (local) layer: `layer_types` when
 /// given (transformers 5), else `sliding_window_pattern` (transformers 4).
 fn layer_types(obj: &Map<String, Value>, layers: usize) -> Result<Vec<bool>, String> {
-    if let Some(lt) = obj.get("layer_types").filter(|x| !x.is_null()) {
-        let items = lt.as_array().ok_or("`layer_types` is not a list")?;
-        if items.len() != layers {
-            return Err(format!(
-                "`layer_types` has {} entries but `num_hidden_layers` is {layers}",
-                items.len()
-            ));
-        }
-        return items
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(format!(
-                    "`layer_types[{i}]` is {t}: a layer type other than full_attention or sliding_attention is not \
-                     implemented by touchstone's engines"
-                )),
-            })
-            .collect();
+    if let Some(types) = super::features::listed_layer_types(obj.get("layer_types"), layers)? {
+        return Ok(types);
     }
     let pattern = match obj.get("sliding_window_pattern").filter(|x| !x.is_null()) {
         None => DEFAULT_PATTERN,

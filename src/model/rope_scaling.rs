@@ -323,8 +323,9 @@ impl RopeScaling {
         }
     }
 
-    /// YaRN's correction range (low, high) in pair indices, as HF's
-    /// `find_correction_range` (f64, floored/ceiled when truncating).
+    /// YaRN's ramp (low, high) in pair indices: HF's `find_correction_range`
+    /// (f64, floored/ceiled when truncating), with `linear_ramp_factor`'s
+    /// guard against a zero-width ramp.
     pub fn yarn_range(head_dim: usize, theta: f64, beta_fast: f64, beta_slow: f64, original: usize, truncate: bool) -> (f64, f64) {
         let dim = head_dim as f64;
         let corr = |rot: f64| (dim * (original as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
@@ -333,7 +334,8 @@ impl RopeScaling {
             low = low.floor();
             high = high.ceil();
         }
-        (low.max(0.0), high.min(dim - 1.0))
+        let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+        (low, if low == high { high + 0.001 } else { high })
     }
 
     /// The f32 frequencies HF computes for a pass reaching `seq_len`
@@ -365,10 +367,7 @@ impl RopeScaling {
                 ..
             } => {
                 let pos = pow_of(theta as f32);
-                let (low, mut high) = Self::yarn_range(head_dim, theta, *beta_fast, *beta_slow, *original, *truncate);
-                if low == high {
-                    high += 0.001; // HF's guard against a zero-width ramp
-                }
+                let (low, high) = Self::yarn_range(head_dim, theta, *beta_fast, *beta_slow, *original, *truncate);
                 let span = (high - low) as f32;
                 let f = *factor as f32;
                 (0..half)
@@ -443,10 +442,7 @@ impl RopeScaling {
                 truncate,
                 ..
             } => {
-                let (low, mut high) = Self::yarn_range(head_dim, theta, *beta_fast, *beta_slow, *original, *truncate);
-                if low == high {
-                    high += 0.001;
-                }
+                let (low, high) = Self::yarn_range(head_dim, theta, *beta_fast, *beta_slow, *original, *truncate);
                 plain_of(theta)
                     .iter()
                     .enumerate()
