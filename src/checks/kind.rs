@@ -61,6 +61,9 @@ pub struct RuleEnv {
     /// A VLM tower with learned position embeddings (Qwen3-VL): vision block 0
     /// reads `vision.pos_embed`, else `vision.patch_embed`.
     pub vision_pos_embed: bool,
+    /// Per layer, once a plan knows the model: true where the MLP routes and
+    /// has a shared expert, so `ffn_out` = ffn_moe_out + ffn_shexp_out.
+    pub routed_shared: Vec<bool>,
 }
 
 /// A problem found in a spec, and the text to locate it by.

@@ -25,6 +25,7 @@ pub fn projection(stage: Stage) -> Option<(Stage, String)> {
         Stage::Block(l, FfnGate) => (Stage::Block(l, FfnNorm), p(l, "mlp.gate_proj")),
         Stage::Block(l, FfnUp) => (Stage::Block(l, FfnNorm), p(l, "mlp.up_proj")),
         Stage::Block(l, FfnOut) => (Stage::Block(l, FfnAct), p(l, "mlp.down_proj")),
+        Stage::Block(l, FfnMoeLogits) => (Stage::Block(l, FfnNorm), p(l, "mlp.gate")),
         Stage::Logits => (Stage::OutputNorm, "lm_head.weight".into()),
         _ => return None,
     })

@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use super::features::{Activation, LocalAttention};
+pub use super::moe::Moe;
 pub use super::rope_scaling::RopeScaling;
 pub use super::vision::{ImageGrid, MRope, VisionConfig};
 
@@ -68,11 +69,24 @@ pub struct ModelConfig {
     pub vision: Option<VisionConfig>,
     /// The language model's multimodal RoPE sections (with `vision`).
     pub mrope: Option<MRope>,
+    /// Mixture-of-experts layers (`model::moe`): None for a dense model.
+    pub moe: Option<Moe>,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
 /// two RMSNorms per block, NEOX rotate-half RoPE).
-const SUPPORTED: &[&str] = &["qwen2", "qwen3", "llama", "mistral", "phi3", "gemma3_text"];
+/// The MoE families (`model::moe::MOE_ARCHS`) have the same attention.
+const SUPPORTED: &[&str] = &[
+    "qwen2",
+    "qwen3",
+    "llama",
+    "mistral",
+    "phi3",
+    "gemma3_text",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+];
 
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
@@ -249,7 +263,7 @@ impl ModelConfig {
             rope_scaling,
             rms_eps,
             tie_embeddings,
-            qk_norm: arch == "qwen3",
+            qk_norm: arch == "qwen3" || arch == "qwen3_moe",
             sliding_window: None,
             context_length,
             act: Activation::Silu,
@@ -260,6 +274,7 @@ impl ModelConfig {
             local,
             vision: None,
             mrope: None,
+            moe: super::moe::Moe::from_config(v, &arch, layers)?,
             arch,
         };
         cfg.validate()?;
@@ -319,6 +334,12 @@ impl ModelConfig {
         }
         if let Some(rs) = &self.rope_scaling {
             rs.validate(self.head_dim)?;
+        }
+        if let Some(m) = &self.moe {
+            m.validate()?;
+            if m.sparse.len() != self.layers {
+                return Err(format!("the MoE layer pattern covers {} layers but the model has {}", m.sparse.len(), self.layers));
+            }
         }
         Ok(())
     }
@@ -498,6 +519,21 @@ pub fn merge_override(v: &mut Value, over: &Value) -> std::result::Result<(), St
 /// - Llama: none. HF's Llama has no window, whatever `sliding_window` says
 ///   (touchstone computes what the reference computes).
 fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::result::Result<Option<LocalAttention>, String> {
+    // Qwen2/3-MoE without `use_sliding_window` compute no window (HF writes
+    // `sliding_window: 0` or null there), and with it one not implemented.
+    if matches!(arch, "qwen2_moe" | "qwen3_moe") {
+        if v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            return Err(format!(
+                "`use_sliding_window` is true: {arch}'s sliding-window layers are not implemented by touchstone's \
+                 engines (refusing rather than checking a different model)"
+            ));
+        }
+        let types = super::features::listed_layer_types(v.get("layer_types"), layers)?;
+        if let Some(i) = types.iter().flatten().position(|&s| s) {
+            return Err(format!("`layer_types[{i}]` is \"sliding_attention\" but `use_sliding_window` is not true"));
+        }
+        return Ok(None);
+    }
     let window = match v.get("sliding_window") {
         None | Some(Value::Null) => None,
         Some(w) => Some(
@@ -508,7 +544,7 @@ fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::result::Result<O
     };
     let types = super::features::listed_layer_types(v.get("layer_types"), layers)?;
     let pattern = match arch {
-        "mistral" | "phi3" => window.map(|_| vec![true; layers]),
+        "mistral" | "phi3" | "mixtral" => window.map(|_| vec![true; layers]),
         "qwen2" | "qwen3" => {
             let used = v.get("use_sliding_window").and_then(Value::as_bool) == Some(true);
             let window = window.filter(|_| used);

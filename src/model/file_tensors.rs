@@ -64,7 +64,7 @@ impl FileTensors {
 
     fn source(&self) -> std::result::Result<&Source, String> {
         self.source
-            .get_or_init(|| open(&self.model).map_err(|e| e.to_string()))
+            .get_or_init(|| open(&self.model, &self.config).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| format!("cannot read the model file: {e}"))
     }
@@ -184,7 +184,7 @@ impl FileTensors {
     }
 }
 
-fn open(model: &Path) -> Result<Source> {
+fn open(model: &Path, cfg: &ModelConfig) -> Result<Source> {
     if !model.is_dir() {
         return Ok(Source::Gguf(GgufFile::open(model)?));
     }
@@ -197,13 +197,14 @@ fn open(model: &Path) -> Result<Source> {
     files
         .iter()
         .map(|f| {
-            // A VLM's names in the layout the engines hold them by (a text
-            // model has no name this changes).
+            // A VLM's and an MoE model's names in the layout the engines
+            // hold them by (a dense text model has no name this changes).
             let mut tf = crate::tensor::io::read_safetensors(f)?;
-            tf.floats = std::mem::take(&mut tf.floats)
+            let floats = std::mem::take(&mut tf.floats)
                 .into_iter()
                 .map(|(k, v)| (super::vision::canonical_name(&k), v))
                 .collect();
+            tf.floats = super::moe_layout::canonicalise(cfg, floats).map_err(|m| Error::model(f, m))?;
             Ok(tf)
         })
         .collect::<Result<_>>()

@@ -8,6 +8,8 @@ pub mod file_tensors;
 pub mod fused;
 pub mod gemma;
 pub mod gguf;
+pub mod moe;
+pub mod moe_layout;
 pub mod rope_scaling;
 pub mod vision;
 pub mod weights;
@@ -145,6 +147,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
             if cfg.vision.is_some() {
                 ws.rename(vision::canonical_name);
             }
+            ws.remap(|t| moe_layout::canonicalise(&cfg, t))?;
             (cfg, ws)
         }
         Format::Gguf => {

@@ -52,6 +52,17 @@ impl Weights {
         Weights { dir, tensors }
     }
 
+    /// Replaces the tensors by `f` of them (an MoE checkpoint's experts in
+    /// the per-expert layout: `moe_layout::canonicalise`); its error names
+    /// the folder.
+    pub fn remap(
+        &mut self,
+        f: impl FnOnce(BTreeMap<String, Tensor>) -> std::result::Result<BTreeMap<String, Tensor>, String>,
+    ) -> Result<()> {
+        self.tensors = f(std::mem::take(&mut self.tensors)).map_err(|m| Error::model(&self.dir, m))?;
+        Ok(())
+    }
+
     /// Renames every tensor by `f` (a VLM's names into the one layout the
     /// engines read: `vision::canonical_name`).
     pub fn rename(&mut self, f: impl Fn(&str) -> String) {

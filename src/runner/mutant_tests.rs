@@ -106,6 +106,20 @@ mod self_test {
             // golden has 0.
             WindowOneTooWide => ("swa-tiny.yaml", "prefill/blk.1.attn_scores"),
             DynamicFromZero => ("dynamic-tiny.yaml", "prefill/blk.0.q_rope"),
+            // Routing (issue 38): each on the family whose routing it changes.
+            // Without renormalisation (Qwen2-MoE) a softmax over the k weighs
+            // otherwise than the softmax over all experts.
+            SoftmaxOverTopkOnly => ("qwen2-moe-tiny.yaml", "prefill/blk.0.ffn_moe_weights"),
+            TopkNotRenormalised => ("qwen3-moe-tiny.yaml", "prefill/blk.0.ffn_moe_weights"),
+            SharedGateNoSigmoid => ("qwen2-moe-tiny.yaml", "prefill/blk.0.ffn_shexp_out"),
+            // mixtral-tiny's experts 0 and 1 have equal router rows: every
+            // token scores them equally.
+            RouteTieToHigherId => ("mixtral-tiny.yaml", "prefill/blk.0.ffn_moe_topk"),
+            ExpertIdOffByOne => ("mixtral-tiny.yaml", "prefill/blk.0.ffn_moe_out"),
+            // DeepSeek-V3's layer 0 is dense (first_k_dense_replace 1).
+            BiasInWeights => ("deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_weights"),
+            GroupMaskIgnored => ("deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_topk"),
+            RoutedScalingMissing => ("deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_weights"),
             // The serving bugs have their own self-test (`serving` below).
             SoftmaxOverPaddedLength
             | DecodeReadsNeighbourKv

@@ -188,6 +188,7 @@ impl Spec {
             post_norms: false,
             vlm_deepstack: None,
             vision_pos_embed: false,
+            routed_shared: Vec::new(),
             dir: self.path.parent().unwrap_or(Path::new("")).to_path_buf(),
         }
     }

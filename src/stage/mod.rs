@@ -14,7 +14,7 @@ pub use rope::RopeStyle;
 pub use vision::{VBlock, VisionStage};
 
 /// Per-block stages in execution order, with their canonical suffix.
-pub const BLOCK_STAGES: [(&str, BlockStage); 22] = [
+pub const BLOCK_STAGES: [(&str, BlockStage); 28] = [
     ("attn_norm", BlockStage::AttnNorm),
     ("q", BlockStage::Q),
     ("k", BlockStage::K),
@@ -33,6 +33,12 @@ pub const BLOCK_STAGES: [(&str, BlockStage); 22] = [
     ("ffn_gate", BlockStage::FfnGate),
     ("ffn_up", BlockStage::FfnUp),
     ("ffn_act", BlockStage::FfnAct),
+    ("ffn_moe_logits", BlockStage::FfnMoeLogits),
+    ("ffn_moe_probs", BlockStage::FfnMoeProbs),
+    ("ffn_moe_topk", BlockStage::FfnMoeTopk),
+    ("ffn_moe_weights", BlockStage::FfnMoeWeights),
+    ("ffn_moe_out", BlockStage::FfnMoeOut),
+    ("ffn_shexp_out", BlockStage::FfnShexpOut),
     ("ffn_out", BlockStage::FfnOut),
     ("ffn_post_norm", BlockStage::FfnPostNorm),
     ("out", BlockStage::Out),
@@ -64,6 +70,22 @@ pub enum BlockStage {
     FfnGate,
     FfnUp,
     FfnAct,
+    /// A routed layer (`model::moe`): `[T, n_experts]` router logits
+    /// (`ffn_norm` times the router weight, + its bias).
+    FfnMoeLogits,
+    /// `[T, n_experts]`: the scores top-k is taken over (softmax, or
+    /// sigmoid + correction bias, or the logits), before group masking.
+    FfnMoeProbs,
+    /// `[T, k]`: the chosen expert ids (as floats), ascending.
+    FfnMoeTopk,
+    /// `[T, k]`: the chosen experts' weights, in the ids' order.
+    FfnMoeWeights,
+    /// `[T, E]`: Σ weight·expert(x), the routed experts' sum.
+    FfnMoeOut,
+    /// `[T, E]`: the shared expert's output (after its sigmoid gate where
+    /// it has one).
+    FfnShexpOut,
+    /// The MLP's output; in a routed layer ffn_moe_out + ffn_shexp_out.
     FfnOut,
     /// Gemma: RMSNorm of ffn_out, the branch the residual adds.
     FfnPostNorm,
@@ -159,6 +181,10 @@ impl Stage {
             _ => true,
         }));
         v.into_iter()
+            .filter(|s| match s {
+                Stage::Block(l, b) => has_mlp_stage(cfg, *l, *b),
+                _ => true,
+            })
             .filter(|s| cfg.qk_norm || !matches!(s, Stage::Block(_, BlockStage::QNorm | BlockStage::KNorm)))
             .filter(|s| {
                 cfg.post_norms || !matches!(s, Stage::Block(_, BlockStage::AttnPostNorm | BlockStage::FfnPostNorm))
@@ -231,6 +257,20 @@ impl fmt::Display for Stage {
             Stage::Logits => f.write_str("logits"),
             Stage::SampleProbs => f.write_str("sample_probs"),
         }
+    }
+}
+
+/// Whether layer `l`'s MLP has stage `b`: a routed layer has the `ffn_moe_*`
+/// stages (and `ffn_shexp_out` with a shared expert) instead of the dense
+/// MLP's gate, up and activation; a dense layer has no routing stage.
+fn has_mlp_stage(cfg: &crate::model::ModelConfig, l: usize, b: BlockStage) -> bool {
+    use BlockStage::*;
+    let moe = cfg.moe.as_ref().filter(|m| m.is_sparse(l));
+    match b {
+        FfnGate | FfnUp | FfnAct => moe.is_none(),
+        FfnMoeLogits | FfnMoeProbs | FfnMoeTopk | FfnMoeWeights | FfnMoeOut => moe.is_some(),
+        FfnShexpOut => moe.is_some_and(|m| m.shared_ffn.is_some()),
+        _ => true,
     }
 }
 
@@ -309,7 +349,7 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), (3 + 2 * 15 + 2 + 2) + 3 + 2 * 22 + 3);
+        assert_eq!(all.len(), (3 + 2 * 15 + 2 + 2) + 3 + 2 * 28 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

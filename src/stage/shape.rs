@@ -49,6 +49,12 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: 
             BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
             BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
+            BlockStage::FfnMoeLogits | BlockStage::FfnMoeProbs => {
+                vec![t, c.moe.as_ref().map_or(0, |m| m.routing.experts)]
+            }
+            BlockStage::FfnMoeTopk | BlockStage::FfnMoeWeights => {
+                vec![t, c.moe.as_ref().map_or(0, |m| m.routing.top_k)]
+            }
             BlockStage::AttnNorm
             | BlockStage::AttnOut
             | BlockStage::AttnPostNorm
@@ -56,6 +62,8 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: 
             | BlockStage::FfnInp
             | BlockStage::FfnNorm
             | BlockStage::FfnOut
+            | BlockStage::FfnMoeOut
+            | BlockStage::FfnShexpOut
             | BlockStage::Out
             | BlockStage::Deepstack => vec![t, c.hidden],
         },

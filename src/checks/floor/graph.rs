@@ -25,8 +25,19 @@ pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) ->
             BlockStage::AttnProbs | BlockStage::AttnCtx => s,
             BlockStage::AttnOut | BlockStage::FfnInp => cfg.heads * cfg.head_dim,
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => e,
-            BlockStage::FfnOut | BlockStage::Out => cfg.ffn,
+            BlockStage::FfnOut | BlockStage::Out => match cfg.moe.as_ref() {
+                // A routed layer's ffn_out adds the routed and shared sums.
+                Some(m) if stage.layer().is_some_and(|l| m.is_sparse(l)) && b == BlockStage::FfnOut => 2,
+                _ => cfg.ffn,
+            },
             BlockStage::Deepstack => 1,
+            BlockStage::FfnMoeLogits => e,
+            BlockStage::FfnMoeProbs => cfg.moe.as_ref().map_or(1, |m| m.routing.experts),
+            BlockStage::FfnMoeTopk => 1,
+            BlockStage::FfnMoeWeights => cfg.moe.as_ref().map_or(1, |m| m.routing.top_k),
+            // Each expert's down projection, then the weighted sum over the k.
+            BlockStage::FfnMoeOut => cfg.moe.as_ref().map_or(1, |m| m.expert_ffn + m.routing.top_k),
+            BlockStage::FfnShexpOut => cfg.moe.as_ref().and_then(|m| m.shared_ffn).unwrap_or(1),
         },
     }
 }
@@ -75,7 +86,18 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
                 FfnNorm => vec![s(FfnInp)],
                 FfnGate | FfnUp => vec![s(FfnNorm)],
                 FfnAct => vec![s(FfnGate), s(FfnUp)],
+                FfnOut if cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l)) => {
+                    let mut v = vec![s(FfnMoeOut)];
+                    if cfg.moe.as_ref().is_some_and(|m| m.shared_ffn.is_some()) {
+                        v.push(s(FfnShexpOut));
+                    }
+                    v
+                }
                 FfnOut => vec![s(FfnAct)],
+                FfnMoeLogits | FfnShexpOut => vec![s(FfnNorm)],
+                FfnMoeProbs => vec![s(FfnMoeLogits)],
+                FfnMoeTopk | FfnMoeWeights => vec![s(FfnMoeProbs)],
+                FfnMoeOut => vec![s(FfnNorm), s(FfnMoeWeights)],
                 FfnPostNorm => vec![s(FfnOut)],
                 Out => vec![s(FfnInp), s(if cfg.post_norms { FfnPostNorm } else { FfnOut })],
                 Deepstack => {
@@ -99,7 +121,14 @@ pub(super) fn act_slope_bound(act: crate::model::config::Activation) -> f64 {
     }
 }
 
-/// Matmul stages and the stage they multiply.
+/// Whether `stage` is a routed layer's `ffn_out`: the sum of the routed and
+/// shared experts' outputs, not the dense MLP's down projection.
+pub fn is_moe_sum(cfg: &crate::model::ModelConfig, stage: Stage) -> bool {
+    matches!(stage, Stage::Block(l, BlockStage::FfnOut) if cfg.moe.as_ref().is_some_and(|m| m.is_sparse(l)))
+}
+
+/// Matmul stages and the stage they multiply (a routed layer's `ffn_out`,
+/// `is_moe_sum`, is not one: callers that know the model ask that first).
 pub fn matmul_input(stage: Stage) -> Option<Stage> {
     use BlockStage::*;
     match stage {
@@ -108,6 +137,7 @@ pub fn matmul_input(stage: Stage) -> Option<Stage> {
         Stage::Block(l, AttnOut) => Some(Stage::Block(l, AttnCtx)),
         Stage::Block(l, FfnGate | FfnUp) => Some(Stage::Block(l, FfnNorm)),
         Stage::Block(l, FfnOut) => Some(Stage::Block(l, FfnAct)),
+        Stage::Block(l, FfnMoeLogits) => Some(Stage::Block(l, FfnNorm)),
         _ => None,
     }
 }

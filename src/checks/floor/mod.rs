@@ -229,7 +229,7 @@ impl<'a> FloorAt<'a> {
         let k = reduction_len(cfg, stage, s);
         let mut own = self.c * (U_ACC * (k as f64).sqrt() + a.u_store());
         notes.push(format!("K {k}"));
-        let reads_weights = matmul_input(stage).is_some()
+        let reads_weights = (matmul_input(stage).is_some() && !graph::is_moe_sum(cfg, stage))
             || matches!(
                 stage,
                 Stage::Embed
@@ -247,7 +247,8 @@ impl<'a> FloorAt<'a> {
         if reads_weights {
             own += self.c * a.u_weight();
         }
-        if let (Some(input), Activations::Q8 { block }) = (matmul_input(stage), a.activations) {
+        let projection_input = matmul_input(stage).filter(|_| !graph::is_moe_sum(cfg, stage));
+        if let (Some(input), Activations::Q8 { block }) = (projection_input, a.activations) {
             let rho = self
                 .o(input)
                 .map_or(q8::q8_rel_error_bound(block), |t| q8::q8_rel_error(t, block));
@@ -331,6 +332,12 @@ impl<'a> FloorAt<'a> {
                 ),
             ))
         };
+        if graph::is_moe_sum(cfg, stage) {
+            return match ins[..] {
+                [a, b] => self.residual(x, a, b, want).and_then(named),
+                _ => named(self.err(x, ins[0], want)?),
+            };
+        }
         if let Some(input) = matmul_input(stage) {
             // No weight at hand (`matmul` answered first where there is one):
             // the relative input error times the map's measured gain.

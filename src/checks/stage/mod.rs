@@ -19,6 +19,8 @@ super::registry::table!(StageRule;
     fusion::Fusion,
     mrope::Mrope,
     bidirectional::Bidirectional,
+    routing::RoutingRule,
+    experts::Experts,
 );
 
 // The golden check at one stage, which `greedy_tokens` asks for the logits' allowance.

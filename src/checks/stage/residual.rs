@@ -51,7 +51,7 @@ impl StageRule for Residual {
     }
     fn expand(&self, stage: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
         let (a, b) = inputs(stage, env)
-            .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp, blk.*.out, vision.blk.*.mlp_inp and vision.blk.*.out, not `{stage}`"))?;
+            .ok_or_else(|| format!("`residual` applies to blk.*.ffn_inp, blk.*.out, a routed layer's blk.*.ffn_out with a shared expert, vision.blk.*.mlp_inp and vision.blk.*.out, not `{stage}`"))?;
         Ok(vec![Arc::new(ResidualCheck { a, b })])
     }
 }
@@ -82,6 +82,10 @@ fn inputs(stage: Stage, env: &RuleEnv) -> Option<(Stage, Stage)> {
             Stage::Vision(VS::Block(i, VBlock::MlpOut)),
         ),
         Stage::Block(l, Out) => (Stage::Block(l, FfnInp), Stage::Block(l, ffn)),
+        // A routed layer with a shared expert adds the two.
+        Stage::Block(l, FfnOut) if env.routed_shared.get(l) == Some(&true) => {
+            (Stage::Block(l, BlockStage::FfnMoeOut), Stage::Block(l, BlockStage::FfnShexpOut))
+        }
         _ => return None,
     })
 }

@@ -18,7 +18,7 @@ use crate::stage::{BlockStage as B, Stage};
 
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
-use super::layers::{Linear, ModelWeights};
+use super::layers::{Ffn, Linear, ModelWeights};
 use super::matmul::matmul_wt;
 use super::mutants::Mutant;
 use super::ops::{act_mul, add, rmsnorm_over, LayerRopes};
@@ -399,16 +399,33 @@ pub fn forward_batch(
         tap_rows(segs, &rows, st(B::FfnInp), &[e], &ffn_inp);
         let hn = stored(rmsnorm(&ffn_inp, e, &b.ffn_norm, cfg.rms_eps));
         tap_rows(segs, &rows, st(B::FfnNorm), &[e], &hn);
-        let [gate, up] = Linear::forward_many([&b.gate, &b.up], &hn, t, sd, true);
-        tap_rows(segs, &rows, st(B::FfnGate), &[f], &gate);
-        tap_rows(segs, &rows, st(B::FfnUp), &[f], &up);
-        let act = if mx.is(Mutant::SiluOnUp) {
-            stored(act_mul(cfg.act, &up, &gate))
-        } else {
-            stored(act_mul(cfg.act, &gate, &up))
+        let ffn_out = match &b.ffn {
+            Ffn::Dense(m) => {
+                let [gate, up] = Linear::forward_many([&m.gate, &m.up], &hn, t, sd, true);
+                tap_rows(segs, &rows, st(B::FfnGate), &[f], &gate);
+                tap_rows(segs, &rows, st(B::FfnUp), &[f], &up);
+                let act = if mx.is(Mutant::SiluOnUp) {
+                    stored(act_mul(cfg.act, &up, &gate))
+                } else {
+                    stored(act_mul(cfg.act, &gate, &up))
+                };
+                tap_rows(segs, &rows, st(B::FfnAct), &[f], &act);
+                m.down.forward(&act, t, sd)
+            }
+            Ffn::Moe(m) => {
+                let o = super::moe::forward(cfg, m, &hn, t, sd, mx);
+                let (n, k) = (o.logits.len() / t.max(1), o.topk.len() / t.max(1));
+                tap_rows(segs, &rows, st(B::FfnMoeLogits), &[n], &o.logits);
+                tap_rows(segs, &rows, st(B::FfnMoeProbs), &[n], &o.probs);
+                tap_rows(segs, &rows, st(B::FfnMoeTopk), &[k], &o.topk);
+                tap_rows(segs, &rows, st(B::FfnMoeWeights), &[k], &o.weights);
+                tap_rows(segs, &rows, st(B::FfnMoeOut), &[e], &o.routed);
+                if let Some(s) = &o.shared {
+                    tap_rows(segs, &rows, st(B::FfnShexpOut), &[e], s);
+                }
+                o.out
+            }
         };
-        tap_rows(segs, &rows, st(B::FfnAct), &[f], &act);
-        let ffn_out = b.down.forward(&act, t, sd);
         tap_rows(segs, &rows, st(B::FfnOut), &[e], &ffn_out);
         let ffn_out = match &b.ffn_post_norm {
             Some(n) => {

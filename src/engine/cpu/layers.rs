@@ -148,23 +148,72 @@ pub struct Block {
     pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// A gated MLP, `down(act(gate(x))·up(x))`: a dense layer's, an expert's, a
+/// shared expert's.
+#[derive(Clone, Debug)]
+pub struct Mlp {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
 }
 
+impl Mlp {
+    /// The MLP under HF prefix `p` (`….mlp`, `….mlp.experts.3`), intermediate size `f`.
+    pub(crate) fn load(ws: &mut Weights, p: &str, f: usize, e: usize) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: Linear::load(ws, &format!("{p}.gate_proj"), f, e)?,
+            up: Linear::load(ws, &format!("{p}.up_proj"), f, e)?,
+            down: Linear::load(ws, &format!("{p}.down_proj"), e, f)?,
+        })
+    }
+    pub(crate) fn visit(&self, p: &str, f: &mut crate::engine::WeightVisitor) {
+        visit_linear(f, &format!("{p}.gate_proj"), &self.gate);
+        visit_linear(f, &format!("{p}.up_proj"), &self.up);
+        visit_linear(f, &format!("{p}.down_proj"), &self.down);
+    }
+    pub(crate) fn linears_mut(&mut self) -> [&mut Linear; 3] {
+        [&mut self.gate, &mut self.up, &mut self.down]
+    }
+}
+
+/// Visits a linear's weight and bias under HF name `name` (`….q_proj`).
+pub(crate) fn visit_linear(f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear) {
+    f(&format!("{name}.weight"), &[l.out_f, l.in_f], l.w.data());
+    if let Some(b) = &l.bias {
+        f(&format!("{name}.bias"), &[l.out_f], b);
+    }
+}
+
+/// A block's feed-forward layer: a dense MLP or routed experts.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Box<super::moe::MoeWeights>),
+}
+
+impl Ffn {
+    /// The dense MLP (None in a routed layer).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Moe(_) => None,
+        }
+    }
+}
+
 impl Block {
-    /// The block's seven projections.
-    fn linears_mut(&mut self) -> [&mut Linear; 7] {
-        [
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.o,
-            &mut self.gate,
-            &mut self.up,
-            &mut self.down,
-        ]
+    /// The block's projections (an MoE layer's router and experts included).
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        match &mut self.ffn {
+            Ffn::Dense(m) => v.extend(m.linears_mut()),
+            Ffn::Moe(m) => v.extend(m.linears_mut()),
+        }
+        v
     }
 }
 
@@ -202,9 +251,10 @@ impl ModelWeights {
                 ffn_norm: ws
                     .take(&format!("{p}.{}.weight", ffn_norm_name(cfg)), &[e])?
                     .into_data(),
-                gate: Linear::load(ws, &format!("{p}.mlp.gate_proj"), f, e)?,
-                up: Linear::load(ws, &format!("{p}.mlp.up_proj"), f, e)?,
-                down: Linear::load(ws, &format!("{p}.mlp.down_proj"), e, f)?,
+                ffn: match cfg.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                    Some(moe) => Ffn::Moe(Box::new(super::moe::MoeWeights::load(ws, moe, &format!("{p}.mlp"), e)?)),
+                    None => Ffn::Dense(Mlp::load(ws, &format!("{p}.mlp"), f, e)?),
+                },
             });
         }
         let norm = ws.take("model.norm.weight", &[e])?.into_data();
@@ -249,12 +299,7 @@ impl ModelWeights {
     /// is the embedding itself and is not visited twice.
     pub fn visit(&self, cfg: &ModelConfig, f: &mut crate::engine::WeightVisitor) {
         let (e, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
-        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear| {
-            f(&format!("{name}.weight"), &[l.out_f, l.in_f], l.w.data());
-            if let Some(b) = &l.bias {
-                f(&format!("{name}.bias"), &[l.out_f], b);
-            }
-        };
+        let lin = visit_linear;
         f("model.embed_tokens.weight", &[v, e], self.embed.data());
         for (i, b) in self.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
@@ -276,9 +321,10 @@ impl ModelWeights {
             if let Some(n) = &b.ffn_post_norm {
                 f(&format!("{p}.post_feedforward_layernorm.weight"), &[e], n);
             }
-            lin(f, &format!("{p}.mlp.gate_proj"), &b.gate);
-            lin(f, &format!("{p}.mlp.up_proj"), &b.up);
-            lin(f, &format!("{p}.mlp.down_proj"), &b.down);
+            match &b.ffn {
+                Ffn::Dense(m) => m.visit(&format!("{p}.mlp"), f),
+                Ffn::Moe(m) => m.visit(&format!("{p}.mlp"), f),
+            }
         }
         f("model.norm.weight", &[e], &self.norm);
         if let Some(h) = &self.lm_head {
@@ -321,6 +367,9 @@ impl ModelWeights {
             .flatten()
             {
                 storage.round_slice(n);
+            }
+            if let Ffn::Moe(m) = &mut b.ffn {
+                m.round_to(storage);
             }
             for lin in b.linears_mut() {
                 lin.round_to(storage);

@@ -109,6 +109,26 @@ pub enum Mutant {
     /// Dynamic NTK's base formula applied from position 0: without HF's
     /// `max(seq_len, max_position_embeddings)`, short passes are rescaled too.
     DynamicFromZero,
+    // Routing bugs (issue 38): each on the spec of the family it changes.
+    /// The weights a softmax over the chosen experts' logits, where the
+    /// family's softmax runs over all experts (a difference only without
+    /// renormalisation: Qwen2-MoE).
+    SoftmaxOverTopkOnly,
+    /// The chosen weights not renormalised although `norm_topk_prob` says so.
+    TopkNotRenormalised,
+    /// DeepSeek-V3's correction bias added into the weights, not only into
+    /// the choice.
+    BiasInWeights,
+    /// DeepSeek-V3's group-limited routing ignored (top-k over all experts).
+    GroupMaskIgnored,
+    /// DeepSeek-V3's `routed_scaling_factor` not applied.
+    RoutedScalingMissing,
+    /// Qwen2-MoE's shared expert scaled by its gate logit, not σ(logit).
+    SharedGateNoSigmoid,
+    /// Equal selection scores resolved to the higher expert id.
+    RouteTieToHigherId,
+    /// The expert after the chosen one computed (ids reported right).
+    ExpertIdOffByOne,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]

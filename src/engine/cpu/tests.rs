@@ -290,7 +290,7 @@ fn half_storage_rounds_every_stage_but_the_probabilities() {
             &w.blocks[1].attn_norm,
             w.blocks[0].q.w.data(),
             w.blocks[0].q.bias.as_ref().unwrap(),
-            w.blocks[1].down.w.data(),
+            w.blocks[1].ffn.dense().expect("a dense model").down.w.data(),
             w.lm_head.as_ref().unwrap().w.data(),
         ];
         for v in held {

@@ -48,9 +48,7 @@ pub(super) struct DevBlock<T: Storage> {
     /// Gemma's norms of the attention and MLP outputs (`[E]`).
     pub(super) post_norms: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) ffn_norm: DBuf<T>,
-    pub(super) gate: DevLinear<T>,
-    pub(super) up: DevLinear<T>,
-    pub(super) down: DevLinear<T>,
+    pub(super) ffn: super::moe::DevFfn<T>,
 }
 
 pub(super) struct DevWeights<T: Storage> {
@@ -83,6 +81,12 @@ pub(super) struct Funcs {
     pub(super) fill_u16: Kernel,
     pub(super) argmax: Kernel,
     pub(super) sample: Kernel,
+    /// Routed layers (`cuda/moe.cu`).
+    pub(super) moe_route: Kernel,
+    pub(super) moe_gather: Kernel,
+    pub(super) moe_accumulate: Kernel,
+    pub(super) moe_store: Kernel,
+    pub(super) sigmoid_scale: Kernel,
 }
 
 /// cos/sin tables `[positions, D/2]` from the CPU engine's own `Rope`.
@@ -195,9 +199,7 @@ where
                     _ => None,
                 },
                 ffn_norm: up(&b.ffn_norm)?,
-                gate: lin(&b.gate)?,
-                up: lin(&b.up)?,
-                down: lin(&b.down)?,
+                ffn: super::moe::DevFfn::upload(&dev, &b.ffn)?,
             });
         }
         let w = DevWeights {
@@ -414,6 +416,11 @@ fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
         fill_u16: get("fill_u16")?,
         argmax: typed("argmax")?,
         sample: typed("sample")?,
+        moe_route: typed("moe_route")?,
+        moe_gather: typed("moe_gather")?,
+        moe_accumulate: typed("moe_accumulate")?,
+        moe_store: typed("moe_store")?,
+        sigmoid_scale: typed("sigmoid_scale")?,
     })
 }
 
@@ -495,9 +502,7 @@ where
                 &[e],
                 &b.ffn_norm,
             )?;
-            lin(f, &format!("{p}.mlp.gate_proj"), &b.gate)?;
-            lin(f, &format!("{p}.mlp.up_proj"), &b.up)?;
-            lin(f, &format!("{p}.mlp.down_proj"), &b.down)?;
+            b.ffn.visit(&format!("{p}.mlp"), f, &lin, &|f, name, len, b| back(f, name, &[len], b))?;
         }
         back(f, "model.norm.weight", &[e], &w.norm)?;
         if let Some(h) = &w.lm_head {

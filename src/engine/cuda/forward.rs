@@ -13,11 +13,11 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, GBuf, RopeTables, TapCtx};
 use super::launch::{self, Launch};
+use super::moe::DevFfn;
 use super::multimodal::VlmRun;
 use super::seam::{Dev, KArg, View};
 use super::storage::Storage;
 use crate::error::Result;
-use crate::model::config::Activation;
 use crate::stage::{BlockStage as B, Stage};
 use crate::tensor::Tensor;
 
@@ -64,7 +64,7 @@ where
 {
     /// Captures each sequence's rows of `buf` (`[rows, dims…]`) if `stage`
     /// is tapped: one copy back, the guards checked, split by sequence.
-    fn tap_rows<S: Storage>(&self, segs: &mut [DevSeg], stage: Stage, dims: &[usize], buf: &GBuf<S>) -> Result<()> {
+    pub(super) fn tap_rows<S: Storage>(&self, segs: &mut [DevSeg], stage: Stage, dims: &[usize], buf: &GBuf<S>) -> Result<()> {
         if segs.len() == 1 {
             let t = segs[0].tokens.len();
             let shape: Vec<usize> = std::iter::once(t).chain(dims.iter().copied()).collect();
@@ -350,28 +350,18 @@ where
             self.tap_rows(segs, stg(B::FfnInp), &[e], &ffn_inp)?;
             self.rmsnorm(ffn_inp.view(), &b.ffn_norm, &mut ffn_norm.view_mut(), t)?;
             self.tap_rows(segs, stg(B::FfnNorm), &[e], &ffn_norm)?;
-            self.linear(ffn_norm.view(), t, &b.gate, &mut gate.view_mut())?;
-            self.tap_rows(segs, stg(B::FfnGate), &[f], &gate)?;
-            self.linear(ffn_norm.view(), t, &b.up, &mut up.view_mut())?;
-            self.tap_rows(segs, stg(B::FfnUp), &[f], &up)?;
-            {
-                let n = (t * f) as i64;
-                let (gv, uv, mut av) = (gate.view(), up.view(), act.view_mut());
-                let kernel = match cfg.act {
-                    Activation::Silu => &self.f.silu_mul,
-                    Activation::GeluTanh => &self.f.gelu_mul,
-                };
-                // SAFETY: silu_mul_T / gelu_mul_T(gate, up, out, n), all [T, F].
-                unsafe {
-                    self.dev.launch(
-                        kernel,
-                        launch::elementwise(t * f),
-                        &mut [gv.arg(), uv.arg(), av.arg(), n.into()],
-                    )
-                }?;
+            match &b.ffn {
+                DevFfn::Dense(m) => {
+                    self.linear(ffn_norm.view(), t, &m.gate, &mut gate.view_mut())?;
+                    self.tap_rows(segs, stg(B::FfnGate), &[f], &gate)?;
+                    self.linear(ffn_norm.view(), t, &m.up, &mut up.view_mut())?;
+                    self.tap_rows(segs, stg(B::FfnUp), &[f], &up)?;
+                    self.act_mul(gate.view(), up.view(), &mut act)?;
+                    self.tap_rows(segs, stg(B::FfnAct), &[f], &act)?;
+                    self.linear(act.view(), t, &m.down, &mut ffn_out.view_mut())?;
+                }
+                DevFfn::Moe(m) => self.moe_ffn(segs, l, m, &ffn_norm, &mut ffn_out, t)?,
             }
-            self.tap_rows(segs, stg(B::FfnAct), &[f], &act)?;
-            self.linear(act.view(), t, &b.down, &mut ffn_out.view_mut())?;
             self.tap_rows(segs, stg(B::FfnOut), &[e], &ffn_out)?;
             let ffn_branch = match &b.post_norms {
                 Some((_, fnn)) => {

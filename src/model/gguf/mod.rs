@@ -179,6 +179,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         local,
         vision: None,
         mrope: None,
+        moe: None,
         arch,
         vocab,
         hidden,
