@@ -64,6 +64,8 @@ pub struct RuleEnv {
     /// Per layer, once a plan knows the model: true where the MLP routes and
     /// has a shared expert, so `ffn_out` = ffn_moe_out + ffn_shexp_out.
     pub routed_shared: Vec<bool>,
+    /// Per layer, once a plan knows the model: true where the MLP routes.
+    pub routed: Vec<bool>,
 }
 
 /// A problem found in a spec, and the text to locate it by.

@@ -5,6 +5,7 @@
 //! against a broken reference.
 
 pub mod provenance;
+mod routes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -148,6 +149,7 @@ impl GoldenSet {
                 }
             }
         }
+        routes::canonicalise(&mut tensors);
         let rows = recorded_rows(&provenance, &tokens).map_err(bad)?;
         let aux = aux_patterns(&provenance).map_err(bad)?;
         let overflow = overflow_at(&provenance).map_err(bad)?;

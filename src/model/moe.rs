@@ -116,7 +116,9 @@ impl Moe {
                 };
                 Moe {
                     routing: Routing {
-                        experts: usize_of(v, "num_experts")?,
+                        // transformers 5 saves Qwen3-MoE's as `num_local_experts`
+                        // (its attribute_map), published configs `num_experts`.
+                        experts: usize_of(v, "num_experts").or_else(|_| usize_of(v, "num_local_experts"))?,
                         top_k: usize_of(v, "num_experts_per_tok")?,
                         scores: Scores::Softmax,
                         norm_topk: bool_of(v, "norm_topk_prob", false)?,

@@ -48,6 +48,9 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
         routed_shared: (0..config.layers)
             .map(|l| config.moe.as_ref().is_some_and(|m| m.is_sparse(l) && m.shared_ffn.is_some()))
             .collect(),
+        routed: (0..config.layers)
+            .map(|l| config.moe.as_ref().is_some_and(|m| m.is_sparse(l)))
+            .collect(),
         ..spec.rule_env()
     };
     // stage -> [(check id, check)]; a later rule replaces an earlier one.

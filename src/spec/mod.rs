@@ -189,6 +189,7 @@ impl Spec {
             vlm_deepstack: None,
             vision_pos_embed: false,
             routed_shared: Vec::new(),
+            routed: Vec::new(),
             dir: self.path.parent().unwrap_or(Path::new("")).to_path_buf(),
         }
     }

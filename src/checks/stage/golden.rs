@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::de::{Deserialize, Deserializer};
 
 use crate::checks::facts::Facts;
+use super::golden_routes;
 use crate::checks::floor;
 use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, Located, RuleEnv, StageCheck, StageRule};
@@ -120,6 +121,13 @@ impl StageCheck for GoldenCheck {
     fn planned(&self, step: Step, stage: Stage, facts: &Facts) -> bool {
         facts.goldens.get(&self.source).is_some_and(|g| g.records(step, stage))
     }
+    /// A route is judged with the engine's scores at hand (a near-tie).
+    fn reads(&self, stage: Stage) -> Vec<Stage> {
+        match stage {
+            Stage::Block(l, BlockStage::FfnMoeTopk) => vec![stage, Stage::Block(l, BlockStage::FfnMoeProbs)],
+            _ => vec![stage],
+        }
+    }
     /// Its source, and the oracle where the scaled policy judges.
     fn goldens(&self, facts: &Facts) -> Vec<String> {
         let mut v = vec![self.source.clone()];
@@ -151,6 +159,15 @@ impl StageCheck for GoldenCheck {
                      with {recorded:?}"
                 ));
             }
+        }
+        // Where the engine took another route (a near-tie), the golden's
+        // later stages follow another computation; a route is a set.
+        if let Some(why) = golden_routes::rerouted_before(&|st, s| run.captures.get(st, s), golden, step, stage) {
+            return Verdict::not_applicable(why);
+        }
+        if let Stage::Block(l, BlockStage::FfnMoeTopk) = stage {
+            let probs = run.captures.get(step, Stage::Block(l, BlockStage::FfnMoeProbs));
+            return golden_routes::judge_ids(facts, probs, step, stage, actual, golden);
         }
         // A golden that kept some token rows is compared on those rows.
         let actual = &facts.on_recorded_rows(actual, step, stage);

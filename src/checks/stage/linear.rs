@@ -48,7 +48,7 @@ pub struct Linear;
 impl Kind for Linear {
     const NAME: &'static str = "linear";
     const PARAMS: &'static str = "none";
-    const ABOUT: &'static str = "blk.*.q/k/v, attn_out, ffn_gate, ffn_up, ffn_out and logits: the stage is its input \
+    const ABOUT: &'static str = "blk.*.q/k/v, attn_out, ffn_gate, ffn_up, ffn_out, ffn_moe_logits and logits: the stage is its input \
                                  capture times the model file's weight plus its bias, within the roundings of the \
                                  engine's arithmetic";
     fn bare() -> Self {
@@ -63,10 +63,18 @@ impl StageRule for Linear {
     fn kind(&self) -> &'static str {
         Self::NAME
     }
-    fn expand(&self, stage: Stage, _: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+    fn expand(&self, stage: Stage, env: &RuleEnv) -> Result<Vec<Arc<dyn StageCheck>>, String> {
+        if let Stage::Block(l, BlockStage::FfnOut) = stage {
+            if env.routed.get(l) == Some(&true) {
+                return Err(format!(
+                    "`linear` cannot judge {stage}: layer {l} routes, and its ffn_out is the experts' sum, not a \
+                     projection (check `experts` at ffn_moe_out, and `residual` at ffn_out with a shared expert)"
+                ));
+            }
+        }
         let (input, weight) = projection(stage).ok_or_else(|| {
             format!(
-                "`linear` applies to blk.*.q, k, v, attn_out, ffn_gate, ffn_up, ffn_out and logits, not `{stage}`"
+                "`linear` applies to blk.*.q, k, v, attn_out, ffn_gate, ffn_up, ffn_out, ffn_moe_logits and logits, not `{stage}`"
             )
         })?;
         Ok(vec![Arc::new(LinearCheck { input, weight })])

@@ -26,4 +26,5 @@ super::registry::table!(StageRule;
 // The golden check at one stage, which `greedy_tokens` asks for the logits' allowance.
 pub use golden::{GoldenCheck, SUSPECT_REFERENCE};
 
+mod golden_routes;
 mod recompute;

@@ -1,0 +1,145 @@
+//! The golden check where routing decides (`model::moe`): the route is a set
+//! of experts, not a value, so `ffn_moe_topk` is compared by set, and a
+//! different set is correct only at a near-tie. A near-tie never gives a
+//! false failure and never hides a wrong route:
+//!
+//! - at `ffn_moe_topk`, a row whose experts differ from the golden's passes
+//!   only where the reference's (the oracle's, else the golden's own) score
+//!   of every expert the engine left out exceeds the lowest it chose by no
+//!   more than twice the engine's own score error on that row (|X − O| of
+//!   `ffn_moe_probs`, which the probs' golden check bounds) plus the scores'
+//!   f32 arithmetic: either choice is then within what a correct engine
+//!   computes; anything else fails there, naming both routes and the gap;
+//! - once the engine routed a token otherwise than the golden, every later
+//!   stage of that golden (the same step from that layer's weights on, and
+//!   every later step) follows another computation: it is not compared
+//!   (not applicable, naming the route), and the golden-free checks
+//!   (`routing`, `experts`, the recomputes) judge those stages with the
+//!   experts the engine chose.
+
+use crate::checks::facts::Facts;
+use crate::checks::verdict::Verdict;
+use crate::golden::GoldenSet;
+use crate::stage::{BlockStage, Stage, Step};
+use crate::tensor::Tensor;
+
+fn ids_of(t: &Tensor, r: usize, k: usize) -> Vec<i64> {
+    let mut v: Vec<i64> = t.data()[r * k..][..k].iter().map(|&x| x as i64).collect();
+    v.sort_unstable();
+    v
+}
+
+/// A row whose experts differ: (row, the engine's ids, the golden's ids).
+type Differ = (usize, Vec<i64>, Vec<i64>);
+
+/// The rows of a step's `ffn_moe_topk` where the engine's experts differ
+/// from the golden's (None where either lacks it or the shapes differ).
+fn differing(actual: &Tensor, expected: &Tensor) -> Option<Vec<Differ>> {
+    if actual.shape() != expected.shape() || actual.shape().len() != 2 {
+        return None;
+    }
+    let (t, k) = (actual.shape()[0], actual.shape()[1]);
+    Some(
+        (0..t)
+            .map(|r| (r, ids_of(actual, r, k), ids_of(expected, r, k)))
+            .filter(|(_, a, e)| a != e)
+            .collect(),
+    )
+}
+
+/// The golden check at `ffn_moe_topk`: the same experts in every row, or a
+/// near-tie (see the module comment).
+pub fn judge_ids(facts: &Facts, at_probs: Option<&Tensor>, step: Step, stage: Stage, actual: &Tensor, golden: &GoldenSet) -> Verdict {
+    let source = &golden.source;
+    let Some(expected) = golden.get(step, stage) else {
+        return Verdict::fail(format!("golden `{source}` has no tensor `{step}/{stage}`"));
+    };
+    let Some(rows) = differing(actual, expected) else {
+        return Verdict::fail(format!(
+            "{stage} has shape {:?}, golden `{source}` {:?}",
+            actual.shape(),
+            expected.shape()
+        ));
+    };
+    let t = actual.shape()[0];
+    if rows.is_empty() {
+        return Verdict::pass(format!("the same experts as golden `{source}` in all {t} rows")).metric("max_abs", 0.0);
+    }
+    let probs_stage = match stage {
+        Stage::Block(l, _) => Stage::Block(l, BlockStage::FfnMoeProbs),
+        _ => stage,
+    };
+    // The reference's scores: the oracle's where there is one.
+    let reference = facts
+        .oracle
+        .and_then(|o| o.get(step, probs_stage))
+        .or_else(|| golden.get(step, probs_stage));
+    let mut ties = Vec::new();
+    for (r, got, want) in &rows {
+        let (Some(refp), Some(xp)) = (reference, at_probs) else {
+            return Verdict::fail(format!(
+                "{stage} row {r}: experts {got:?}, golden `{source}` {want:?}; neither the reference's nor the \
+                 engine's ffn_moe_probs is at hand to tell a near-tie"
+            ));
+        };
+        let n = refp.shape()[1];
+        let rp: Vec<f64> = refp.data()[r * n..][..n].iter().map(|&v| v as f64).collect();
+        let err = xp.data()[r * n..][..n]
+            .iter()
+            .zip(&rp)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0f64, f64::max);
+        let valid = |v: &[i64]| v.iter().all(|&j| j >= 0 && (j as usize) < n);
+        if !valid(got) {
+            return Verdict::fail(format!("{stage} row {r}: expert ids {got:?} out of 0..{n}"));
+        }
+        let lo = got.iter().filter(|j| !want.contains(j)).map(|&j| rp[j as usize]).fold(f64::INFINITY, f64::min);
+        let hi = want.iter().filter(|j| !got.contains(j)).map(|&j| rp[j as usize]).fold(f64::NEG_INFINITY, f64::max);
+        let scale = rp.iter().map(|v| v.abs()).fold(0.0f64, f64::max);
+        let allowed = 2.0 * err + 8.0 * (n as f64) * crate::checks::scaled::U_F32 * scale;
+        let gap = hi - lo;
+        if gap > allowed {
+            return Verdict::fail(format!(
+                "{step}/{stage} row {r}: the engine routed to experts {got:?}, golden `{source}` to {want:?}: the \
+                 reference scores the expert it left out {gap:.3e} above the one it took, more than the engine's \
+                 score error allows ({allowed:.2e} = 2 × its |Δ| {err:.2e} on the row + f32): a wrong route, not a \
+                 near-tie"
+            ))
+            .metric("max_abs", gap);
+        }
+        ties.push(format!("row {r}: {got:?} for {want:?} (gap {gap:.1e} ≤ {allowed:.1e})"));
+    }
+    Verdict::pass(format!(
+        "the same experts as golden `{source}` in {} of {t} rows; near-ties, either choice correct (later stages \
+         of this golden follow the golden's route and are not compared): {}",
+        t - rows.len(),
+        ties.join(", ")
+    ))
+    .metric("near_ties", rows.len() as f64)
+}
+
+/// Where the engine first routed otherwise than golden `g` before (step,
+/// stage) in execution order: the reason its later stages are not compared.
+/// `routed` is the judged side's tensors: an engine's captures, or another
+/// reference.
+pub fn rerouted_before<'t>(
+    routed: &dyn Fn(Step, Stage) -> Option<&'t Tensor>,
+    g: &GoldenSet,
+    step: Step,
+    stage: Stage,
+) -> Option<String> {
+    g.keys()
+        .copied()
+        .take_while(|&k| k < (step, stage))
+        .filter(|(_, s)| matches!(s, Stage::Block(_, BlockStage::FfnMoeTopk)))
+        .find_map(|(st, at)| {
+            let rows = differing(routed(st, at)?, g.get(st, at)?)?;
+            let (r, got, want) = rows.first()?;
+            Some(format!(
+                "row {r} of {st}/{at} was routed to experts {got:?} where golden `{}` took {want:?} (a near-tie, \
+                 judged there): from there the two follow different computations, and the golden-free checks judge \
+                 the engine's",
+                g.source
+            ))
+        })
+}
