@@ -285,3 +285,7 @@ where
         }
     }
 }
+
+#[cfg(test)]
+#[path = "moe_tests.rs"]
+mod tests;
