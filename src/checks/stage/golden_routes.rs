@@ -12,7 +12,8 @@
 //!   computes; anything else fails there, naming both routes and the gap;
 //! - once the engine routed a token otherwise than the golden, every later
 //!   stage of that golden (the same step from that layer's weights on, and
-//!   every later step) follows another computation: it is not compared
+//!   the layers above it and the head at every later step) follows another
+//!   computation: it is not compared
 //!   (not applicable, naming the route), and the golden-free checks
 //!   (`routing`, `experts`, the recomputes) judge those stages with the
 //!   experts the engine chose.
@@ -131,7 +132,16 @@ pub fn rerouted_before<'t>(
     g.keys()
         .copied()
         .take_while(|&k| k < (step, stage))
-        .filter(|(_, s)| matches!(s, Stage::Block(_, BlockStage::FfnMoeTopk)))
+        .filter(|&(st, at)| match at {
+            // The flipped token's later stages at its own step; at later
+            // steps only the layers above (their keys and values at that
+            // row differ) and the head: a layer at or below it reads
+            // nothing the flip changed.
+            Stage::Block(l, BlockStage::FfnMoeTopk) => {
+                st == step || stage > Stage::Block(l, BlockStage::Deepstack)
+            }
+            _ => false,
+        })
         .find_map(|(st, at)| {
             let rows = differing(routed(st, at)?, g.get(st, at)?)?;
             let (r, got, want) = rows.first()?;

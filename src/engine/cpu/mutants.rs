@@ -147,7 +147,7 @@ impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).
-    pub const ALL: [Mutant; 36] = [
+    pub const ALL: [Mutant; 44] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -184,6 +184,14 @@ impl Mutant {
         Mutant::Llama3BandOffByOne,
         Mutant::WindowOneTooWide,
         Mutant::DynamicFromZero,
+        Mutant::SoftmaxOverTopkOnly,
+        Mutant::TopkNotRenormalised,
+        Mutant::BiasInWeights,
+        Mutant::GroupMaskIgnored,
+        Mutant::RoutedScalingMissing,
+        Mutant::SharedGateNoSigmoid,
+        Mutant::RouteTieToHigherId,
+        Mutant::ExpertIdOffByOne,
     ];
 }
 
