@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use super::features::{Activation, LocalAttention};
+pub use super::mla::Mla;
 pub use super::moe::Moe;
 pub use super::rope_scaling::RopeScaling;
 pub use super::vision::{ImageGrid, MRope, VisionConfig};
@@ -71,6 +72,9 @@ pub struct ModelConfig {
     pub mrope: Option<MRope>,
     /// Mixture-of-experts layers (`model::moe`): None for a dense model.
     pub moe: Option<Moe>,
+    /// DeepSeek's multi-head latent attention (`model::mla`): `head_dim` is
+    /// then each head's q/k width (nope + rope) and `kv_heads` = `heads`.
+    pub mla: Option<Mla>,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
@@ -86,6 +90,7 @@ const SUPPORTED: &[&str] = &[
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
+    "deepseek_v3",
 ];
 
 impl ModelConfig {
@@ -251,7 +256,7 @@ impl ModelConfig {
             Some(rs) => rs.scaled_context(max_positions),
             None => max_positions,
         };
-        let cfg = ModelConfig {
+        let mut cfg = ModelConfig {
             vocab: usize_key("vocab_size")?,
             hidden,
             ffn: usize_key("intermediate_size")?,
@@ -275,8 +280,17 @@ impl ModelConfig {
             vision: None,
             mrope: None,
             moe: super::moe::Moe::from_config(v, &arch, layers)?,
+            mla: None,
             arch,
         };
+        if cfg.arch == "deepseek_v3" {
+            let mla = super::mla::Mla::from_config(v)?;
+            // HF's `head_dim` of a DeepSeek config is the RoPE part's width.
+            cfg.head_dim = mla.qk_head_dim();
+            cfg.kv_heads = cfg.heads;
+            cfg.attn_scale = (cfg.head_dim as f64).powf(-0.5) * deepseek_mscale(v).powi(2);
+            cfg.mla = Some(mla);
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -333,7 +347,7 @@ impl ModelConfig {
             }
         }
         if let Some(rs) = &self.rope_scaling {
-            rs.validate(self.head_dim)?;
+            rs.validate(self.rope_dim())?;
         }
         if let Some(m) = &self.moe {
             m.validate()?;
@@ -403,6 +417,16 @@ impl ModelConfig {
         }
     }
 
+    /// The width RoPE rotates per head: the head, or MLA's RoPE part.
+    pub fn rope_dim(&self) -> usize {
+        self.mla.as_ref().map_or(self.head_dim, |m| m.rope)
+    }
+
+    /// Each head's value width (MLA's `v_head_dim`, else `head_dim`).
+    pub fn v_head_dim(&self) -> usize {
+        self.mla.as_ref().map_or(self.head_dim, |m| m.v_head_dim)
+    }
+
     /// Query heads per KV head (GQA group size).
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
@@ -455,6 +479,21 @@ fn unimplemented(v: &Value) -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// DeepSeek's attention-scale correction under YaRN (HF's
+/// `yarn_apply_mscale`: the scale times mscale², mscale = 0.1·m·ln(factor)
+/// + 1 with m = `mscale_all_dim`, 1 without it or without YaRN).
+fn deepseek_mscale(v: &Value) -> f64 {
+    let p = v.get("rope_parameters").or_else(|| v.get("rope_scaling"));
+    let Some(p) = p.filter(|p| p.is_object()) else { return 1.0 };
+    let yarn = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str) == Some("yarn");
+    let m = p.get("mscale_all_dim").and_then(Value::as_f64).unwrap_or(0.0);
+    let factor = p.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+    if !yarn || m == 0.0 || factor <= 1.0 {
+        return 1.0;
+    }
+    0.1 * m * factor.ln() + 1.0
 }
 
 /// Merges a spec's `config:` override into an HF config `v`, as the

@@ -84,7 +84,7 @@ fn bool_of(v: &Value, k: &str, default: bool) -> Result<bool, String> {
 }
 
 /// The MoE families touchstone reads (`model_type`s).
-pub const MOE_ARCHS: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe"];
+pub const MOE_ARCHS: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"];
 
 impl Moe {
     /// The MoE layers of an HF config of family `arch`, None for a dense
@@ -131,6 +131,50 @@ impl Moe {
                     shared_gate: shared_ffn.is_some(),
                     shared_ffn,
                     sparse: qwen_sparse_layers(v, layers)?,
+                }
+            }
+            "deepseek_v3" => {
+                let n_shared = match v.get("n_shared_experts") {
+                    None | Some(Value::Null) => 0,
+                    Some(_) => usize_of(v, "n_shared_experts")?,
+                };
+                let expert_ffn = usize_of(v, "moe_intermediate_size")?;
+                let first_dense = match v.get("first_k_dense_replace") {
+                    None | Some(Value::Null) => 0,
+                    Some(_) => usize_of(v, "first_k_dense_replace")?,
+                };
+                let groups = match (v.get("n_group"), v.get("topk_group")) {
+                    (Some(g), Some(t)) if !g.is_null() && !t.is_null() => {
+                        Some((usize_of(v, "n_group")?, usize_of(v, "topk_group")?))
+                    }
+                    _ => None,
+                };
+                let scaling = match v.get("routed_scaling_factor") {
+                    None | Some(Value::Null) => 1.0,
+                    Some(x) => x.as_f64().ok_or_else(|| format!("`routed_scaling_factor` is {x}, expected a number"))?,
+                };
+                if let Some(f) = v.get("scoring_func").and_then(Value::as_str).filter(|f| *f != "sigmoid") {
+                    return Err(format!(
+                        "`scoring_func` is \"{f}\": DeepSeek-V3's routing scores with sigmoid; another scoring is not \
+                         implemented by touchstone's engines"
+                    ));
+                }
+                Moe {
+                    routing: Routing {
+                        experts: usize_of(v, "n_routed_experts").or_else(|_| usize_of(v, "num_local_experts"))?,
+                        top_k: usize_of(v, "num_experts_per_tok")?,
+                        scores: Scores::Sigmoid,
+                        norm_topk: bool_of(v, "norm_topk_prob", true)?,
+                        correction_bias: true,
+                        groups,
+                        scaling,
+                        router_bias: false,
+                    },
+                    expert_ffn,
+                    shared_ffn: (n_shared > 0).then_some(expert_ffn * n_shared),
+                    shared_gate: false,
+                    // HF: layer i routes where i >= first_k_dense_replace.
+                    sparse: (0..layers).map(|i| i >= first_dense).collect(),
                 }
             }
             _ => return Ok(None),

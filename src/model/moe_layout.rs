@@ -57,6 +57,8 @@ pub fn canonicalise(
                 out.insert(expert_weight(p, j, "down_proj"), flat.rows(j * e, e));
             }
         } else {
+            // DeepSeek's shared experts under the one shared-expert name.
+            let name = name.replace(".mlp.shared_experts.", ".mlp.shared_expert.");
             out.insert(mixtral_legacy(&name), t);
         }
     }

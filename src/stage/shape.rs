@@ -43,11 +43,10 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: 
         Stage::SampleProbs => vec![1, c.vocab],
         Stage::Block(_, b) => match b {
             BlockStage::Q | BlockStage::QNorm | BlockStage::QRope => vec![t, c.heads, c.head_dim],
-            BlockStage::K | BlockStage::KNorm | BlockStage::V | BlockStage::KRope => {
-                vec![t, c.kv_heads, c.head_dim]
-            }
+            BlockStage::K | BlockStage::KNorm | BlockStage::KRope => vec![t, c.kv_heads, c.head_dim],
+            BlockStage::V => vec![t, c.kv_heads, c.v_head_dim()],
             BlockStage::AttnScores | BlockStage::AttnProbs => vec![c.heads, t, s],
-            BlockStage::AttnCtx => vec![t, c.heads * c.head_dim],
+            BlockStage::AttnCtx => vec![t, c.heads * c.v_head_dim()],
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => vec![t, c.ffn],
             BlockStage::FfnMoeLogits | BlockStage::FfnMoeProbs => {
                 vec![t, c.moe.as_ref().map_or(0, |m| m.routing.experts)]

@@ -23,7 +23,7 @@ pub fn reduction_len(cfg: &crate::model::ModelConfig, stage: Stage, s: usize) ->
             BlockStage::QRope | BlockStage::KRope => e,
             BlockStage::AttnScores => cfg.head_dim,
             BlockStage::AttnProbs | BlockStage::AttnCtx => s,
-            BlockStage::AttnOut | BlockStage::FfnInp => cfg.heads * cfg.head_dim,
+            BlockStage::AttnOut | BlockStage::FfnInp => cfg.heads * cfg.v_head_dim(),
             BlockStage::FfnGate | BlockStage::FfnUp | BlockStage::FfnAct => e,
             BlockStage::FfnOut | BlockStage::Out => match cfg.moe.as_ref() {
                 // A routed layer's ffn_out adds the routed and shared sums.

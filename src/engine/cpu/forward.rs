@@ -18,7 +18,7 @@ use crate::stage::{BlockStage as B, Stage};
 
 use super::attention::{attend, AttnShape};
 use super::kv_cache::KvCache;
-use super::layers::{Ffn, Linear, ModelWeights};
+use super::layers::{Ffn, Linear, ModelWeights, Qkv};
 use super::matmul::matmul_wt;
 use super::mutants::Mutant;
 use super::ops::{act_mul, add, rmsnorm_over, LayerRopes};
@@ -157,6 +157,7 @@ pub fn forward_batch(
     let t = rows.last().map_or(0, |r| r.end);
     let (e, v) = (cfg.hidden, cfg.vocab);
     let (h, kv, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
+    let dv = cfg.v_head_dim();
     let mx = segs[0].tap.mutants;
     let sd = segs[0].tap.dtype;
     let shape = AttnShape {
@@ -271,10 +272,21 @@ pub fn forward_batch(
         tap_rows(segs, &rows, st(B::AttnNorm), &[e], &hn);
 
         let no_bias = mx.is(Mutant::QkvBiasDropped);
-        let [mut q, mut k, vv] = Linear::forward_many([&b.q, &b.k, &b.v], &hn, t, sd, !no_bias);
+        let (mut q, mut k, vv) = match &b.qkv {
+            Qkv::Split { q, k, v } => {
+                let [q, k, v] = Linear::forward_many([q, k, v], &hn, t, sd, !no_bias);
+                (q, k, v)
+            }
+            Qkv::Latent(m) => super::mla::project(cfg, m, &hn, t, sd),
+        };
         tap_rows(segs, &rows, st(B::Q), &[h, d], &q);
         tap_rows(segs, &rows, st(B::K), &[kv, d], &k);
-        tap_rows(segs, &rows, st(B::V), &[kv, d], &vv);
+        tap_rows(segs, &rows, st(B::V), &[kv, dv], &vv);
+        // Latent attention's values, padded to the cache's head width.
+        let vv = match &cfg.mla {
+            Some(_) => super::mla::pad_values(&vv, kv, dv, d),
+            None => vv,
+        };
         // Qwen3: RMSNorm over each head's D values (rows of D), before RoPE.
         if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
             if !mx.is(Mutant::SkipQkNorm) {
@@ -294,8 +306,17 @@ pub fn forward_batch(
                 for (r, own) in rows.iter().zip(&pass_ropes) {
                     let rope = layer_rope(own.as_ref().unwrap_or(ropes), l, mx);
                     let p = &rope_positions[r.clone()];
-                    rope.apply(&mut q[r.start * h * d..r.end * h * d], h, p);
-                    rope.apply(&mut k[r.start * kv * d..r.end * kv * d], kv, p);
+                    let (qs, ks) = (&mut q[r.start * h * d..r.end * h * d], &mut k[r.start * kv * d..r.end * kv * d]);
+                    match &cfg.mla {
+                        Some(m) => {
+                            super::mla::rotate(m, rope, qs, h, p, mx);
+                            super::mla::rotate(m, rope, ks, kv, p, mx);
+                        }
+                        None => {
+                            rope.apply(qs, h, p);
+                            rope.apply(ks, kv, p);
+                        }
+                    }
                 }
             }
         }
@@ -368,13 +389,16 @@ pub fn forward_batch(
             }
             ctx.extend_from_slice(&c);
         }
-        let ctx = stored(ctx);
-        tap_rows(segs, &rows, st(B::AttnCtx), &[h * d], &ctx);
+        let ctx = match &cfg.mla {
+            Some(_) => super::mla::cut_context(&stored(ctx), dv, d),
+            None => stored(ctx),
+        };
+        tap_rows(segs, &rows, st(B::AttnCtx), &[h * dv], &ctx);
         let attn_out = if mx.is(Mutant::OProjHeadShareOff) {
             // The last head's ctx (hence its share of o_proj) 1e-3 too large.
             let mut c = ctx.clone();
-            for row in c.chunks_exact_mut(h * d) {
-                row[(h - 1) * d..].iter_mut().for_each(|v| *v *= 1.001);
+            for row in c.chunks_exact_mut(h * dv) {
+                row[(h - 1) * dv..].iter_mut().for_each(|v| *v *= 1.001);
             }
             b.o.forward(&c, t, sd)
         } else {

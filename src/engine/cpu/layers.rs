@@ -137,9 +137,8 @@ impl Linear {
 #[derive(Clone, Debug)]
 pub struct Block {
     pub attn_norm: Vec<f32>,
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    /// q, k and v: three projections, or DeepSeek's latent attention.
+    pub qkv: Qkv,
     /// Qwen3's per-head RMSNorm weights of q and k (`[D]` each).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
@@ -149,6 +148,24 @@ pub struct Block {
     pub ffn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
+}
+
+/// How a block forms q, k and v.
+#[derive(Clone, Debug)]
+pub enum Qkv {
+    Split { q: Linear, k: Linear, v: Linear },
+    Latent(Box<super::mla::LatentWeights>),
+}
+
+impl Qkv {
+    /// The plain projections (None for latent attention).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn split(&self) -> Option<(&Linear, &Linear, &Linear)> {
+        match self {
+            Qkv::Split { q, k, v } => Some((q, k, v)),
+            Qkv::Latent(_) => None,
+        }
+    }
 }
 
 /// A gated MLP, `down(act(gate(x))·up(x))`: a dense layer's, an expert's, a
@@ -208,7 +225,11 @@ impl Ffn {
 impl Block {
     /// The block's projections (an MoE layer's router and experts included).
     fn linears_mut(&mut self) -> Vec<&mut Linear> {
-        let mut v = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        let mut v = match &mut self.qkv {
+            Qkv::Split { q, k, v } => vec![q, k, v],
+            Qkv::Latent(m) => m.linears_mut(),
+        };
+        v.push(&mut self.o);
         match &mut self.ffn {
             Ffn::Dense(m) => v.extend(m.linears_mut()),
             Ffn::Moe(m) => v.extend(m.linears_mut()),
@@ -240,12 +261,17 @@ impl ModelWeights {
             let p = format!("model.layers.{i}");
             blocks.push(Block {
                 attn_norm: ws.take(&format!("{p}.input_layernorm.weight"), &[e])?.into_data(),
-                q: Linear::load(ws, &format!("{p}.self_attn.q_proj"), qd, e)?,
-                k: Linear::load(ws, &format!("{p}.self_attn.k_proj"), kvd, e)?,
-                v: Linear::load(ws, &format!("{p}.self_attn.v_proj"), kvd, e)?,
+                qkv: match &cfg.mla {
+                    Some(m) => Qkv::Latent(Box::new(super::mla::LatentWeights::load(ws, cfg, m, &p)?)),
+                    None => Qkv::Split {
+                        q: Linear::load(ws, &format!("{p}.self_attn.q_proj"), qd, e)?,
+                        k: Linear::load(ws, &format!("{p}.self_attn.k_proj"), kvd, e)?,
+                        v: Linear::load(ws, &format!("{p}.self_attn.v_proj"), kvd, e)?,
+                    },
+                },
                 q_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.q_norm.weight"))?,
                 k_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.k_norm.weight"))?,
-                o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, qd)?,
+                o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, cfg.heads * cfg.v_head_dim())?,
                 attn_post_norm: post_norm(ws, cfg, &format!("{p}.post_attention_layernorm.weight"))?,
                 ffn_post_norm: post_norm(ws, cfg, &format!("{p}.post_feedforward_layernorm.weight"))?,
                 ffn_norm: ws
@@ -304,9 +330,14 @@ impl ModelWeights {
         for (i, b) in self.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
             f(&format!("{p}.input_layernorm.weight"), &[e], &b.attn_norm);
-            lin(f, &format!("{p}.self_attn.q_proj"), &b.q);
-            lin(f, &format!("{p}.self_attn.k_proj"), &b.k);
-            lin(f, &format!("{p}.self_attn.v_proj"), &b.v);
+            match &b.qkv {
+                Qkv::Split { q, k, v } => {
+                    lin(f, &format!("{p}.self_attn.q_proj"), q);
+                    lin(f, &format!("{p}.self_attn.k_proj"), k);
+                    lin(f, &format!("{p}.self_attn.v_proj"), v);
+                }
+                Qkv::Latent(m) => m.visit(&format!("{p}.self_attn"), f),
+            }
             if let Some(qn) = &b.q_norm {
                 f(&format!("{p}.self_attn.q_norm.weight"), &[d], qn);
             }
@@ -369,6 +400,9 @@ impl ModelWeights {
                 storage.round_slice(n);
             }
             if let Ffn::Moe(m) = &mut b.ffn {
+                m.round_to(storage);
+            }
+            if let Qkv::Latent(m) = &mut b.qkv {
                 m.round_to(storage);
             }
             for lin in b.linears_mut() {

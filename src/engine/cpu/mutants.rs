@@ -129,6 +129,9 @@ pub enum Mutant {
     RouteTieToHigherId,
     /// The expert after the chosen one computed (ids reported right).
     ExpertIdOffByOne,
+    /// DeepSeek's latent attention rotates the first `rope` dims of each
+    /// head (its no-RoPE part) instead of the last.
+    MlaRopeWrongPart,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
@@ -241,7 +244,7 @@ pub fn argmax_last(logits: &[f32]) -> u32 {
 pub fn planted_tables(m: Mutant, cfg: &crate::model::ModelConfig) -> Option<super::ops::Rope> {
     use super::ops::Rope;
     use crate::model::rope_scaling::RopeScaling;
-    let (d, theta) = (cfg.head_dim, cfg.rope_theta);
+    let (d, theta) = (cfg.rope_dim(), cfg.rope_theta);
     match (m, cfg.rope_scaling.as_ref()?) {
         (Mutant::YarnNoAttentionFactor, s @ RopeScaling::Yarn { .. }) => {
             Some(Rope::from_parts(s.inv_freq_f32(d, theta, 0), 1.0))
@@ -284,7 +287,7 @@ pub fn planted_tables(m: Mutant, cfg: &crate::model::ModelConfig) -> Option<supe
 pub fn planted_pass_table(mx: Mutants, cfg: &crate::model::ModelConfig, seq_len: usize) -> Option<super::ops::Rope> {
     use super::ops::Rope;
     use crate::model::rope_scaling::RopeScaling;
-    let (d, theta) = (cfg.head_dim, cfg.rope_theta);
+    let (d, theta) = (cfg.rope_dim(), cfg.rope_theta);
     match cfg.rope_scaling.as_ref()? {
         s @ RopeScaling::Longrope { .. } if mx.is(Mutant::LongropeByContext) => {
             Some(Rope::scaled(d, theta, Some(s), cfg.context_length.unwrap_or(seq_len)))

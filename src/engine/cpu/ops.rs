@@ -269,14 +269,14 @@ impl LayerRopes {
     pub fn new(cfg: &crate::model::ModelConfig) -> LayerRopes {
         let scaling = cfg.rope_scaling.as_ref();
         LayerRopes {
-            global: Rope::scaled(cfg.head_dim, cfg.rope_theta, scaling, 0),
+            global: Rope::scaled(cfg.rope_dim(), cfg.rope_theta, scaling, 0),
             local: cfg.local.as_ref().and_then(|l| {
                 l.rope_theta
-                    .map(|t| (Rope::new(cfg.head_dim, t), l.layers.clone()))
+                    .map(|t| (Rope::new(cfg.rope_dim(), t), l.layers.clone()))
             }),
             varies: scaling
                 .filter(|s| s.switch_after().is_some())
-                .map(|s| (s.clone(), cfg.head_dim, cfg.rope_theta)),
+                .map(|s| (s.clone(), cfg.rope_dim(), cfg.rope_theta)),
         }
     }
     /// Layer `l`'s table.

@@ -220,7 +220,7 @@ fn half_precision_weights_load_and_run() {
             bias: false,
             ..Opts::default()
         });
-        assert!(eng.weights.blocks[0].q.bias.is_none());
+        assert!(eng.weights.blocks[0].qkv.split().expect("plain attention").0.bias.is_none());
         let out = eng.run(&r, &taps).unwrap();
         let got = out.captures.get(Step::Prefill, Stage::Logits).unwrap().data();
         assert!(got.iter().all(|x| x.is_finite()));
@@ -288,8 +288,8 @@ fn half_storage_rounds_every_stage_but_the_probabilities() {
             w.embed.data(),
             &w.norm,
             &w.blocks[1].attn_norm,
-            w.blocks[0].q.w.data(),
-            w.blocks[0].q.bias.as_ref().unwrap(),
+            w.blocks[0].qkv.split().expect("plain attention").0.w.data(),
+            w.blocks[0].qkv.split().expect("plain attention").0.bias.as_ref().unwrap(),
             w.blocks[1].ffn.dense().expect("a dense model").down.w.data(),
             w.lm_head.as_ref().unwrap().w.data(),
         ];

@@ -112,6 +112,17 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!(
+        "mla.cu",
+        [
+            "mla_split_kv_f32",
+            "rope_mla_f32",
+            "mla_split_kv_f16",
+            "rope_mla_f16",
+            "mla_split_kv_bf16",
+            "rope_mla_bf16"
+        ]
+    ),
+    kernel_file!(
         "sampling.cu",
         [
             "argmax_f32",

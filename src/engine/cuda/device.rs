@@ -39,9 +39,7 @@ use crate::engine::cpu::vision::VisionWeights;
 
 pub(super) struct DevBlock<T: Storage> {
     pub(super) attn_norm: DBuf<T>,
-    pub(super) q: DevLinear<T>,
-    pub(super) k: DevLinear<T>,
-    pub(super) v: DevLinear<T>,
+    pub(super) qkv: super::mla::DevQkv<T>,
     /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
     pub(super) qk_norm: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) o: DevLinear<T>,
@@ -87,6 +85,9 @@ pub(super) struct Funcs {
     pub(super) moe_accumulate: Kernel,
     pub(super) moe_store: Kernel,
     pub(super) sigmoid_scale: Kernel,
+    /// DeepSeek's latent attention (`cuda/mla.cu`).
+    pub(super) mla_split_kv: Kernel,
+    pub(super) rope_mla: Kernel,
 }
 
 /// cos/sin tables `[positions, D/2]` from the CPU engine's own `Rope`.
@@ -186,9 +187,7 @@ where
         for b in &host.blocks {
             blocks.push(DevBlock {
                 attn_norm: up(&b.attn_norm)?,
-                q: lin(&b.q)?,
-                k: lin(&b.k)?,
-                v: lin(&b.v)?,
+                qkv: super::mla::DevQkv::upload(&dev, &b.qkv)?,
                 qk_norm: match (&b.q_norm, &b.k_norm) {
                     (Some(qn), Some(kn)) => Some((up(qn)?, up(kn)?)),
                     _ => None,
@@ -421,6 +420,8 @@ fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
         moe_accumulate: typed("moe_accumulate")?,
         moe_store: typed("moe_store")?,
         sigmoid_scale: typed("sigmoid_scale")?,
+        mla_split_kv: typed("mla_split_kv")?,
+        rope_mla: typed("rope_mla")?,
     })
 }
 
@@ -484,9 +485,7 @@ where
         for (i, b) in w.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
             back(f, &format!("{p}.input_layernorm.weight"), &[e], &b.attn_norm)?;
-            lin(f, &format!("{p}.self_attn.q_proj"), &b.q)?;
-            lin(f, &format!("{p}.self_attn.k_proj"), &b.k)?;
-            lin(f, &format!("{p}.self_attn.v_proj"), &b.v)?;
+            b.qkv.visit(&format!("{p}.self_attn"), f, &lin, &|f, name, len, b| back(f, name, &[len], b))?;
             if let Some((qn, kn)) = &b.qk_norm {
                 back(f, &format!("{p}.self_attn.q_norm.weight"), &[d], qn)?;
                 back(f, &format!("{p}.self_attn.k_norm.weight"), &[d], kn)?;

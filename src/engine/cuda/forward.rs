@@ -13,6 +13,7 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, GBuf, RopeTables, TapCtx};
 use super::launch::{self, Launch};
+use super::mla::DevQkv;
 use super::moe::DevFfn;
 use super::multimodal::VlmRun;
 use super::seam::{Dev, KArg, View};
@@ -131,6 +132,7 @@ where
         let (e, v) = (cfg.hidden, cfg.vocab);
         let (h, kvh, d, f) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn);
         let (qd, kvd) = (h * d, kvh * d);
+        let dv = cfg.v_head_dim();
         let w = &self.w;
         let taps = segs[0].tc.taps;
 
@@ -211,12 +213,23 @@ where
             self.rmsnorm(x_in.view(), &b.attn_norm, &mut attn_norm.view_mut(), t)?;
             self.tap_rows(segs, stg(B::AttnNorm), &[e], &attn_norm)?;
 
-            self.linear(attn_norm.view(), t, &b.q, &mut q.view_mut())?;
-            self.linear(attn_norm.view(), t, &b.k, &mut k.view_mut())?;
-            self.linear(attn_norm.view(), t, &b.v, &mut vv.view_mut())?;
+            // Latent attention taps its narrower values and caches them padded.
+            let latent = match &b.qkv {
+                DevQkv::Split { q: wq, k: wk, v: wv } => {
+                    self.linear(attn_norm.view(), t, wq, &mut q.view_mut())?;
+                    self.linear(attn_norm.view(), t, wk, &mut k.view_mut())?;
+                    self.linear(attn_norm.view(), t, wv, &mut vv.view_mut())?;
+                    None
+                }
+                DevQkv::Latent(m) => Some(self.latent_qkv(m, attn_norm.view(), t, &mut q, &mut k)?),
+            };
             self.tap_rows(segs, stg(B::Q), &[h, d], &q)?;
             self.tap_rows(segs, stg(B::K), &[kvh, d], &k)?;
-            self.tap_rows(segs, stg(B::V), &[kvh, d], &vv)?;
+            match &latent {
+                Some(lv) => self.tap_rows(segs, stg(B::V), &[kvh, dv], &lv.v)?,
+                None => self.tap_rows(segs, stg(B::V), &[kvh, d], &vv)?,
+            }
+            let v_cache: &GBuf<T> = latent.as_ref().map_or(&vv, |lv| &lv.v_pad);
             // Qwen3: per-head RMSNorm before RoPE, into the RoPE output
             // buffers (free until RoPE), then RoPE from there back into q/k.
             let (q_in, k_in, q_out, k_out) = match &b.qk_norm {
@@ -249,8 +262,13 @@ where
                             Some((g, _)) if !is_local || tables.local.is_none() => (g, 0),
                             _ => (tabs, seg.pos0),
                         };
-                        self.rope_rows(q_in, q_out, tabs, r0, n, h, p0)?;
-                        self.rope_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
+                        if cfg.mla.is_some() {
+                            self.rope_mla_rows(q_in, q_out, tabs, r0, n, h, p0)?;
+                            self.rope_mla_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
+                        } else {
+                            self.rope_rows(q_in, q_out, tabs, r0, n, h, p0)?;
+                            self.rope_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
+                        }
                         r0 += n;
                     }
                 }
@@ -267,7 +285,7 @@ where
                 let s = pos0 + n;
                 // Append this step's keys (after RoPE) and values to the cache.
                 let (kr, vr) = (r0 * kvd..(r0 + n) * kvd, r0 * kvd..(r0 + n) * kvd);
-                kv.append(&self.dev, i, l, pos0, k_rope.view().slice(kr), vv.view().slice(vr))?;
+                kv.append(&self.dev, i, l, pos0, k_rope.view().slice(kr), v_cache.view().slice(vr))?;
                 // Scores and probabilities stay f32 whatever the storage (the kernel writes f32).
                 let mut probs = want_probs
                     .then(|| self.gbuf::<f32>("attn_probs", h * n * s))
@@ -332,8 +350,17 @@ where
                 }
                 r0 += n;
             }
-            self.tap_rows(segs, stg(B::AttnCtx), &[qd], &ctx)?;
-            self.linear(ctx.view(), t, &b.o, &mut attn_out.view_mut())?;
+            let ctx_v = match cfg.mla {
+                Some(_) => {
+                    let mut c = self.gbuf::<T>("ctx_v", t * h * dv)?;
+                    self.copy_columns(ctx.view(), &mut c, t * h, d, 0, dv)?;
+                    Some(c)
+                }
+                None => None,
+            };
+            let ctx_in = ctx_v.as_ref().unwrap_or(&ctx);
+            self.tap_rows(segs, stg(B::AttnCtx), &[h * dv], ctx_in)?;
+            self.linear(ctx_in.view(), t, &b.o, &mut attn_out.view_mut())?;
             self.tap_rows(segs, stg(B::AttnOut), &[e], &attn_out)?;
             // Gemma: each branch is normed before its residual add.
             let attn_branch = match &b.post_norms {

@@ -25,6 +25,7 @@ pub mod compile;
 mod device;
 pub mod emu;
 mod forward;
+mod mla;
 mod moe;
 pub mod guard;
 pub mod launch;

@@ -158,7 +158,7 @@ where
         from: usize,
         to: usize,
     ) -> Result<(RopeTables, Option<RopeTables>)> {
-        let half = self.cfg.head_dim / 2;
+        let half = self.cfg.rope_dim() / 2;
         let n = to - from;
         let tables = |rope: &crate::engine::cpu::ops::Rope| -> Result<RopeTables> {
             let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));

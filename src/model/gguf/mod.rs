@@ -180,6 +180,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         vision: None,
         mrope: None,
         moe: None,
+        mla: None,
         arch,
         vocab,
         hidden,
