@@ -150,7 +150,7 @@ impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).
-    pub const ALL: [Mutant; 44] = [
+    pub const ALL: [Mutant; 45] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -195,6 +195,7 @@ impl Mutant {
         Mutant::SharedGateNoSigmoid,
         Mutant::RouteTieToHigherId,
         Mutant::ExpertIdOffByOne,
+        Mutant::MlaRopeWrongPart,
     ];
 }
 
