@@ -12,6 +12,7 @@ pub mod mla;
 pub mod moe;
 pub mod moe_layout;
 pub mod rope_scaling;
+mod sliding;
 pub mod vision;
 pub mod weights;
 

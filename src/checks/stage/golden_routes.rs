@@ -94,11 +94,54 @@ pub fn judge_ids(facts: &Facts, at_probs: Option<&Tensor>, step: Step, stage: St
         if !valid(got) {
             return Verdict::fail(format!("{stage} row {r}: expert ids {got:?} out of 0..{n}"));
         }
-        let lo = got.iter().filter(|j| !want.contains(j)).map(|&j| rp[j as usize]).fold(f64::INFINITY, f64::min);
-        let hi = want.iter().filter(|j| !got.contains(j)).map(|&j| rp[j as usize]).fold(f64::NEG_INFINITY, f64::max);
         let scale = rp.iter().map(|v| v.abs()).fold(0.0f64, f64::max);
         let allowed = 2.0 * err + 8.0 * (n as f64) * crate::checks::scaled::U_F32 * scale;
-        let gap = hi - lo;
+        // Group-limited routing: the groups the engine drew from must be
+        // the reference's best or within a group score's allowance of them
+        // (a group scores two experts: twice the error on each side); the
+        // experts are then compared within those groups.
+        let groups = facts.config.moe.as_ref().and_then(|m| m.routing.groups);
+        let mut want = want.clone();
+        let mut group_note = String::new();
+        if let Some((g, tg)) = groups.filter(|(g, _)| n.is_multiple_of(*g)) {
+            let per = n / g;
+            let gs: Vec<f64> = rp
+                .chunks(per)
+                .map(|c| {
+                    let mut v = c.to_vec();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    v[0] + v.get(1).copied().unwrap_or(0.0)
+                })
+                .collect();
+            let best = crate::model::moe::top_indices(&gs, tg);
+            let mut used: Vec<usize> = got.iter().map(|&j| j as usize / per).collect();
+            used.dedup();
+            let cut = gs[best[tg - 1]];
+            let g_allowed = 2.0 * allowed;
+            if let Some(&gu) = used.iter().filter(|u| !best.contains(u)).find(|&&u| cut - gs[u] > g_allowed) {
+                return Verdict::fail(format!(
+                    "{step}/{stage} row {r}: the engine routed to experts {got:?} (group {gu} among them), golden \
+                     `{source}` to {want:?}: the reference scores group {gu} {:.3e} below its {tg}-th best, more than \
+                     a group score's allowance {g_allowed:.2e}: a wrong group, not a near-tie",
+                    cut - gs[gu]
+                ));
+            }
+            if used.iter().any(|u| !best.contains(u)) {
+                // The engine's groups, then the reference's best to fill topk_group.
+                let mut eligible = used.clone();
+                eligible.extend(best.iter().filter(|b| !used.contains(b)).take(tg.saturating_sub(used.len())));
+                let masked: Vec<f64> = (0..n)
+                    .map(|j| if eligible.contains(&(j / per)) { rp[j] } else { f64::NEG_INFINITY })
+                    .collect();
+                let mut alt: Vec<i64> = crate::model::moe::top_indices(&masked, got.len()).iter().map(|&j| j as i64).collect();
+                alt.sort_unstable();
+                group_note = format!(", groups {used:?} within {g_allowed:.1e} of the best");
+                want = alt;
+            }
+        }
+        let lo = got.iter().filter(|j| !want.contains(j)).map(|&j| rp[j as usize]).fold(f64::INFINITY, f64::min);
+        let hi = want.iter().filter(|j| !got.contains(j)).map(|&j| rp[j as usize]).fold(f64::NEG_INFINITY, f64::max);
+        let gap = if got == &want { 0.0 } else { hi - lo };
         if gap > allowed {
             return Verdict::fail(format!(
                 "{step}/{stage} row {r}: the engine routed to experts {got:?}, golden `{source}` to {want:?}: the \
@@ -108,7 +151,7 @@ pub fn judge_ids(facts: &Facts, at_probs: Option<&Tensor>, step: Step, stage: St
             ))
             .metric("max_abs", gap);
         }
-        ties.push(format!("row {r}: {got:?} for {want:?} (gap {gap:.1e} ≤ {allowed:.1e})"));
+        ties.push(format!("row {r}: {got:?} (gap {gap:.1e} ≤ {allowed:.1e}{group_note})"));
     }
     Verdict::pass(format!(
         "the same experts as golden `{source}` in {} of {t} rows; near-ties, either choice correct (later stages \

@@ -16,7 +16,7 @@ use crate::model::mla::Mla;
 use crate::model::Weights;
 use crate::tensor::DType;
 
-use super::layers::Linear;
+use super::linear::Linear;
 use super::mutants::{Mutant, Mutants};
 use super::ops::{rmsnorm_over, Rope};
 
@@ -61,7 +61,7 @@ impl LatentWeights {
 
     /// Every tensor under its HF name (`p` = `….self_attn`).
     pub(crate) fn visit(&self, p: &str, f: &mut crate::engine::WeightVisitor) {
-        let lin = super::layers::visit_linear;
+        let lin = super::linear::visit_linear;
         match &self.q_a {
             Some((a, n)) => {
                 lin(f, &format!("{p}.q_a_proj"), a);

@@ -13,6 +13,7 @@ pub(crate) mod attention;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;
+pub(crate) mod linear;
 pub(crate) mod mla;
 pub(crate) mod moe;
 pub mod matmul;

@@ -15,7 +15,7 @@ use crate::model::moe::{Moe, Routing, Scores};
 use crate::model::Weights;
 use crate::tensor::DType;
 
-use super::layers::{Linear, Mlp};
+use super::linear::{Linear, Mlp};
 use super::mutants::{Mutant, Mutants};
 use super::ops::act_mul;
 
@@ -59,7 +59,7 @@ impl MoeWeights {
     }
 
     pub(crate) fn visit(&self, p: &str, f: &mut crate::engine::WeightVisitor) {
-        super::layers::visit_linear(f, &format!("{p}.gate"), &self.router);
+        super::linear::visit_linear(f, &format!("{p}.gate"), &self.router);
         if let Some(b) = &self.correction_bias {
             f(&format!("{p}.gate.e_score_correction_bias"), &[b.len()], b);
         }
@@ -70,7 +70,7 @@ impl MoeWeights {
             m.visit(&format!("{p}.shared_expert"), f);
         }
         if let Some(g) = &self.shared_gate {
-            super::layers::visit_linear(f, &format!("{p}.shared_expert_gate"), g);
+            super::linear::visit_linear(f, &format!("{p}.shared_expert_gate"), g);
         }
     }
 

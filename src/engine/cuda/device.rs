@@ -39,14 +39,14 @@ use crate::engine::cpu::vision::VisionWeights;
 
 pub(super) struct DevBlock<T: Storage> {
     pub(super) attn_norm: DBuf<T>,
-    pub(super) qkv: super::mla::DevQkv<T>,
+    pub(super) qkv: super::block_weights::DevQkv<T>,
     /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
     pub(super) qk_norm: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) o: DevLinear<T>,
     /// Gemma's norms of the attention and MLP outputs (`[E]`).
     pub(super) post_norms: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) ffn_norm: DBuf<T>,
-    pub(super) ffn: super::moe::DevFfn<T>,
+    pub(super) ffn: super::block_weights::DevFfn<T>,
 }
 
 pub(super) struct DevWeights<T: Storage> {
@@ -187,7 +187,7 @@ where
         for b in &host.blocks {
             blocks.push(DevBlock {
                 attn_norm: up(&b.attn_norm)?,
-                qkv: super::mla::DevQkv::upload(&dev, &b.qkv)?,
+                qkv: super::block_weights::DevQkv::upload(&dev, &b.qkv)?,
                 qk_norm: match (&b.q_norm, &b.k_norm) {
                     (Some(qn), Some(kn)) => Some((up(qn)?, up(kn)?)),
                     _ => None,
@@ -198,7 +198,7 @@ where
                     _ => None,
                 },
                 ffn_norm: up(&b.ffn_norm)?,
-                ffn: super::moe::DevFfn::upload(&dev, &b.ffn)?,
+                ffn: super::block_weights::DevFfn::upload(&dev, &b.ffn)?,
             });
         }
         let w = DevWeights {

@@ -13,8 +13,8 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, GBuf, RopeTables, TapCtx};
 use super::launch::{self, Launch};
-use super::mla::DevQkv;
-use super::moe::DevFfn;
+use super::block_weights::DevQkv;
+use super::block_weights::DevFfn;
 use super::multimodal::VlmRun;
 use super::seam::{Dev, KArg, View};
 use super::storage::Storage;

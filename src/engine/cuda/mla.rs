@@ -10,82 +10,10 @@ use cudarc::cublas::{CudaBlas, Gemm};
 
 use super::device::{CudaEngine, GBuf, RopeTables};
 use super::launch;
-use super::seam::{DBuf, View};
+use super::block_weights::DevLatent;
+use super::seam::View;
 use super::storage::Storage;
-use super::weights::{upload, upload_linear, DevLinear};
-use crate::engine::cpu::layers::Qkv;
 use crate::error::Result;
-
-/// A block's latent-attention weights on the device.
-pub(super) struct DevLatent<T: Storage> {
-    q_a: Option<(DevLinear<T>, DBuf<T>)>,
-    q: DevLinear<T>,
-    kv_a: DevLinear<T>,
-    kv_a_norm: DBuf<T>,
-    kv_b: DevLinear<T>,
-}
-
-/// A block's q/k/v weights on the device.
-pub(super) enum DevQkv<T: Storage> {
-    Split {
-        q: DevLinear<T>,
-        k: DevLinear<T>,
-        v: DevLinear<T>,
-    },
-    Latent(Box<DevLatent<T>>),
-}
-
-impl<T: Storage> DevQkv<T> {
-    pub(super) fn upload(dev: &super::seam::Dev, host: &Qkv) -> Result<DevQkv<T>> {
-        Ok(match host {
-            Qkv::Split { q, k, v } => DevQkv::Split {
-                q: upload_linear(dev, q)?,
-                k: upload_linear(dev, k)?,
-                v: upload_linear(dev, v)?,
-            },
-            Qkv::Latent(m) => DevQkv::Latent(Box::new(DevLatent {
-                q_a: match &m.q_a {
-                    Some((a, n)) => Some((upload_linear(dev, a)?, upload(dev, n)?)),
-                    None => None,
-                },
-                q: upload_linear(dev, &m.q)?,
-                kv_a: upload_linear(dev, &m.kv_a)?,
-                kv_a_norm: upload(dev, &m.kv_a_norm)?,
-                kv_b: upload_linear(dev, &m.kv_b)?,
-            })),
-        })
-    }
-
-    /// Every device tensor under its HF name (`p` = `….self_attn`).
-    pub(super) fn visit<W: ?Sized>(
-        &self,
-        p: &str,
-        f: &mut W,
-        lin: &dyn Fn(&mut W, &str, &DevLinear<T>) -> Result<()>,
-        vec: &dyn Fn(&mut W, &str, usize, &DBuf<T>) -> Result<()>,
-    ) -> Result<()> {
-        match self {
-            DevQkv::Split { q, k, v } => {
-                lin(f, &format!("{p}.q_proj"), q)?;
-                lin(f, &format!("{p}.k_proj"), k)?;
-                lin(f, &format!("{p}.v_proj"), v)
-            }
-            DevQkv::Latent(m) => {
-                match &m.q_a {
-                    Some((a, n)) => {
-                        lin(f, &format!("{p}.q_a_proj"), a)?;
-                        vec(f, &format!("{p}.q_a_layernorm.weight"), a.out_f, n)?;
-                        lin(f, &format!("{p}.q_b_proj"), &m.q)?;
-                    }
-                    None => lin(f, &format!("{p}.q_proj"), &m.q)?,
-                }
-                lin(f, &format!("{p}.kv_a_proj_with_mqa"), &m.kv_a)?;
-                vec(f, &format!("{p}.kv_a_layernorm.weight"), m.kv_b.in_f, &m.kv_a_norm)?;
-                lin(f, &format!("{p}.kv_b_proj"), &m.kv_b)
-            }
-        }
-    }
-}
 
 /// What a latent pass leaves besides q and k: v as tapped and v padded.
 pub(super) struct LatentValues<T: Storage> {

@@ -22,6 +22,7 @@
 //! - `weights`: device copies of linear layers and of the vision tower.
 
 pub mod compile;
+mod block_weights;
 mod device;
 pub mod emu;
 mod forward;

@@ -17,95 +17,13 @@ use cudarc::cublas::{CudaBlas, Gemm};
 use super::device::{CudaEngine, GBuf};
 use super::forward::DevSeg;
 use super::launch;
-use super::seam::{DBuf, KArg, View};
+use super::seam::{KArg, View};
 use super::storage::Storage;
-use super::weights::{upload, upload_linear, DevLinear};
-use crate::engine::cpu::layers::{Ffn, Mlp};
+use super::block_weights::{DevMlp, DevMoe};
 use crate::error::Result;
 use crate::model::config::Activation;
 use crate::model::moe::Scores;
 use crate::stage::{BlockStage as B, Stage};
-
-/// A gated MLP on the device (a dense layer's, an expert's, a shared one).
-pub(super) struct DevMlp<T: Storage> {
-    pub(super) gate: DevLinear<T>,
-    pub(super) up: DevLinear<T>,
-    pub(super) down: DevLinear<T>,
-}
-
-/// A routed layer's weights on the device.
-pub(super) struct DevMoe<T: Storage> {
-    router: DevLinear<T>,
-    correction_bias: Option<DBuf<T>>,
-    experts: Vec<DevMlp<T>>,
-    shared: Option<DevMlp<T>>,
-    shared_gate: Option<DevLinear<T>>,
-}
-
-/// A block's feed-forward layer on the device.
-pub(super) enum DevFfn<T: Storage> {
-    Dense(DevMlp<T>),
-    Moe(Box<DevMoe<T>>),
-}
-
-fn upload_mlp<T: Storage>(dev: &super::seam::Dev, m: &Mlp) -> Result<DevMlp<T>> {
-    Ok(DevMlp {
-        gate: upload_linear(dev, &m.gate)?,
-        up: upload_linear(dev, &m.up)?,
-        down: upload_linear(dev, &m.down)?,
-    })
-}
-
-impl<T: Storage> DevFfn<T> {
-    /// Uploads what the CPU engine's loader read.
-    pub(super) fn upload(dev: &super::seam::Dev, host: &Ffn) -> Result<DevFfn<T>> {
-        Ok(match host {
-            Ffn::Dense(m) => DevFfn::Dense(upload_mlp(dev, m)?),
-            Ffn::Moe(m) => DevFfn::Moe(Box::new(DevMoe {
-                router: upload_linear(dev, &m.router)?,
-                correction_bias: m.correction_bias.as_deref().map(|b| upload(dev, b)).transpose()?,
-                experts: m.experts.iter().map(|x| upload_mlp(dev, x)).collect::<Result<_>>()?,
-                shared: m.shared.as_ref().map(|x| upload_mlp(dev, x)).transpose()?,
-                shared_gate: m.shared_gate.as_ref().map(|g| upload_linear(dev, g)).transpose()?,
-            })),
-        })
-    }
-
-    /// Every device tensor under its HF name (prefix `….mlp`), for
-    /// `visit_weights`: `lin` reads back a linear, `vec` a vector.
-    pub(super) fn visit<W: ?Sized>(
-        &self,
-        p: &str,
-        f: &mut W,
-        lin: &dyn Fn(&mut W, &str, &DevLinear<T>) -> Result<()>,
-        vec: &dyn Fn(&mut W, &str, usize, &DBuf<T>) -> Result<()>,
-    ) -> Result<()> {
-        let mlp = |f: &mut W, p: &str, m: &DevMlp<T>| -> Result<()> {
-            lin(f, &format!("{p}.gate_proj"), &m.gate)?;
-            lin(f, &format!("{p}.up_proj"), &m.up)?;
-            lin(f, &format!("{p}.down_proj"), &m.down)
-        };
-        match self {
-            DevFfn::Dense(m) => mlp(f, p, m),
-            DevFfn::Moe(m) => {
-                lin(f, &format!("{p}.gate"), &m.router)?;
-                if let Some(b) = &m.correction_bias {
-                    vec(f, &format!("{p}.gate.e_score_correction_bias"), m.router.out_f, b)?;
-                }
-                for (j, x) in m.experts.iter().enumerate() {
-                    mlp(f, &format!("{p}.experts.{j}"), x)?;
-                }
-                if let Some(x) = &m.shared {
-                    mlp(f, &format!("{p}.shared_expert"), x)?;
-                }
-                if let Some(g) = &m.shared_gate {
-                    lin(f, &format!("{p}.shared_expert_gate"), g)?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
 
 impl<T: Storage> CudaEngine<T>
 where
