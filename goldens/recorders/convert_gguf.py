@@ -73,7 +73,8 @@ import build_llamacpp  # noqa: E402
 
 # model_type -> llama.cpp pre-tokenizer name of make_model.py's tokenizers
 PRE_TOKENIZER = {"qwen2": "qwen2", "qwen3": "qwen2", "llama": "llama-bpe", "phi3": "llama-bpe", "gemma3_text": "qwen2",
-                 "qwen2_vl": "qwen2", "qwen3_vl": "qwen2"}
+                 "qwen2_vl": "qwen2", "qwen3_vl": "qwen2", "mixtral": "llama-bpe", "qwen2_moe": "qwen2",
+                 "qwen3_moe": "qwen2", "gpt_oss": "qwen2", "deepseek_v3": "qwen2"}
 
 
 def default_name(model_dir, cfg):

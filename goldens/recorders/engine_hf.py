@@ -109,7 +109,8 @@ class HfEngine(Engine):
         self.model, self.cfg, self.torch = model, cfg, torch
         n = cfg.num_hidden_layers
         self.vocab = cfg.vocab_size
-        self.known_stages = set(golden_io.all_stages(cfg.model_type, n, ["sample_probs"]))
+        # (a mixture-of-experts model: its routed layers' ffn_moe_* stages, moe_hooks.py)
+        self.known_stages = set(golden_io.all_stages(cfg.model_type, n, ["sample_probs"], golden_io.moe_layout(cfg)))
         # Stages another architecture has (q_norm, post norms): skipped.
         self.absent_stages = set(golden_io.all_stages("gemma3_text", n)) - self.known_stages
         self.sliding = any(w is not None for w in hf_hooks.layer_windows(cfg))

@@ -135,19 +135,58 @@ def write_golden(tensors, meta, path, log=None, bf16=()):
 # (Qwen3, Gemma 3); attn_post_norm (the norm of the attention output, before
 # the residual add) and ffn_post_norm (the norm of the FFN output) only for
 # Gemma 3; every other stage exists for every supported architecture.
+# A mixture-of-experts layer (moe_layout) has the ffn_moe_* stages (and ffn_shexp_out where it has a
+# shared expert) in place of ffn_gate, ffn_up and ffn_act; a dense layer of a MoE model has none of them.
 BLOCK_STAGES = ["attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_scores",
                 "attn_probs", "attn_ctx", "attn_out", "attn_post_norm", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up",
-                "ffn_act", "ffn_out", "ffn_post_norm", "out"]
+                "ffn_act", "ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_out",
+                "ffn_shexp_out", "ffn_out", "ffn_post_norm", "out"]
 # Gemma 3 is `gemma3_text` in HF configs, `gemma3` in GGUFs.
-QK_NORM_TYPES = {"qwen3", "gemma3", "gemma3_text"}
+QK_NORM_TYPES = {"qwen3", "gemma3", "gemma3_text", "qwen3_moe", "qwen3moe"}
 POST_NORM_TYPES = {"gemma3", "gemma3_text"}
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_act")
+MOE_FFN = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_out")
+# HF model_type of the MoE families -> (key of the number of routed experts, has a shared expert).
+MOE_TYPES = {"mixtral": ("num_local_experts", False), "qwen2_moe": ("num_experts", True),
+             "qwen3_moe": ("num_local_experts", False), "deepseek_v3": ("n_routed_experts", True),
+             "gpt_oss": ("num_local_experts", False)}
 
 
-def block_stages(model_type):
+def block_stages(model_type, kind="dense"):
+    """The stages of one block: `kind` "dense", "moe" or "moe+shexp" (moe_layout)."""
     qk_norm = model_type in QK_NORM_TYPES
     post_norm = model_type in POST_NORM_TYPES
     return [s for s in BLOCK_STAGES if (qk_norm or s not in ("q_norm", "k_norm"))
-            and (post_norm or s not in ("attn_post_norm", "ffn_post_norm"))]
+            and (post_norm or s not in ("attn_post_norm", "ffn_post_norm"))
+            and (kind != "dense" or s not in MOE_FFN + ("ffn_shexp_out",))
+            and (kind == "dense" or s not in DENSE_FFN) and (kind == "moe+shexp" or s != "ffn_shexp_out")]
+
+
+def block_stage_union(model_type, layout=None):
+    """Every stage any block of the model has, in canonical order."""
+    kinds = set(layout or ["dense"])
+    have = {s for k in kinds for s in block_stages(model_type, k)}
+    return [s for s in BLOCK_STAGES if s in have]
+
+
+def moe_layout(cfg):
+    """Per layer "dense", "moe" or "moe+shexp" for a MoE family's HF config (a dict, or a config object),
+    None for a dense family: Qwen2/3-MoE route layer i unless it is in mlp_only_layers or (i + 1) %
+    decoder_sparse_step != 0, DeepSeek-V3 from first_k_dense_replace on, Mixtral and gpt-oss every layer."""
+    get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+    mt = get("model_type")
+    if mt not in MOE_TYPES:
+        return None
+    n = get("num_hidden_layers")
+    shared = MOE_TYPES[mt][1] and bool(get("shared_expert_intermediate_size", 1) and get("n_shared_experts", 1))
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        step, only = get("decoder_sparse_step") or 1, set(get("mlp_only_layers") or [])
+        sparse = [i not in only and (i + 1) % step == 0 for i in range(n)]
+    elif mt == "deepseek_v3":
+        sparse = [i >= get("first_k_dense_replace", 0) for i in range(n)]
+    else:
+        sparse = [True] * n
+    return [("moe+shexp" if shared else "moe") if sp else "dense" for sp in sparse]
 
 
 # Stages after the logits that only some recordings have (record_hf.py
@@ -155,13 +194,15 @@ def block_stages(model_type):
 OPTIONAL_STAGES = ["sample_probs"]
 
 
-def all_stages(model_type, n_layers, extra=()):
+def all_stages(model_type, n_layers, extra=(), layout=None):
     """Every canonical stage of one step of this model, in execution order,
-    plus the optional stages in `extra` (a subset of OPTIONAL_STAGES)."""
+    plus the optional stages in `extra` (a subset of OPTIONAL_STAGES).
+    `layout`: a MoE model's moe_layout (None: every block dense)."""
     assert set(extra) <= set(OPTIONAL_STAGES), extra
+    assert layout is None or len(layout) == n_layers, (layout, n_layers)
     names = ["embed"]
     for li in range(n_layers):
-        names += [f"blk.{li}.{s}" for s in block_stages(model_type)]
+        names += [f"blk.{li}.{s}" for s in block_stages(model_type, layout[li] if layout else "dense")]
     return names + ["output_norm", "logits"] + [s for s in OPTIONAL_STAGES if s in extra]
 
 
@@ -213,7 +254,7 @@ class SelectionError(ValueError):
     pass
 
 
-def parse_stages(text, model_type, n_layers, extra=(), what="--stages"):
+def parse_stages(text, model_type, n_layers, extra=(), what="--stages", layout=None):
     """`--stages` (comma-separated patterns) -> (patterns, selected stage set).
     A pattern that matches no stage of this model is an error, as in a spec:
     a typo must not silently record nothing. `extra`: the optional stages
@@ -221,7 +262,7 @@ def parse_stages(text, model_type, n_layers, extra=(), what="--stages"):
     pats = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in pats):
         raise SelectionError(f"{what} {text!r}: empty pattern (give comma-separated patterns, e.g. 'embed,blk.0.*,logits')")
-    stages = all_stages(model_type, n_layers, extra)
+    stages = all_stages(model_type, n_layers, extra, layout)
     generic = sorted({re.sub(r"^blk\.\d+\.", "blk.*.", s) for s in stages})
     chosen = set()
     for p in pats:
@@ -249,30 +290,52 @@ def parse_steps(text, decode_steps):
     return [s for s in known if s in want]
 
 
+class Dims(tuple):
+    """(H, KV, D, E, F, V, layers), and for a MoE model `n_expert` and `top_k` (None otherwise); for
+    multi-head latent attention (DeepSeek-V3) D is the q/k head (qk_nope + qk_rope dims) and `d_v` the
+    value head."""
+    n_expert = top_k = d_v = None
+
+
 def model_dims(cfg):
-    """(H, KV, D, E, F, V, layers) from an HF config dict. head_dim is optional
-    in most configs (hidden / heads when absent); num_key_value_heads too."""
+    """(H, KV, D, E, F, V, layers) from an HF config dict (a Dims; a MoE
+    family's also has n_expert and top_k). head_dim is optional in most
+    configs (hidden / heads when absent); num_key_value_heads too."""
     H = cfg["num_attention_heads"]
     KV = cfg.get("num_key_value_heads") or H
     D = cfg.get("head_dim") or cfg["hidden_size"] // H
-    return H, KV, D, cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    if cfg.get("kv_lora_rank"):  # MLA: config.json's head_dim is the RoPE part only
+        D = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    dims = Dims((H, KV, D, cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]))
+    if cfg.get("kv_lora_rank"):
+        dims.d_v = cfg["v_head_dim"]
+    if cfg.get("model_type") in MOE_TYPES:
+        dims.n_expert, dims.top_k = cfg[MOE_TYPES[cfg["model_type"]][0]], cfg["num_experts_per_tok"]
+    return dims
+
+
+def dims_v(dims):
+    """The value head size: D, or MLA's v_head_dim."""
+    return getattr(dims, "d_v", None) or dims[2]
 
 
 def expected_shape(stage, T, S, dims, logits_last=False):
     """The canonical layout of `stage` for a step of T tokens, S positions."""
     H, KV, D, E, F, V, _ = dims
     name = stage.split(".")[-1]
+    if name in MOE_FFN[:4]:
+        return (T, dims.n_expert if name in ("ffn_moe_logits", "ffn_moe_probs") else dims.top_k)
     return {
         "tokens": (T,), "positions": (T,), "logits": (1 if logits_last else T, V),
         "q": (T, H, D), "q_norm": (T, H, D), "q_rope": (T, H, D),
-        "k": (T, KV, D), "k_norm": (T, KV, D), "k_rope": (T, KV, D), "v": (T, KV, D),
-        "attn_scores": (H, T, S), "attn_probs": (H, T, S), "attn_ctx": (T, H * D),
+        "k": (T, KV, D), "k_norm": (T, KV, D), "k_rope": (T, KV, D), "v": (T, KV, dims_v(dims)),
+        "attn_scores": (H, T, S), "attn_probs": (H, T, S), "attn_ctx": (T, H * dims_v(dims)),
         "sample_probs": (1, V),
         "ffn_gate": (T, F), "ffn_up": (T, F), "ffn_act": (T, F),
     }.get(name, (T, E))  # embed, norms (attn_post_norm, ffn_post_norm too), attn_out, ffn_inp, ffn_out, out
 
 
-def parse_stages_at(items, model_type, n_layers, decode_steps, extra=(), what="--stages-at"):
+def parse_stages_at(items, model_type, n_layers, decode_steps, extra=(), what="--stages-at", layout=None):
     """`--stages-at STEP=PATTERN[,PATTERN]` (repeatable) -> ({step: patterns},
     {step: selected stage set}): stages stored at that one step only, on top
     of --steps x --stages (a long prompt's [H,T,S] prefill scores would not
@@ -290,7 +353,8 @@ def parse_stages_at(items, model_type, n_layers, decode_steps, extra=(), what="-
             raise SelectionError(f"{what} {item!r}: {e}") from None
         if step in pats:
             raise SelectionError(f"{what}: step {step} named twice")
-        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"{what} {step}")
+        pats[step], sets[step] = parse_stages(text, model_type, n_layers, extra, what=f"{what} {step}",
+                                              layout=layout)
     return pats, sets
 
 

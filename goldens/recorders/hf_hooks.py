@@ -45,7 +45,12 @@ KV kv heads, D head dim, E hidden, F FFN width, V vocab:
   blk.{i}.ffn_gate / .ffn_up [T,F] gate_proj / up_proj outputs
   blk.{i}.ffn_act        [T,F]     silu(gate) * up, the input of down_proj
                                    (Gemma 3: gelu_tanh(gate) * up)
-  blk.{i}.ffn_out        [T,E]     down_proj output
+  blk.{i}.ffn_out        [T,E]     down_proj output (a MoE layer: the MLP
+                                   block's output, routed + shared expert)
+  blk.{i}.ffn_moe_*      a mixture-of-experts layer has ffn_moe_logits,
+                         ffn_moe_probs, ffn_moe_topk, ffn_moe_weights,
+                         ffn_moe_out (and ffn_shexp_out) in place of
+                         ffn_gate/ffn_up/ffn_act: moe_hooks.py
   blk.{i}.ffn_post_norm  [T,E]     Gemma 3 only: post_feedforward_layernorm
                                    output (the norm of ffn_out)
   blk.{i}.out            [T,E]     residual stream after the block
@@ -53,6 +58,16 @@ KV kv heads, D head dim, E hidden, F FFN width, V vocab:
   logits                 [T,V]     ([1,V], the last row, with --logits last)
   sample_probs           [1,V]     with --sample-probs only: the sampling
                                    distribution of the last row (see above)
+
+DeepSeek-V3's multi-head latent attention: D is the q/k head (qk_nope +
+qk_rope dims), v and attn_ctx have v_head_dim per head, KV = H: q is
+q_b_proj's output per head (before RoPE), k the per-head key before RoPE
+(k_nope from kv_b_proj, then the shared qk_rope dims of kv_a_proj_with_mqa),
+v the per-head value; q_rope / k_rope the attention's query and key (only
+the qk_rope dims rotated, as HF's rope_interleave lays them out: the rotated
+even features, then the odd ones). The per-head k and v exist only inside
+the attention (expanded from the latent cache over all S positions): the
+tap takes this step's T rows.
 
 For Phi-3 (fused qkv_proj and gate_up_proj) q, k, v are the split pieces of
 qkv_proj's output (the first H*D features, then KV*D, then KV*D, as
@@ -84,6 +99,7 @@ import numpy as np
 import torch
 
 import golden_io
+import moe_hooks
 from golden_io import progress
 from oracle_f64 import allowed
 from overflow import STANDIN  # what a lean capture holds for a finite stage it does not store
@@ -124,6 +140,9 @@ class Recorder:
         self.standins = set()  # stages of this step held as STANDIN
         # Qwen3 / Gemma 3 q_norm/k_norm hooks read the stored projections.
         self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
+        self.moe_stats = None  # a MoE model's routing statistics (moe_hooks.Stats)
+        self.mla = False  # DeepSeek's multi-head latent attention (install)
+        self.k_pe = {}  # MLA: each layer's pre-RoPE shared key dims of the step running
         # Progress lines (one per layer of a model of more than 4 layers).
         self.log = lambda msg: progress("record_hf.py", msg)
 
@@ -180,6 +199,16 @@ class Recorder:
                     self.put(p + "k", k.reshape(1, T, KV, D))
                     self.put(p + "v", v.reshape(1, T, KV, D))
                 fwd(a.qkv_proj, qkv)
+            elif hasattr(a, "kv_a_proj_with_mqa"):
+                # DeepSeek's multi-head latent attention: q is q_b_proj's output (per head, qk_nope then
+                # qk_rope dims, before RoPE); k, v, q_rope and k_rope are taken in the attention tap (the
+                # per-head keys and values exist only there, expanded from the latent cache), the
+                # pre-RoPE shared key part from kv_a_proj_with_mqa here.
+                self.mla = True
+                fwd(a.q_b_proj if a.q_b_proj is not None else a.q_proj,
+                    lambda mod, i, o, p=p, a=a: self.put(p + "q", o.view(1, o.shape[1], H, a.qk_head_dim)))
+                fwd(a.kv_a_proj_with_mqa,
+                    lambda mod, i, o, p=p, a=a: self.k_pe.__setitem__(p, o[..., a.kv_lora_rank:]))
             else:
                 fwd(a.q_proj, lambda mod, i, o, p=p: self.put(p + "q", o.view(1, o.shape[1], H, D)))
                 fwd(a.k_proj, lambda mod, i, o, p=p: self.put(p + "k", o.view(1, o.shape[1], KV, D)))
@@ -224,7 +253,10 @@ class Recorder:
                 pre(layer.post_attention_layernorm, lambda mod, i, p=p: self.put(p + "ffn_inp", i[0]))
                 fwd(layer.post_attention_layernorm, lambda mod, i, o, p=p: self.put(p + "ffn_norm", o))
             mlp = layer.mlp
-            if hasattr(mlp, "gate_up_proj"):
+            if hasattr(mlp, "experts"):
+                # A mixture-of-experts layer: router, experts, shared expert (moe_hooks.py).
+                moe_hooks.install(self, mlp, p, li, fwd)
+            elif hasattr(mlp, "gate_up_proj"):
                 # Phi-3: Phi3MLP does `gate, up = gate_up_proj(x).chunk(2)`.
                 def gate_up(mod, i, o, p=p):
                     gate, up = o.chunk(2, dim=-1)
@@ -234,10 +266,11 @@ class Recorder:
             else:
                 fwd(mlp.gate_proj, lambda mod, i, o, p=p: self.put(p + "ffn_gate", o))
                 fwd(mlp.up_proj, lambda mod, i, o, p=p: self.put(p + "ffn_up", o))
-            # silu(gate)*up is an inline product, observable only as the
-            # input of down_proj.
-            pre(mlp.down_proj, lambda mod, i, p=p: self.put(p + "ffn_act", i[0]))
-            fwd(mlp.down_proj, lambda mod, i, o, p=p: self.put(p + "ffn_out", o))
+            if not hasattr(mlp, "experts"):
+                # silu(gate)*up is an inline product, observable only as the
+                # input of down_proj.
+                pre(mlp.down_proj, lambda mod, i, p=p: self.put(p + "ffn_act", i[0]))
+                fwd(mlp.down_proj, lambda mod, i, o, p=p: self.put(p + "ffn_out", o))
             # transformers 5 decoder layers return a tensor; 4.x returned a tuple.
             fwd(layer, lambda mod, i, o, p=p: self.put(p + "out", o[0] if isinstance(o, tuple) else o))
         fwd(m.norm, lambda mod, i, o: self.put("output_norm", o))
@@ -252,6 +285,8 @@ class Recorder:
 
         def rope_wrapper(q, k, cos, sin, *args, **kwargs):
             qe, ke = orig(q, k, cos, sin, *args, **kwargs)
+            if self.mla:  # (MLA ropes only the qk_rope dims: its q_rope/k_rope come from the tap)
+                return qe, ke
             p = f"blk.{self.layer}."
             # HF layout [1,H,T,D] -> canonical [T,H,D] (batch dropped by put).
             self.put(p + "q_rope", qe.transpose(1, 2))
@@ -299,16 +334,35 @@ class Recorder:
                 assert attention_mask.dtype == query.dtype, (attention_mask.dtype, query.dtype)
                 assert torch.equal(attention_mask[0, 0] < torch.finfo(query.dtype).min / 2, masked)
                 assert not attention_mask[0, 0][~masked].any()
-                again = torch.nn.functional.softmax(scores + attention_mask, dim=-1, dtype=torch.float32)
+                masked_scores = scores + attention_mask
             else:
                 assert not masked.any(), "no attention mask, but the step has future positions"
-                again = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
+                masked_scores = scores
+            if hasattr(module, "sinks"):
+                # gpt-oss: one more logit per head (its sink) joins the softmax,
+                # after the row max is subtracted, and is dropped after it.
+                sinks = module.sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, T, -1)
+                comb = torch.cat([masked_scores, sinks], dim=-1)
+                comb = comb - comb.max(dim=-1, keepdim=True).values
+                again = torch.nn.functional.softmax(comb, dim=-1, dtype=comb.dtype)[..., :-1]
+            else:
+                again = torch.nn.functional.softmax(masked_scores, dim=-1, dtype=torch.float32)
             # Only on finite data: an overflow (a 16-bit reference's scores past
             # its range) is recorded as data by the recorder (overflow.py), and
             # NaN equals nothing, itself included.
             if all_finite(scores) and all_finite(weights):
                 assert torch.equal(again.to(query.dtype), weights), "recomputed attention differs from HF's"
             del again  # (a long prompt's [H,T,S] copies are freed as soon as they are checked)
+            if getattr(module, "kv_b_proj", None) is not None:
+                # MLA: the tap's query/key/value are the per-head ones (q_rope: q_nope, then the RoPE'd
+                # dims; k_rope: k_nope from kv_b_proj, then the shared RoPE'd dims; the last T of S).
+                p, nope = f"blk.{self.layer}.", module.qk_nope_head_dim
+                kr = key[:, :, -T:].transpose(1, 2)
+                pe = self.k_pe.pop(p)[:, :, None, :].expand(-1, -1, kr.shape[2], -1)
+                self.put(p + "k", torch.cat([kr[..., :nope], pe], dim=-1))
+                self.put(p + "v", value[:, :, -T:].transpose(1, 2))
+                self.put(p + "q_rope", query.transpose(1, 2))
+                self.put(p + "k_rope", kr)
             self.put(f"blk.{self.layer}.attn_scores", scores.masked_fill_(masked, 0.0))
             if self.lean is not None:
                 # Lean capture: this layer's probabilities now (the forward
@@ -362,7 +416,9 @@ def config_dims(cfg):
     which is what the attention modules compute too."""
     return golden_io.model_dims({k: getattr(cfg, k, None) for k in (
         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
-        "intermediate_size", "vocab_size", "num_hidden_layers")})
+        "intermediate_size", "vocab_size", "num_hidden_layers", "model_type", "num_experts_per_tok",
+        "num_local_experts", "num_experts", "n_routed_experts", "kv_lora_rank", "qk_nope_head_dim",
+        "qk_rope_head_dim", "v_head_dim")})
 
 
 def attention_rows(probs, positions, window=None):

@@ -3,7 +3,8 @@
 - make_deterministic(): torch on the CPU with one thread (a different thread
   count may change the reduction order inside matmuls, hence the last bits
   of every tensor), deterministic algorithms, no TF32.
-- load(): the tokenizer and the model, eager attention, float32 (a GGUF
+- load(): the tokenizer and the model, eager attention (a mixture-of-experts
+  model: eager experts too), float32 (a GGUF
   dequantised a block of rows at a time: hf_loading.lean_gguf_loading),
   every weight copied into a fresh aligned allocation (hf_loading.
   fresh_weights: the goldens depend on the weights only, not on the file's
@@ -28,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 # Seeds of the tiny models (make_model.py's), recorded in every HF golden.
 from make_model import SEEDS
 import config_override
+import golden_io
 import oracle_f64
 import rope_scaling_f64
 from hf_loading import fresh_weights, lean_gguf_loading
@@ -46,6 +48,12 @@ def make_deterministic():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+
+
+def read_config(folder):
+    """An HF folder's config.json, as a dict."""
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
 
 
 def load(path, source, dtype, log, override=None):
@@ -74,6 +82,10 @@ def load(path, source, dtype, log, override=None):
     cfg_kw, merged = {}, None
     if override is not None:
         cfg_kw["config"], merged = config_override.hf_config(load_dir, load_kw, gguf, override, "record_hf.py", log)
+    if not gguf and golden_io.moe_layout(read_config(load_dir)) is not None:
+        # A mixture-of-experts model: transformers' eager loop over the experts (its default, grouped_mm,
+        # batches them differently), asserted per layer by moe_hooks.install.
+        cfg_kw["experts_implementation"] = "eager"
     with lean_gguf_loading() if gguf else contextlib.nullcontext():
         model = AutoModelForCausalLM.from_pretrained(
             load_dir, dtype=torch.float32, attn_implementation="eager", **load_kw, **cfg_kw

@@ -105,6 +105,81 @@ ARCH_NODE_MAP = {
         "blk.{L}.ffn_up": ("ffn_up-{L}", "MUL_MAT", "split:1/2"),
     },
 }
+# Mixture-of-experts layers (issue 38): llm_graph_context::build_moe_ffn (vendor/llama.cpp/src/llama-graph.cpp of the
+# pinned llama.cpp) names the router's MUL_MAT ffn_moe_logits-L, the softmax gating's SOFT_MAX
+# ffn_moe_probs-L, the ARGSORT of the selection scores (descending) ffn_moe_argsort-L, whose VIEW of the
+# first k columns is ffn_moe_topk-L (an I32 view the callback does not copy: the recorder reads the
+# ARGSORT, selector "topk", and keeps its first k columns), the chosen probabilities (GET_ROWS)
+# ffn_moe_weights-L, renormalised (norm_w: DIV by the clamped sum) ffn_moe_weights_norm-L, and the ADD of
+# the k weighted experts ffn_moe_out-L. The llama graph (Mixtral, models/llama.cpp) and qwen3moe
+# (models/qwen3moe.cpp) add ffn_moe_out-L to the residual, so it is ffn_out as well (their ADD named
+# ffn_out-L is the residual sum); qwen2moe (models/qwen2moe.cpp) gates the shared expert
+# (ffn_shexp_out-L, a MUL by ffn_shexp_gate-L = silu(g) / g, its sigmoid) and adds it: ffn_out-L (ADD).
+MOE_NODE_MAP = {
+    "blk.{L}.ffn_moe_logits": ("ffn_moe_logits-{L}", "MUL_MAT", "last"),
+    "blk.{L}.ffn_moe_probs": ("ffn_moe_probs-{L}", "SOFT_MAX", "last"),
+    "blk.{L}.ffn_moe_topk": ("ffn_moe_argsort-{L}", "ARGSORT", "topk"),
+    "blk.{L}.ffn_moe_weights": ("ffn_moe_weights_norm-{L}", "DIV", "last"),
+    "blk.{L}.ffn_moe_out": ("ffn_moe_out-{L}", "ADD", "last"),
+    "blk.{L}.ffn_out": ("ffn_moe_out-{L}", "ADD", "last"),
+}
+ARCH_MOE_NODE_MAP = {
+    # DeepSeek-V3 (sigmoid gating, exp_probs_b): the selection scores are sigmoid + bias
+    # (ffn_moe_probs_biased-L, ADD; ffn_moe_probs-L is the unbiased SIGMOID), the group limit masks them
+    # (ffn_moe_probs_masked-L) before the ARGSORT; the weights are the unbiased probabilities of the
+    # chosen, renormalised, then times expert_weights_scale (ffn_moe_weights_scaled-L, SCALE); the shared
+    # expert is build_ffn's output ffn_shexp-L (MUL_MAT), added to the routed sum in ffn_out-L (ADD).
+    "deepseek2": {
+        "blk.{L}.ffn_moe_probs": ("ffn_moe_probs_biased-{L}", "ADD", "last"),
+        "blk.{L}.ffn_moe_weights": ("ffn_moe_weights_scaled-{L}", "SCALE", "last"),
+        "blk.{L}.ffn_shexp_out": ("ffn_shexp-{L}", "MUL_MAT", "last"),
+        "blk.{L}.ffn_out": ("ffn_out-{L}", "ADD", "last"),
+    },
+    # gpt-oss (gating SOFTMAX_WEIGHT): the router's bias is added (ffn_moe_logits_biased-L), and the
+    # "probs" are that very tensor, so cb renames it ffn_moe_probs-L: the ADD is both stages; the weights
+    # are the softmax over the k chosen, named on its reshape (ffn_moe_weights_softmax-L, RESHAPE).
+    "gpt-oss": {
+        "blk.{L}.ffn_moe_logits": ("ffn_moe_probs-{L}", "ADD", "last"),
+        "blk.{L}.ffn_moe_probs": ("ffn_moe_probs-{L}", "ADD", "last"),
+        "blk.{L}.ffn_moe_weights": ("ffn_moe_weights_softmax-{L}", "RESHAPE", "last"),
+    },
+    # norm_topk_prob false: the chosen probabilities as they are (no DIV, no SCALE: w_scale 0).
+    "qwen2moe": {
+        "blk.{L}.ffn_moe_weights": ("ffn_moe_weights-{L}", "GET_ROWS", "last"),
+        "blk.{L}.ffn_shexp_out": ("ffn_shexp_out-{L}", "MUL", "last"),
+        "blk.{L}.ffn_out": ("ffn_out-{L}", "ADD", "last"),
+    },
+}
+# Qwen3-MoE's attention is Qwen3's (per-head q/k norms).
+ARCH_NODE_MAP["qwen3moe"] = ARCH_NODE_MAP["qwen3"]
+# gpt-oss (models/openai-moe.cpp): o_proj's bias is added and the sum named attn_out-L (ADD); the
+# norm before the MoE is attn_post_norm-L (HF's post_attention_layernorm).
+ARCH_NODE_MAP["gpt-oss"] = {
+    "blk.{L}.attn_out": ("attn_out-{L}", "ADD", "last"),
+    "blk.{L}.ffn_norm": ("attn_post_norm-{L}", "MUL", "last"),
+}
+# DeepSeek-V3 (models/deepseek2.cpp, multi-head latent attention with the absorption optimisation, as
+# every GGUF of the pinned converter has it: attn_k_b / attn_v_b, key_length_mla): q-L (RESHAPE) is
+# q_b_proj's output per head; only its RoPE dims are rotated, q_pe-L (ROPE), in llama.cpp's interleaved
+# pair layout (rope type NORM on DeepSeek's interleaved weights); HF's rope_interleave returns them
+# de-interleaved (the rotated even features, then the odd ones), so q_rope (selector "mla_q_rope") is q's
+# qk_nope dims then q_pe-L's features 0, 2, 4, ..., 1, 3, 5, .... kq-L multiplies the latent cache by the
+# absorbed q: HF's scores, computed by another rule.
+ARCH_NODE_MAP["deepseek2"] = {
+    "blk.{L}.q": ("q-{L}", "RESHAPE", "last"),
+    "blk.{L}.q_rope": ("q_pe-{L}", "ROPE", "mla_q_rope"),
+}
+# Stages an architecture's graph never computes: left out of its llama.cpp golden (record_llamacpp.py,
+# provenance `absent_stages`, with these reasons).
+ABSENT_STAGES = {
+    "deepseek2": {
+        "k": "MLA with absorption: the per-head keys are never formed; kq-L multiplies the latent cache "
+             "(kv_cmpr, k_pe) by q_nope absorbed through attn_k_b (q_nope_absorbed-L)",
+        "v": "MLA with absorption: the values stay latent (Vcur = kv_cmpr); attn_v_b is applied after the "
+             "attention (kqv_mla-L)",
+        "k_rope": "MLA with absorption: only the shared RoPE'd k_pe-L exists, never k_nope per head",
+    },
+}
 # The names an "after" node may carry: ggml calls an unnamed node
 # "node_<index>" (Qwen2's o_proj output), Llama's graph names it attn_out-L.
 AFTER_NAMES = {
@@ -115,23 +190,38 @@ AFTER_NAMES = {
 # (LlamaModel.permute in vendor/llama.cpp/conversion/llama.py) and whose
 # graph uses the interleaved-pair ("NORM") RoPE on them.
 QK_PERMUTED = {"llama"}
-ROPE_TYPE = {"llama": 0, "qwen2": 2, "qwen3": 2, "phi3": 2, "gemma3": 2}  # LLAMA_ROPE_TYPE_NORM, _NEOX
-# HF model_type -> GGUF general.architecture, where they differ.
-HF_MODEL_TYPE_ARCH = {"gemma3_text": "gemma3"}
+ROPE_TYPE = {"llama": 0, "qwen2": 2, "qwen3": 2, "phi3": 2, "gemma3": 2,  # LLAMA_ROPE_TYPE_NORM, _NEOX
+             "qwen2moe": 2, "qwen3moe": 2, "gpt-oss": 2, "deepseek2": 0}
+# HF model_type -> GGUF general.architecture, where they differ (Mixtral converts to llama).
+HF_MODEL_TYPE_ARCH = {"gemma3_text": "gemma3", "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+                      "gpt_oss": "gpt-oss", "deepseek_v3": "deepseek2"}
 # Architectures whose graph scales Q after RoPE in an unnamed SCALE node
 # (gemma3.cpp: Qcur = ggml_scale(Qcur, f_attention_scale) after cb(Qcur,
 # "Qcur")) and passes kq_scale 1 to the softmax.
 Q_SCALE_AFTER_ROPE = {"gemma3"}
 
 
-def node_map(arch):
+def node_map(arch, layout=None):
     """stage template -> (node, op, selector) for one architecture, in the
-    canonical execution order."""
+    canonical execution order. `layout`: a MoE model's golden_io.moe_layout;
+    a stage whose node differs between its dense and MoE layers (ffn_out)
+    is then listed per layer (a concrete stage, no {L})."""
     m = dict(NODE_MAP, **ARCH_NODE_MAP.get(arch, {}))
-    order = ["embed"] + [f"blk.{{L}}.{s}" for s in golden_io.block_stages(arch)] + ["output_norm", "logits"]
-    missing = [s for s in order if s not in m]
+    moe = dict(MOE_NODE_MAP, **ARCH_MOE_NODE_MAP.get(arch, {})) if layout is not None else {}
+    absent = ABSENT_STAGES.get(arch, {})
+    order = ["embed"] + [f"blk.{{L}}.{s}" for s in golden_io.block_stage_union(arch, layout) if s not in absent] + \
+        ["output_norm", "logits"]
+    missing = [s for s in order if s not in m and s not in moe]
     assert not missing, f"no node for {missing} in the {arch} map"
-    return [(s, *m[s]) for s in order]
+    out = []
+    for s in order:
+        if s in moe and s in m:
+            for L, kind in enumerate(layout):
+                name, op, sel = moe[s] if kind != "dense" else m[s]
+                out.append((s.format(L=L), name.format(L=L), op, sel))
+        else:
+            out.append((s, *(moe.get(s) or m[s])))
+    return out
 
 
 class LeanNodes:
@@ -141,15 +231,17 @@ class LeanNodes:
     its name (a node pick() may choose, at most a few more). One per step:
     wants() follows the graph's order."""
 
-    def __init__(self, arch, n_layer, want, table=None):
+    def __init__(self, arch, n_layer, want, table=None, layout=None):
         self.pairs, self.after, self.armed = set(), {}, set()
-        for stage, name, op, sel in (node_map(arch) if table is None else table):
+        for stage, name, op, sel in (node_map(arch, layout) if table is None else table):
             for L in (range(n_layer) if "{L}" in stage else [None]):
                 if stage.format(L=L) in want:
                     if sel == "after":
                         self.after[name.format(L=L)] = op
                     else:
                         self.pairs.add((name.format(L=L), op))
+                    if sel == "mla_q_rope":  # q_rope is assembled from q as well
+                        self.pairs.add((f"q-{L}", "RESHAPE"))
 
     def wants(self, name, op):
         hit = (name, op) in self.pairs or op in self.armed
@@ -159,11 +251,11 @@ class LeanNodes:
         return hit
 
 
-def computable(step_nodes, arch, n_layer, stages):
+def computable(step_nodes, arch, n_layer, stages, layout=None):
     """The stages of `stages` whose node holds data (a lean capture: the
     stored ones, and any whose node was not finite)."""
     out = set()
-    for stage, name, op, sel in node_map(arch):
+    for stage, name, op, sel in node_map(arch, layout):
         for L in (range(n_layer) if "{L}" in stage else [None]):
             st = stage.format(L=L)
             if st in stages and pick(step_nodes, name.format(L=L), op, sel, st, L)["data"] is not None:
@@ -172,7 +264,7 @@ def computable(step_nodes, arch, n_layer, stages):
 
 
 def pick(nodes, name, op, sel, stage, layer):
-    if sel == "last" or sel.startswith("split:"):
+    if sel in ("last", "topk", "mla_q_rope") or sel.startswith("split:"):
         hits = [n for n in nodes if n["name"] == name and n["op"] == op]
         assert hits, f"no node {name} with op {op}"
         return hits[-1]
@@ -280,7 +372,7 @@ def check_rope_bases(step_nodes, step, attn):
 
 
 def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, positions, attn, table=None,
-              checked=None, finite=True):
+              checked=None, finite=True, layout=None):
     """The stages in `keep` of one step, canonical layout (see NODE_MAP), in
     execution order. `attn`: attention_layout(); `table`: node_map(arch)'s
     list, or another (engine_llamacpp.py's, with flash attention's
@@ -290,7 +382,7 @@ def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, posit
     watch for an overflow themselves, overflow.py)."""
     out = {}
     checked = keep if checked is None else checked
-    for stage, name, op, sel in (node_map(arch) if table is None else table):
+    for stage, name, op, sel in (node_map(arch, layout) if table is None else table):
         for L in (range(n_layer) if "{L}" in stage else [None]):
             st = stage.format(L=L)
             if st not in keep:
@@ -301,6 +393,16 @@ def canonical(step_nodes, step, arch, n_layer, T, S, permuted, dims, keep, posit
             want = golden_io.expected_shape(st, T, S, dims)
             if sel.startswith("split:"):
                 a = split_piece(a, sel, st, dims)
+            if sel == "topk":
+                # The ARGSORT's ids, descending score: its first k are the choice (ffn_moe_topk-L's view).
+                a = a.reshape(-1, dims.n_expert)[:, :dims.top_k].astype(np.float32)
+            if sel == "mla_q_rope":
+                # q's qk_nope dims, then q_pe's RoPE'd dims de-interleaved (see ARCH_NODE_MAP's deepseek2).
+                q = pick(step_nodes, f"q-{L}", "RESHAPE", "last", st, L)["data"]
+                assert q is not None, f"{step}/{st}: no data for q-{L}"
+                q = q.reshape(T, dims[0], dims[2])
+                pe = a.reshape(T, dims[0], -1)
+                a = np.concatenate([q[..., :dims[2] - pe.shape[-1]], pe[..., 0::2], pe[..., 1::2]], axis=-1)
             if st.endswith("attn_probs"):
                 a = a.reshape(a.shape[-3:])
                 assert a.shape[:2] == want[:2] and a.shape[2] >= S, f"{step}/{st}: {a.shape} vs {want}"

@@ -24,6 +24,7 @@ import safetensors
 VIEW_OPS = {"VIEW", "PERMUTE", "TRANSPOSE", "SET_ROWS", "CPY"}
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
+GGML_TYPE_I32 = 26
 KV_TYPES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16}
 
 
@@ -74,8 +75,9 @@ def load_bindings(src, lib_dir):
 class NodeRecorder:
     """The eval callback: for every node, its name, op and shape; for F32
     nodes that are not pure views of other memory (KV cache writes and
-    views), a copy of the data; for a ROPE, its frequency factors' tensor
-    (name and values; `freq_factors`, None without).
+    views), a copy of the data (and of the I32 ARGSORT of a MoE router);
+    for a ROPE, its frequency factors' tensor (name and values;
+    `freq_factors`, None without).
 
     `keep` (None: every node) makes the capture lean: an object whose
     wants(name, op), asked for every node in graph order, says whether its
@@ -106,6 +108,16 @@ class NodeRecorder:
             return flat.view(np.float32).reshape(shape)  # contiguous: the buffer itself, no second copy
         return np.lib.stride_tricks.as_strided(flat.view(np.float32), shape=shape, strides=strides).copy()
 
+    def read_i32(self, t):
+        """A contiguous I32 tensor's data (numpy shape = ggml `ne` reversed):
+        a MoE router's ARGSORT, the experts in descending score."""
+        tt = ctypes.cast(t, ctypes.POINTER(GgmlTensor)).contents
+        shape, n = tuple(reversed([int(x) for x in tt.ne])), self.g.ggml_nbytes(t)
+        assert n == 4 * int(np.prod(shape)), "a non-contiguous I32 node"
+        buf = (ctypes.c_uint8 * n)()
+        self.g.ggml_backend_tensor_get(t, buf, 0, n)
+        return np.frombuffer(buf, dtype=np.int32).reshape(shape).copy()
+
     def callback(self, t, ask, user_data):
         if ask:
             return True  # observe every node (unnamed ones too: o_proj in Qwen2)
@@ -115,7 +127,8 @@ class NodeRecorder:
         op = self.g.ggml_op_desc(t).decode()
         ne = [int(x) for x in tt.ne]
         wanted = self.keep is None or self.keep.wants(name, op)  # asked of every node, in order
-        data = self.read(t) if tt.type == GGML_TYPE_F32 and op not in VIEW_OPS else None
+        data = self.read(t) if tt.type == GGML_TYPE_F32 and op not in VIEW_OPS else \
+            self.read_i32(t) if tt.type == GGML_TYPE_I32 and op == "ARGSORT" else None
         if not wanted and data is not None and np.isfinite(data).all():
             data = None  # lean: not needed, and finite
         node = {"name": name, "op": op, "ne": ne, "data": data, "op_params": bytes(bytearray(tt.op_params))}

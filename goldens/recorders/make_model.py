@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight model (Qwen2, Llama, Qwen3, Phi-3 or Gemma 3) the goldens are recorded from.
+"""Build a tiny random-weight model (Qwen2, Llama, Qwen3, Phi-3, Gemma 3 or a MoE) the goldens are recorded from.
 
 usage: make_model.py OUT_DIR [--family qwen2|llama|qwen3|phi3|gemma3
-                              |llama3|yarn|longrope|linear|dynamic|swa] [--initializer-range R]
+                              |llama3|yarn|longrope|linear|dynamic|swa
+                              |mixtral|qwen2_moe|qwen3_moe|gpt_oss|deepseek_v3]
+                             [--initializer-range R]
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -86,6 +88,11 @@ too) with only the config changed: a RoPE scaling or Qwen2's sliding
 window. The overrides, and the check that transformers reads the written
 config.json as intended, are in long_context_families.py; the tokenizer's
 model_max_length follows the variant's max_position_embeddings.
+
+--family mixtral|qwen2_moe|qwen3_moe|gpt_oss|deepseek_v3 (issue 38, the
+mixture-of-experts models): configs, router weights and check_written() in
+moe_families.py (tokenizer of llama for mixtral, qwen2 for the others;
+initializer range 0.15).
 """
 import argparse
 import hashlib
@@ -103,6 +110,7 @@ import torch
 import transformers
 sys.dont_write_bytecode = True  # no __pycache__ in the repository
 import long_context_families  # noqa: E402  (the long-context families' config overrides)
+import moe_families  # noqa: E402  (the mixture-of-experts families)
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
                           Phi3ForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
@@ -172,6 +180,7 @@ INITIALIZER_RANGE_GEMMA3 = 0.15
 INITIALIZER_RANGE_BY_FAMILY = {"qwen2": INITIALIZER_RANGE, "llama": INITIALIZER_RANGE_LLAMA,
                                "qwen3": INITIALIZER_RANGE, "phi3": INITIALIZER_RANGE,
                                "gemma3": INITIALIZER_RANGE_GEMMA3}
+INITIALIZER_RANGE_BY_FAMILY.update({f: INITIALIZER_RANGE for f in moe_families.CONFIGS})
 
 # Byte-level BPE with exactly Qwen2's pre-tokenizer regex. This is the
 # pipeline transformers' Qwen2 tokenizer uses and llama.cpp calls "qwen2",
@@ -203,6 +212,7 @@ FAMILIES = {
     "phi3": (LLAMA3_PRETOKENIZE_REGEX, PHI3_SPECIALS),
     "gemma3": (QWEN2_PRETOKENIZE_REGEX, GEMMA3_SPECIALS),
 }
+FAMILIES.update({f: FAMILIES[t] for f, t in moe_families.TOKENIZER_OF.items()})
 # Gemma 3's sliding-window layout (see the module docstring).
 GEMMA3_LAYERS = 6
 GEMMA3_SLIDING_WINDOW = 4
@@ -418,6 +428,8 @@ BUILDERS = {
 }
 # Tied LM head per family (asserted, and then lm_head.weight must not be saved).
 TIED = {"qwen2": False, "llama": True, "qwen3": True, "phi3": False, "gemma3": True}
+BUILDERS.update({f: moe_families.builder(f) for f in moe_families.CONFIGS})
+TIED.update(moe_families.TIED)
 
 
 def sha256(path):
@@ -488,6 +500,8 @@ def main():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
             elif "norm" in name:
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
+    if fam in moe_families.CONFIGS:
+        moe_families.randomise_routing(model, fam)  # router matrices: their own generator and scale
     # Guard the assumptions the goldens rely on.
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert tied == TIED[fam], f"{args.family}: LM head tied={tied}, expected {TIED[fam]}"
@@ -497,9 +511,9 @@ def main():
             W = model.lm_head.weight
             W[1::2] = W[0::2]
         assert torch.equal(W[1::2], W[0::2])
-    if fam == "qwen2":
+    if fam in ("qwen2", "qwen2_moe"):
         assert model.model.layers[0].self_attn.q_proj.bias is not None, "Qwen2 has QKV biases"
-    else:
+    elif fam not in moe_families.CONFIGS:
         assert not any(n.endswith(".bias") for n, _ in model.named_parameters()), f"{args.family} has no biases"
     if fam == "qwen3":
         a = model.model.layers[0].self_attn
@@ -532,6 +546,8 @@ def main():
 
     # A long-context family: transformers reads the written config as meant.
     scaling = long_context_families.check_written(args.family, out, model) if args.family != fam else None
+    if fam in moe_families.CONFIGS:  # every routing parameter reads back; the saved experts are the model's
+        scaling = moe_families.check_written(fam, out, model)
     files = sorted(os.listdir(out))
     if fam in PAIR_TIED_HEAD:
         # The saved head still has its pairs (bit for bit), and they tie the

@@ -17,7 +17,10 @@ K is the stage's reduction length: embed 1; attn_norm, ffn_norm,
 output_norm, attn_post_norm, ffn_post_norm (Gemma 3), q, k, v, q_norm,
 k_norm, q_rope, k_rope, ffn_gate, ffn_up, ffn_act and logits E (hidden); attn_scores D (head dim); attn_probs and
 attn_ctx S (the KV length of the step: the last dim of attn_probs);
-attn_out and ffn_inp H*D; ffn_out and out F (FFN width); sample_probs V.
+attn_out and ffn_inp H*D; ffn_out and out F (FFN width); sample_probs V;
+a mixture-of-experts layer's ffn_moe_logits and ffn_moe_weights E,
+ffn_moe_probs n_expert, ffn_moe_topk 1 (ids: exact or not), ffn_moe_out,
+ffn_shexp_out and its ffn_out the expert width (moe_intermediate_size).
 A ratio of about 1 is the size of one float32 reduction's rounding; the
 tolerance constants of a spec are set on these ratios. --summary prints
 only the worst ratio per stage family (`blk.*.q`, ...) over steps and layers.
@@ -51,10 +54,14 @@ def dims(prov):
     c = prov["model_config"]
     H = c["num_attention_heads"]
     D = c.get("head_dim") or c["hidden_size"] // H
-    return {"E": c["hidden_size"], "H": H, "D": D, "F": c["intermediate_size"], "V": c["vocab_size"]}
+    if c.get("kv_lora_rank"):  # MLA (DeepSeek-V3): config.json's head_dim is the RoPE part only
+        D = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    return {"E": c["hidden_size"], "H": H, "D": D, "F": c["intermediate_size"], "V": c["vocab_size"],
+            "FE": c.get("moe_intermediate_size") or c["intermediate_size"]}
 
 
-def reduction_length(stage, shape, d):
+def reduction_length(stage, shape, d, moe=False):
+    """K of `stage` (see the module docstring); `moe`: the stage's layer routes (its ffn_out is the experts')."""
     name = stage.split(".")[-1]
     if name == "embed":
         return 1
@@ -69,6 +76,14 @@ def reduction_length(stage, shape, d):
         return None  # S: taken from the step's attn_probs / attn_scores
     if name in ("attn_out", "ffn_inp"):
         return d["H"] * d["D"]
+    if name in ("ffn_moe_logits", "ffn_moe_weights"):
+        return d["E"]
+    if name == "ffn_moe_probs":
+        return shape[-1]
+    if name == "ffn_moe_topk":
+        return 1
+    if name in ("ffn_moe_out", "ffn_shexp_out") or (name == "ffn_out" and moe):
+        return d["FE"]
     if name in ("ffn_out", "out"):
         return d["F"]
     if name == "sample_probs":
@@ -125,7 +140,7 @@ def main():
     for k in keys:
         step, stage = k.split("/", 1)
         ov = o[k].astype(np.float64)
-        K = reduction_length(stage, ov.shape, d)
+        K = reduction_length(stage, ov.shape, d, k.replace(".ffn_out", ".ffn_moe_out") in o)
         if K is None:
             K = S_of[step]
         M = float(np.abs(ov).max())

@@ -297,9 +297,15 @@ def to_float64(model, guard=None):
         else:
             assert "Norm" not in cls, f"{name}: {cls} has no float64 replacement"
     softmax_float64()
+    # Mixture-of-experts routers (their softmax is float32 in HF's code): float64 forwards.
+    import moe_hooks
+    routers = moe_hooks.to_float64(model)
     # Last: the hooks only widen what the patches above expect.
     model.oracle_f64_bytes = stream_float64(model)
-    return {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
+    out = {"rope": rope, "rmsnorm_modules": norms, "softmax": "float64"}
+    if routers:  # MoE models only (the others' provenance is unchanged)
+        out["moe_routers"] = routers
+    return out
 
 
 def softmax_float64():

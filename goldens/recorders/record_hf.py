@@ -131,6 +131,10 @@ by the tap), and the logits are cross-checked with HF's own trimmed cache
 (hf_crosschecks.py; provenance `sliding_cache_vs_full_cache_max_abs_diff`),
 as with the one-pass recompute (`cache_vs_full_max_abs_diff`).
 
+Mixture-of-experts models (moe_families.py) run transformers' eager experts; their routing stages and
+the float64 routers of the oracle: moe_hooks.py. Provenance `moe`: layout, the smallest top-k margin per
+layer, the prefill's expert counts.
+
 If the LM head's rows are equal in pairs (row 2j+1 == row 2j bit for bit:
 phi3-tiny, see make_model.py), every logit pair must tie bit for bit and
 every greedy id (argmax: the lowest index of a tie) must be even; asserted.
@@ -166,6 +170,7 @@ import hf_model  # noqa: E402  (loading, determinism, provenance: shared with th
 import config_override  # noqa: E402  (a spec's `config:` mapping)
 import oracle_f64  # noqa: E402
 import rope_scaling_f64  # noqa: E402  (a scaled RoPE's table per step)
+import moe_hooks  # noqa: E402  (a mixture-of-experts model's routing)
 import overflow  # noqa: E402  (a forward that overflows is data)
 from hf_crosschecks import cache_cross_check, run_sliding, sliding_cross_check  # noqa: E402
 from hf_hooks import (Recorder, all_finite, attention_rows, attention_summary, config_dims,  # noqa: E402
@@ -275,18 +280,19 @@ def parse_args():
     return ap, args
 
 
-def parse_selection(ap, args, model_type, n_layers):
+def parse_selection(ap, args, model_type, n_layers, layout=None):
     """What to store (golden_io.select_step's `sel`): patterns, keep,
-    stages_at(_sets), aux(_sets), keep_steps, logits, rows."""
+    stages_at(_sets), aux(_sets), keep_steps, logits, rows. `layout`: a MoE model's golden_io.moe_layout."""
     sel = types.SimpleNamespace(keep_steps=args.keep_steps, logits=args.logits, rows=args.row_list)
     try:
-        sel.patterns, sel.keep = golden_io.parse_stages(args.stages, model_type, n_layers, args.extra)
+        sel.patterns, sel.keep = golden_io.parse_stages(args.stages, model_type, n_layers, args.extra, layout=layout)
         sel.stages_at, sel.stages_at_sets = golden_io.parse_stages_at(args.stages_at, model_type, n_layers,
-                                                                      args.decode_steps, args.extra)
+                                                                      args.decode_steps, args.extra, layout=layout)
         sel.aux, sel.aux_sets = golden_io.parse_stages_at(args.aux, model_type, n_layers, args.decode_steps,
-                                                          args.extra, what="--aux")
+                                                          args.extra, what="--aux", layout=layout)
         sel.aux_rows, sel.aux_rows_sets = golden_io.parse_stages_at(args.aux_rows, model_type, n_layers,
-                                                                    args.decode_steps, args.extra, what="--aux-rows")
+                                                                    args.decode_steps, args.extra, what="--aux-rows",
+                                                                    layout=layout)
     except golden_io.SelectionError as e:
         ap.error(str(e))
     return sel
@@ -354,7 +360,7 @@ def record_steps(args, m, r, prompt_ids, sel, procs, pair_ties, watch):
     # and the logits agree with HF's own trimmed cache (checked below).
     past, pos = (DynamicCache() if run_sliding(cfg) else None), 0
     dims = config_dims(cfg)
-    order = golden_io.all_stages(cfg.model_type, n_layers, args.extra)
+    order = golden_io.all_stages(cfg.model_type, n_layers, args.extra, golden_io.moe_layout(cfg))
     expected = order + ["tokens", "positions"]
     forced = args.forced
     # A subset is captured lean (hf_hooks.Recorder.lean): only what is stored is held.
@@ -487,13 +493,14 @@ def main():
         with open(os.path.join(args.model, "config.json")) as f:
             cfg_file = json.load(f)
         # Validate the stage patterns before the (slow) weight load.
-        parse_selection(ap, args, cfg_file.get("model_type"), cfg_file["num_hidden_layers"])
+        parse_selection(ap, args, cfg_file.get("model_type"), cfg_file["num_hidden_layers"],
+                        golden_io.moe_layout(cfg_file))
     elif args.override is not None:
         config_override.check_keys(args.override, True, "record_hf.py")
     m = hf_model.load(args.model, source, args.dtype, log, args.override)
     model, cfg, tok = m.model, m.cfg, m.tok
     n_layers = cfg.num_hidden_layers
-    sel = parse_selection(ap, args, cfg.model_type, n_layers)
+    sel = parse_selection(ap, args, cfg.model_type, n_layers, golden_io.moe_layout(cfg))
     # An LM head whose rows are equal in pairs (phi3-tiny): every logit pair
     # must tie bit for bit, and argmax (lowest index) must pick even ids.
     W = model.lm_head.weight
@@ -533,6 +540,8 @@ def main():
                                       args.row_list, run.step_tokens, sel.aux, sel.aux_rows)
     prov = hf_model.build_provenance(args, prompt, m.cfg_dict, run.greedy_ids, run.steps, cache_vs_full, source,
                                      record, sampling, RECORDER)
+    if r.moe_stats is not None:  # MoE models only: layout, eager experts, margins, expert counts
+        prov["moe"] = moe_hooks.provenance(r.moe_stats, golden_io.moe_layout(cfg), log)
     if m.rope_watch is not None:
         # Scaled RoPE only (other goldens keep their provenance).
         prov["rope"] = rope_scaling_f64.provenance(model, m.rope_watch, run.rope_passes, args.dtype)

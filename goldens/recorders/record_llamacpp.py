@@ -67,7 +67,14 @@ must tie the same way and every greedy id must be even; asserted.
 Architectures: qwen2, llama, qwen3 (per-head q/k RMSNorm: `Qcur_normed-L`,
 `Kcur_normed-L`), phi3 (fused `wqkv-L` and fused up/gate `ffn_up-L`,
 split into the canonical q/k/v and ffn_gate/ffn_up here) and gemma3 (HF
-model_type gemma3_text; see NODE_MAP's gemma3 entry).
+model_type gemma3_text; see NODE_MAP's gemma3 entry), and the
+mixture-of-experts llama (Mixtral), qwen2moe, qwen3moe, gpt-oss and
+deepseek2 (DeepSeek-V3): their router, top-k, weights and expert nodes
+(build_moe_ffn's) are MOE_NODE_MAP's, the stages of each layer
+golden_io.moe_layout's of the HF golden's config. DeepSeek-V3's attention is
+llama.cpp's absorbed MLA, which never forms the per-head k, v and k_rope:
+those stages are left out of its golden (llamacpp_graph.ABSENT_STAGES,
+provenance `absent_stages` with the reason).
 
 Sliding-window attention (gemma3): the context keeps a full-size SWA cache
 (swa_full = true, llama.cpp's default, pinned: provenance
@@ -149,8 +156,8 @@ import llamacpp_scaling  # noqa: E402  (what llama.cpp was given: RoPE scaling, 
 import config_override  # noqa: E402  (a spec's `config:` mapping)
 import overflow  # noqa: E402  (a forward that overflows is data)
 # The node map: which graph node is which stage, in the canonical layout.
-from llamacpp_graph import (HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, LeanNodes, attention_layout,  # noqa: E402
-                            canonical, check_rope_bases, computable)
+from llamacpp_graph import (ABSENT_STAGES, HF_MODEL_TYPE_ARCH, QK_PERMUTED, ROPE_TYPE, LeanNodes,  # noqa: E402
+                            attention_layout, canonical, check_rope_bases, computable)
 from llamacpp_lib import NodeRecorder, load_bindings, versions_and_build  # noqa: E402
 from overflow import STANDIN  # noqa: E402  (a stage not stored, finite)
 
@@ -218,29 +225,31 @@ def read_hf_golden(ap, path):
     return hf, json.loads(hf_meta["provenance"])
 
 
-def selection(ap, args, hf_prov, model_type, n_layer, steps):
+def selection(ap, args, hf_prov, model_type, n_layer, steps, layout=None):
     """What to store: as asked, else what the HF golden stored (its
     `record`). A namespace: keep_steps, patterns, keep, stages_at,
-    stages_at_sets, aux, aux_sets, logits, rows."""
+    stages_at_sets, aux, aux_sets, logits, rows. `layout`: a MoE model's
+    golden_io.moe_layout."""
     hf_rec = hf_prov.get("record") or {}
     sel = argparse.Namespace()
     try:
         sel.keep_steps = golden_io.parse_steps(
             args.steps if args.steps is not None else ",".join(hf_rec.get("steps", steps)), len(steps) - 1)
         sel.patterns, sel.keep = golden_io.parse_stages(
-            args.stages if args.stages is not None else ",".join(hf_rec.get("stages", ["*"])), model_type, n_layer)
+            args.stages if args.stages is not None else ",".join(hf_rec.get("stages", ["*"])), model_type, n_layer,
+            layout=layout)
         stages_at_args = args.stages_at if args.stages_at is not None else \
             [f"{k}={','.join(v)}" for k, v in (hf_rec.get("stages_at") or {}).items()]
         sel.stages_at, sel.stages_at_sets = golden_io.parse_stages_at(stages_at_args, model_type, n_layer,
-                                                                      len(steps) - 1)
+                                                                      len(steps) - 1, layout=layout)
         aux_args = args.aux if args.aux is not None else \
             [f"{k}={','.join(v)}" for k, v in (hf_rec.get("aux") or {}).items()]
         sel.aux, sel.aux_sets = golden_io.parse_stages_at(aux_args, model_type, n_layer, len(steps) - 1,
-                                                          what="--aux")
+                                                          what="--aux", layout=layout)
         aux_rows_args = args.aux_rows if args.aux_rows is not None else \
             [f"{k}={','.join(v)}" for k, v in (hf_rec.get("aux_rows") or {}).items()]
         sel.aux_rows, sel.aux_rows_sets = golden_io.parse_stages_at(aux_rows_args, model_type, n_layer,
-                                                                    len(steps) - 1, what="--aux-rows")
+                                                                    len(steps) - 1, what="--aux-rows", layout=layout)
         sel.logits = args.logits or hf_rec.get("logits", "all")
         sel.rows = golden_io.parse_rows(args.rows) if args.rows is not None else hf_rec.get("rows_asked")
     except golden_io.SelectionError as e:
@@ -283,7 +292,8 @@ def main():
         sys.exit(2)
     n_layer = hf_cfg["num_hidden_layers"]
     dims = golden_io.model_dims(hf_cfg)
-    sel = selection(ap, args, hf_prov, hf_cfg["model_type"], n_layer, steps)
+    layout = golden_io.moe_layout(hf_cfg)  # a MoE model's dense and routed layers (None: dense)
+    sel = selection(ap, args, hf_prov, hf_cfg["model_type"], n_layer, steps, layout)
     step_tokens = {}  # {step: T}, for the row subset
     # The HF golden's LM head has rows equal in pairs (phi3-tiny) when all its
     # recorded logit pairs tie bit for bit: then llama.cpp's must too, and
@@ -383,7 +393,9 @@ def main():
     disagreement = None  # the first step whose greedy pick is not HF's
     batch = lc.llama_batch_init(cparams.n_batch, 0, 1)
     pos_next = 0
-    order = golden_io.all_stages(arch, n_layer)  # every stage, in execution order
+    # every stage the graph computes, in execution order (ABSENT_STAGES: MLA's per-head k and v)
+    absent = ABSENT_STAGES.get(arch, {})
+    order = [s for s in golden_io.all_stages(arch, n_layer, layout=layout) if s.split(".")[-1] not in absent]
     lean = sel.keep_steps != steps or sel.patterns != ["*"] or sel.logits != "all" or sel.rows is not None
     watch = overflow.Watch("float32", args.oracle)  # llama.cpp's activations: f32
     try:
@@ -403,7 +415,7 @@ def main():
             want = (sel.keep if step in sel.keep_steps else set()) | sel.stages_at_sets.get(step, set()) | \
                 sel.aux_sets.get(step, set()) | sel.aux_rows_sets.get(step, set())
             if lean:  # only the nodes of the stored stages (and the logits, for the greedy pick and checks)
-                rec.keep = LeanNodes(arch, n_layer, want | {"logits"})
+                rec.keep = LeanNodes(arch, n_layer, want | {"logits"}, layout=layout)
             lib.fill_batch(batch, toks, positions)
             rc = lc.llama_decode(ctx, batch)
             assert rc == 0, f"llama_decode returned {rc}"
@@ -417,9 +429,9 @@ def main():
             # Every stage (the overflow watch looks at all of them); the
             # masked-entry checks on the stages stored, as always.
             # (lean: the stages whose nodes were kept; the others are finite, STANDIN)
-            some = computable(rec.nodes, arch, n_layer, set(order)) if lean else set(order)
+            some = computable(rec.nodes, arch, n_layer, set(order), layout) if lean else set(order)
             stages = canonical(rec.nodes, step, arch, n_layer, len(toks), S, permuted, dims, some, positions,
-                               attn, checked=want, finite=False)
+                               attn, checked=want, finite=False, layout=layout)
             stages.update({st: STANDIN for st in order if st not in stages})
             rec.nodes = []  # a real model's nodes are large; drop them now
             lg = stages["logits"]
@@ -459,7 +471,7 @@ def main():
                                       step_tokens, sel.aux, sel.aux_rows)
     if record == hf_prov.get("record") and watch.found is None and "overflow" not in hf_prov:
         # sample_probs (record_hf.py --sample-probs) has no llama.cpp counterpart.
-        hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs"))
+        hf_keys = sorted(k for k in hf if not k.endswith("/sample_probs") and k.split(".")[-1] not in absent)
         assert sorted(out) == hf_keys, \
             f"stage set differs from the HF golden's: {sorted(set(out) ^ set(hf_keys))[:10]}"
         for k, v in out.items():
@@ -492,6 +504,8 @@ def main():
         "steps": steps,
         "model_config": hf_cfg,
     }
+    if absent:  # (architectures whose graph lacks some stages only)
+        prov["absent_stages"] = absent
     if sliding:
         # Sliding-window models only (other goldens keep their provenance).
         prov["settings"]["swa_full"] = True

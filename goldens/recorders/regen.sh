@@ -12,6 +12,12 @@
 #     longrope, linear, dynamic, swa: long_context_families.py), goldens/
 #     <family>-tiny/: the same files as the tiny models above, recorded on
 #     the 30 prompt token ids LONG_TOKENS with 4 decode steps
+#   the mixture-of-experts models (issue 38; make_model.py --family mixtral,
+#     qwen2_moe, qwen3_moe, gpt_oss, deepseek_v3: moe_families.py), goldens/
+#     <family>-tiny/: the same
+#     files, recorded as the long-context models (LONG_TOKENS, 4 decode
+#     steps), then check_moe_goldens.py (every reference chose the same
+#     experts; every expert chosen in each prefill)
 #   goldens/qwen2.5-0.5b/ (and gemma3-270m/, gemma3-270m-neartie/): hf,
 #     llamacpp and oracle .safetensors and the 16-bit HF goldens a spec
 #     declares (hf-bf16, hf-f16), from the
@@ -37,6 +43,8 @@
 #            only the real models (each whose GGUF is cached)
 #        REGEN_ONLY=long goldens/recorders/regen.sh [OUT_DIR]
 #            only the long-context tiny models
+#        REGEN_ONLY=moe goldens/recorders/regen.sh [OUT_DIR]
+#            only the mixture-of-experts tiny models
 #
 #   OUT_DIR  where to write (default: $TOUCHSTONE_CACHE/regen), one subfolder
 #            per model; a relative path is taken from the current directory.
@@ -76,6 +84,10 @@ MODELS="qwen2-tiny:qwen2 llama-tiny:llama qwen3-tiny:qwen3 phi3-tiny:phi3 gemma3
 # (original_max_position_embeddings 32; dynamic's max_position_embeddings
 # 32), and the prefill crosses swa-tiny's window of 8.
 LONG_MODELS="llama3-tiny:llama3 yarn-tiny:yarn longrope-tiny:longrope linear-tiny:linear dynamic-tiny:dynamic swa-tiny:swa"
+# The mixture-of-experts models (issue 38), model folder name -> make_model.py
+# --family, recorded exactly as LONG_MODELS (LONG_TOKENS, 4 decode steps).
+MOE_MODELS="mixtral-tiny:mixtral qwen2_moe-tiny:qwen2_moe qwen3_moe-tiny:qwen3_moe gpt_oss-tiny:gpt_oss
+            deepseek_v3-tiny:deepseek_v3"
 LONG_TOKENS=""  # (7 i + 3) mod 500 + 1 for i = 0 .. 29
 for i in $(seq 0 29); do LONG_TOKENS="$LONG_TOKENS${LONG_TOKENS:+,}$(( (7 * i + 3) % 500 + 1 ))"; done
 
@@ -151,17 +163,20 @@ record_args() { "$TS" goldens args -0 "$1" || die "touchstone goldens args $1 fa
 
 # REGEN_ONLY=vlm: the images and the vision-language models only;
 # REGEN_ONLY=reals: the real models only (their GGUFs cached);
-# REGEN_ONLY=long: the long-context tiny models only.
+# REGEN_ONLY=long: the long-context tiny models only;
+# REGEN_ONLY=moe: the mixture-of-experts tiny models only.
 ONLY="${REGEN_ONLY:-}"
 case "$ONLY" in
     "") ;;
     vlm) say "REGEN_ONLY=vlm: the test images and the vision-language models only"
-         MODELS="" LONG_MODELS="";;  # REALS is emptied where it is set, below
+         MODELS="" LONG_MODELS="" MOE_MODELS="";;  # REALS is emptied where it is set, below
     reals) say "REGEN_ONLY=reals: the real models only"
-         MODELS="" LONG_MODELS="";;
+         MODELS="" LONG_MODELS="" MOE_MODELS="";;
     long) say "REGEN_ONLY=long: the long-context tiny models only"
-         MODELS="";;
-    *) die "REGEN_ONLY=$ONLY: the values are 'vlm', 'reals' and 'long'";;
+         MODELS="" MOE_MODELS="";;
+    moe) say "REGEN_ONLY=moe: the mixture-of-experts tiny models only"
+         MODELS="" LONG_MODELS="";;
+    *) die "REGEN_ONLY=$ONLY: the values are 'vlm', 'reals', 'long' and 'moe'";;
 esac
 
 if [ "$ONLY" != vlm ]; then
@@ -176,7 +191,7 @@ EXTRA_qwen2_tiny="long-hf.safetensors long-oracle.safetensors sampling-hf.safete
                   tokens-hf.safetensors tokens-llamacpp.safetensors tokens-oracle.safetensors"
 # The real models: golden folder:spec, each recorded when its GGUF is cached.
 REALS="qwen2.5-0.5b:qwen2.5-0.5b.yaml gemma3-270m:gemma3-270m.yaml gemma3-270m-neartie:gemma3-270m-neartie.yaml"
-[ "$ONLY" != vlm ] && [ "$ONLY" != long ] || REALS=""  # REGEN_ONLY=vlm, long
+[ "$ONLY" != vlm ] && [ "$ONLY" != long ] && [ "$ONLY" != moe ] || REALS=""  # REGEN_ONLY=vlm, long, moe
 REAL_FILES="hf.safetensors llamacpp.safetensors oracle.safetensors"
 # A spec's next-token goldens (record_next_token.py), in its next_token folder.
 NT_FILES="oracle.safetensors hf.safetensors hf-bf16.safetensors hf-f16.safetensors llamacpp.safetensors"
@@ -304,7 +319,8 @@ done
 # decode steps (each step one forward on the model as loaded, so HF's
 # per-forward dynamic/LongRoPE tables are recorded step by step; llama.cpp
 # as it is, its differences named in the provenance: record_llamacpp.py).
-for m in $LONG_MODELS; do
+# The mixture-of-experts models the same way.
+for m in $LONG_MODELS $MOE_MODELS; do
     name="${m%%:*}" family="${m##*:}"
     dir="$OUT/$name"
     mkdir -p "$dir" || die "cannot create $dir"
@@ -323,6 +339,15 @@ for m in $LONG_MODELS; do
     "$PYBIN" "$HERE/record_llamacpp.py" "$dir/model.gguf" "$dir/llamacpp.safetensors" \
         --hf-golden "$dir/hf.safetensors" >/dev/null || die "record_llamacpp.py ($name) failed"
 done
+
+# The MoE goldens agree on every routing choice, and every expert is chosen.
+MOE_DIRS=""
+for m in $MOE_MODELS; do MOE_DIRS="$MOE_DIRS $OUT/${m%%:*}"; done
+if [ -n "$MOE_DIRS" ]; then
+    say "checking the MoE goldens' routing (check_moe_goldens.py)"
+    # shellcheck disable=SC2086
+    "$PYBIN" "$HERE/check_moe_goldens.py" $MOE_DIRS || die "check_moe_goldens.py: the references' routing differs"
+fi
 
 if [ -z "$ONLY" ]; then
 # qwen2-tiny, long prompt (specs/qwen2-tiny-long.yaml's text): compact, and
@@ -417,7 +442,7 @@ VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-
 VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
 VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
 IMAGES="grid-112x168.png grid-224x320.png"
-[ "$ONLY" != reals ] && [ "$ONLY" != long ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals, long
+[ "$ONLY" != reals ] && [ "$ONLY" != long ] && [ "$ONLY" != moe ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals, long, moe
 if [ -n "$IMAGES" ]; then
     say "[images] writing the test images into $OUT/images"
     rm -rf "$OUT/images"
@@ -469,7 +494,7 @@ for m in $MODELS; do
     # shellcheck disable=SC2086
     compare_list "$name" $FILES ${!extra_var:-}
 done
-for m in $LONG_MODELS; do
+for m in $LONG_MODELS $MOE_MODELS; do
     # shellcheck disable=SC2086
     compare_list "${m%%:*}" $FILES
 done
@@ -495,7 +520,7 @@ if [ "$differ" = 0 ]; then
 else
     say "DIFFERENT: the regenerated files do not match goldens/"
     say "review the change (compare_sources.py OLD NEW shows per-stage differences), then accept per model with:"
-    for m in $MODELS $LONG_MODELS; do
+    for m in $MODELS $LONG_MODELS $MOE_MODELS; do
         name="${m%%:*}"
         # Keep the folder's next-token goldens (a subfolder, accepted below).
         say "  mkdir -p '$GOLDENS/$name' && find '$GOLDENS/$name' -mindepth 1 -maxdepth 1 ! -name next-token -exec rm -rf {} + && cp -r '$OUT/$name/model' '$OUT/$name/model.gguf' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"

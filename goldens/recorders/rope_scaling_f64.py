@@ -176,9 +176,12 @@ class RopeF64:
             self.table = "long" if long_ else "short"
         return self.table
 
+    # gpt-oss's rotary module returns the half-width table (its rotation pairs x[:D/2] with x[D/2:]).
+    half = False
+
     def cos_sin(self, x, position_ids):
         freqs = position_ids[..., None].to(F64) * self.inv
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = freqs if self.half else torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.att).to(x.dtype), (emb.sin() * self.att).to(x.dtype)
 
     def pass_info(self):
@@ -208,6 +211,7 @@ class OracleRope:
     def __init__(self, rot, cfg, guard, allowed):
         self.cls, self.cfg, self.guard, self.allowed = type(rot), cfg, guard, allowed
         self.rope = RopeF64(cfg)
+        self.rope.half = type(rot).__name__ == "GptOssRotaryEmbedding"
         self.worst = check_hf(rot, self.rope, "init")  # HF's own table, as loaded
         self.reset()
 
