@@ -167,6 +167,13 @@ impl ModelConfig {
             cfg.local = parts.local;
             return Ok(cfg);
         }
+        if arch == "gpt_oss" {
+            return Err(
+                "model_type `gpt_oss`: gpt-oss's attention sinks, clamped SwiGLU and biased experts are not \
+                 implemented by touchstone's engines yet (refusing rather than checking a different model)"
+                    .into(),
+            );
+        }
         if arch == "gemma3" {
             return Err(
                 "model_type `gemma3` is Gemma 3's vision-language checkpoint; touchstone runs its text \

@@ -173,3 +173,42 @@ fn a_gguf_takes_only_a_rope_override() {
     let e = c.with_gguf_override(&json!({"sliding_window": 8})).unwrap_err();
     assert!(e.contains("`sliding_window` cannot override a GGUF"), "{e}");
 }
+
+#[test]
+fn moe_families_read_their_routing_and_gpt_oss_is_refused_by_name() {
+    use crate::model::moe::Scores;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens");
+    let read = |m: &str| ModelConfig::from_hf_dir(&root.join(m).join("model")).unwrap();
+    let mix = read("mixtral-tiny");
+    let r = &mix.moe.as_ref().unwrap().routing;
+    assert_eq!((r.experts, r.top_k, r.scores, r.norm_topk), (8, 2, Scores::Softmax, true));
+    let q2 = read("qwen2_moe-tiny");
+    let m = q2.moe.as_ref().unwrap();
+    assert!(!m.routing.norm_topk && m.shared_gate && m.shared_ffn.is_some());
+    let q3 = read("qwen3_moe-tiny");
+    assert!(q3.qk_norm && q3.moe.as_ref().unwrap().routing.norm_topk);
+    let ds = read("deepseek_v3-tiny");
+    let m = ds.moe.as_ref().unwrap();
+    assert_eq!(m.sparse, vec![false, true, true], "first_k_dense_replace 1");
+    assert_eq!((m.routing.groups, m.routing.scaling, m.routing.scores), (Some((4, 2)), 2.5, Scores::Sigmoid));
+    assert!(m.routing.correction_bias && m.shared_ffn == Some(32) && !m.shared_gate);
+    let mla = ds.mla.as_ref().unwrap();
+    assert_eq!((ds.head_dim, ds.kv_heads, ds.rope_dim(), ds.v_head_dim()), (24, 4, 8, 16));
+    assert_eq!((mla.q_lora_rank, mla.kv_lora_rank, mla.interleave), (Some(32), 32, true));
+    let e = ModelConfig::from_hf_dir(&root.join("gpt_oss-tiny/model")).unwrap_err().to_string();
+    assert!(e.contains("gpt_oss") && e.contains("sinks"), "{e}");
+    // A Qwen-MoE with its (unimplemented) sliding window is refused.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("qwen3_moe-tiny/model/config.json")).unwrap()).unwrap();
+    v["use_sliding_window"] = true.into();
+    let e = ModelConfig::from_json(&v).unwrap_err();
+    assert!(e.contains("use_sliding_window"), "{e}");
+    // Routing parameters that cannot hold are refused by name.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("deepseek_v3-tiny/model/config.json")).unwrap()).unwrap();
+    v["topk_group"] = 5.into();
+    assert!(ModelConfig::from_json(&v).unwrap_err().contains("topk_group"));
+    v["topk_group"] = 2.into();
+    v["scoring_func"] = "softmax".into();
+    assert!(ModelConfig::from_json(&v).unwrap_err().contains("scoring_func"));
+}
