@@ -8,7 +8,8 @@ models). A MoE layer's stages, key `<step>/blk.N.<stage>` (golden_io.block_stage
   ffn_moe_probs   [T, n_expert]  the scores top-k is taken over: softmax(logits) (Mixtral, Qwen2/3-MoE),
                                  the logits themselves (gpt-oss), sigmoid(logits) + e_score_correction_bias
                                  before the group limit (DeepSeek-V3)
-  ffn_moe_topk    [T, k]         the chosen expert ids as float32, in torch.topk's order (descending score)
+  ffn_moe_topk    [T, k]         the chosen expert ids as float32, descending score, equal scores in
+                                 ascending id (torch.topk's order where nothing ties)
   ffn_moe_weights [T, k]         each chosen expert's weight, same order (renormalised where the family does;
                                  gpt-oss: softmax over the k chosen logits)
   ffn_moe_out     [T, E]         the routed sum, sum_j weight_j expert_j(x): the experts module's output
@@ -30,6 +31,16 @@ the same formulas in float64: transformers' routers compute in float32 whatever 
 `torch.float32`), which the oracle's dispatch guard would count. Selection, weights and experts are then
 float64 throughout.
 
+Exact ties (mixtral-tiny's twin router rows, moe_families.TWIN_ROUTER_ROWS): touchstone's rule gives equal
+selection scores to the lower expert id. torch.topk on the CPU does not promise it: with k * 64 > n it
+takes std::nth_element, which leaves equal scores in no set order (8 experts, top-2, random rows with
+experts 0 and 1 equal: the pair, when both chosen, comes out [1, 0], and at the k-th/(k+1)-th boundary
+expert 1 is taken a little over half the time). So the oracle's routers take top-k by a stable
+descending sort (top_k(): equal scores in ascending id, the same values as torch.topk's where nothing
+ties; DeepSeek-V3's unsorted top-k as HF's, it has no ties), HF's are recorded as they chose, and
+ffn_moe_topk/ffn_moe_weights put equal scores in ascending id (descending(); the slot order of equal
+scores changes nothing in HF's sum, which runs in expert-id order).
+
 Stats (Recorder.moe_stats, record_hf.py's provenance `moe`): per layer the smallest margin between the
 k-th and (k+1)-th selection score over every token and step (where it was, and both scores), and over
 the prefill how many times each expert was chosen (the experts never chosen are named; check_moe_goldens.py
@@ -49,6 +60,15 @@ def kind_of(router):
     raise AssertionError(f"no routing rule for {name}")
 
 
+def top_k(scores, k, lower_id_ties):
+    """(values, ids) of the k largest of each row, descending: torch.topk (HF's op), or with
+    `lower_id_ties` a stable descending sort's first k (equal scores in ascending id: the oracle)."""
+    if not lower_id_ties:
+        return torch.topk(scores, k, dim=-1)
+    values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
+
+
 def route(router, logits):
     """(scores, ids, weights, selection) from router logits [T, n_expert], in the logits' dtype, with the
     ops of the family's router: softmax over every expert (HF: in float32), torch.topk (sorted,
@@ -56,10 +76,12 @@ def route(router, logits):
     top-k of the logits themselves (its router's bias included), softmax over the k; DeepSeek-V3:
     sigmoid, + e_score_correction_bias (`scores`), the groups outside the topk_group best (by the sum of
     their two best) masked with -inf (`selection`, what top-k is over), top-k unsorted as HF takes it,
-    weights the unbiased sigmoid of the chosen, / (sum + 1e-20), x routed_scaling_factor."""
+    weights the unbiased sigmoid of the chosen, / (sum + 1e-20), x routed_scaling_factor. A router marked
+    `lower_id_ties` (the oracle's, to_float64) breaks exact ties to the lower id (top_k())."""
     kind = kind_of(router)
+    lower = getattr(router, "lower_id_ties", False)
     if kind == "gpt_oss":
-        top, ids = torch.topk(logits, router.top_k, dim=-1)
+        top, ids = top_k(logits, router.top_k, lower)
         return logits, ids, torch.nn.functional.softmax(top, dim=1, dtype=top.dtype), logits
     if kind == "deepseek_v3":
         sig = logits.sigmoid()
@@ -76,15 +98,17 @@ def route(router, logits):
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return biased, ids, w * router.routed_scaling_factor, sel
     scores = torch.nn.functional.softmax(logits, dim=-1, dtype=logits.dtype)
-    top, ids = torch.topk(scores, router.top_k, dim=-1)
+    top, ids = top_k(scores, router.top_k, lower)
     if kind == "mixtral" or router.norm_topk_prob:
         top = top / top.sum(dim=-1, keepdim=True)
     return scores, ids, top, scores
 
 
 def descending(sel, ids, weights):
-    """ids and weights in descending selection score (stable: a tie keeps HF's order): the canonical
-    order of ffn_moe_topk, which DeepSeek-V3's unsorted top-k does not give."""
+    """ids and weights in descending selection score, equal scores in ascending id: the canonical order of
+    ffn_moe_topk, which DeepSeek-V3's unsorted top-k does not give, nor torch.topk for equal scores."""
+    order = torch.sort(ids, dim=-1, stable=True).indices
+    ids, weights = ids.gather(1, order), weights.gather(1, order)
     order = torch.sort(sel.gather(1, ids), dim=-1, descending=True, stable=True).indices
     return ids.gather(1, order), weights.gather(1, order)
 
@@ -106,7 +130,8 @@ def router_forward_f64(self, hidden_states):
 
 
 def to_float64(model):
-    """Replaces every MoE router's forward by router_forward_f64; returns how many."""
+    """Replaces every MoE router's forward by router_forward_f64, exact ties to the lower id; returns how
+    many."""
     import types
     n = 0
     for layer in model.model.layers:
@@ -114,6 +139,7 @@ def to_float64(model):
         if r is not None:
             kind_of(r)
             r.forward = types.MethodType(router_forward_f64, r)
+            r.lower_id_ties = True
             n += 1
     return n
 

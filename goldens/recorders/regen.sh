@@ -17,7 +17,8 @@
 #     <family>-tiny/: the same
 #     files, recorded as the long-context models (LONG_TOKENS, 4 decode
 #     steps), then check_moe_goldens.py (every reference chose the same
-#     experts; every expert chosen in each prefill)
+#     experts; every expert chosen in each prefill; mixtral's twin router
+#     rows tie exactly and every reference gives the ties to expert 0)
 #   goldens/qwen2.5-0.5b/ (and gemma3-270m/, gemma3-270m-neartie/): hf,
 #     llamacpp and oracle .safetensors and the 16-bit HF goldens a spec
 #     declares (hf-bf16, hf-f16), from the

@@ -13,8 +13,10 @@
 //!
 //! The arithmetic of a choice (`select`) lives here too, shared by the
 //! engines and the checks that recompute it, so that "the top-k" means one
-//! thing: descending score, a tie to the lower expert id (torch.topk's
-//! order on CPU), reported in ascending id order (the canonical layout of
+//! thing: descending score, a tie to the lower expert id (llama.cpp's
+//! argsort and the common routing kernels keep index order; torch.topk on
+//! CPU leaves equal scores in no set order, so touchstone pins the rule),
+//! reported in ascending id order (the canonical layout of
 //! `ffn_moe_topk`, which HF's unsorted top-k does not fix).
 
 use serde_json::Value;

@@ -6,7 +6,7 @@
 //!   bias, or the logits), element by element in f64;
 //! - `ffn_moe_topk`: each row's ids are distinct, ascending, in range, and
 //!   exactly the top-k of the captured selection scores among the experts of
-//!   the `topk_group` best groups; equal scores go to the lower id (torch.topk's
+//!   the `topk_group` best groups; equal scores go to the lower id (llama.cpp's
 //!   order); a different choice is accepted only where the k-th and
 //!   (k+1)-th scores are within the scores' allowance (a near-tie, told like
 //!   a greedy one). The expert-load histogram (summing to T·k) is reported;
@@ -273,7 +273,7 @@ impl Ctx<'_> {
             if s[lo] == s[hi] {
                 return Verdict::fail(format!(
                     "{stage} row {r}: experts {lo} and {hi} have equal scores {:e} and the tie went to {lo}: ties \
-                     go to the lower expert id (torch.topk's order), so {} is chosen (chosen {got:?}, expected {want:?})",
+                     go to the lower expert id (touchstone's rule, llama.cpp's order), so {} is chosen (chosen {got:?}, expected {want:?})",
                     s[lo],
                     lo.min(hi)
                 ));
