@@ -311,6 +311,27 @@ where
         }
     }
 
+    /// `cols` columns from `col0` of `x` (`[rows, src_cols]`) into `out`.
+    pub(super) fn copy_columns(&self, x: View<'_, T>, out: &mut GBuf<T>, rows: usize, src_cols: usize, col0: usize, cols: usize) -> Result<()> {
+        let mut ov = out.view_mut();
+        // SAFETY: copy_cols_T(src [rows, src_cols], dst [rows, cols], rows, src_cols, col0, cols).
+        let r = unsafe {
+            self.dev.launch(
+                &self.f.copy_cols,
+                launch::elementwise(rows * cols),
+                &mut [
+                    x.arg(),
+                    ov.arg(),
+                    (rows as i32).into(),
+                    (src_cols as i32).into(),
+                    (col0 as i32).into(),
+                    (cols as i32).into(),
+                ],
+            )
+        };
+        r
+    }
+
     /// RoPE of rows `r0..r0+rows` of `x` (`[·, heads, D]`) into the same rows
     /// of `out`, those rows at positions `pos0..pos0+rows` (one sequence of
     /// a batch).
@@ -325,6 +346,10 @@ where
         heads: usize,
         pos0: usize,
     ) -> Result<()> {
+        // Latent attention rotates only each head's RoPE part.
+        if self.cfg.mla.is_some() {
+            return self.rope_mla_rows(x, out, tabs, r0, rows, heads, pos0);
+        }
         let width = heads * self.cfg.head_dim;
         let (r, h, d, p) = (rows as i32, heads as i32, self.cfg.head_dim as i32, pos0 as i32);
         let span = r0 * width..(r0 + rows) * width;

@@ -262,13 +262,8 @@ where
                             Some((g, _)) if !is_local || tables.local.is_none() => (g, 0),
                             _ => (tabs, seg.pos0),
                         };
-                        if cfg.mla.is_some() {
-                            self.rope_mla_rows(q_in, q_out, tabs, r0, n, h, p0)?;
-                            self.rope_mla_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
-                        } else {
-                            self.rope_rows(q_in, q_out, tabs, r0, n, h, p0)?;
-                            self.rope_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
-                        }
+                        self.rope_rows(q_in, q_out, tabs, r0, n, h, p0)?;
+                        self.rope_rows(k_in, k_out, tabs, r0, n, kvh, p0)?;
                         r0 += n;
                     }
                 }

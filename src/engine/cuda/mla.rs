@@ -25,27 +25,6 @@ impl<T: Storage> CudaEngine<T>
 where
     CudaBlas: Gemm<T>,
 {
-    /// `cols` columns from `col0` of `x` (`[rows, src_cols]`) into `out`.
-    pub(super) fn copy_columns(&self, x: View<'_, T>, out: &mut GBuf<T>, rows: usize, src_cols: usize, col0: usize, cols: usize) -> Result<()> {
-        let mut ov = out.view_mut();
-        // SAFETY: copy_cols_T(src [rows, src_cols], dst [rows, cols], rows, src_cols, col0, cols).
-        let r = unsafe {
-            self.dev.launch(
-                &self.f.copy_cols,
-                launch::elementwise(rows * cols),
-                &mut [
-                    x.arg(),
-                    ov.arg(),
-                    (rows as i32).into(),
-                    (src_cols as i32).into(),
-                    (col0 as i32).into(),
-                    (cols as i32).into(),
-                ],
-            )
-        };
-        r
-    }
-
     /// Latent attention's q and k (`[t, H, Dqk]`, before RoPE) into `q`
     /// and `k`, and its values, from `x` (the attn_norm output).
     pub(super) fn latent_qkv(

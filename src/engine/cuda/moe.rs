@@ -17,13 +17,59 @@ use cudarc::cublas::{CudaBlas, Gemm};
 use super::device::{CudaEngine, GBuf};
 use super::forward::DevSeg;
 use super::launch;
-use super::seam::{KArg, View};
+use super::seam::{Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
 use super::block_weights::{DevMlp, DevMoe};
 use crate::error::Result;
 use crate::model::config::Activation;
-use crate::model::moe::Scores;
+use crate::model::moe::{Routing, Scores};
 use crate::stage::{BlockStage as B, Stage};
+
+/// `moe_route` over `rows` rows of `logits` (`[rows, n]`, the bias `[n]`
+/// where the model has one) into the scores `[rows, n]`, ids and weights
+/// `[rows, k]` (`cuda/moe.cu`): the engine's and its kernel test's one launch.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_route<T: Storage>(
+    dev: &Dev,
+    f: &Kernel,
+    r: &Routing,
+    logits: View<'_, T>,
+    bias: Option<View<'_, T>>,
+    probs: &mut ViewMut<'_, f32>,
+    ids: &mut ViewMut<'_, f32>,
+    weights: &mut ViewMut<'_, f32>,
+    rows: usize,
+) -> Result<()> {
+    let kind: i32 = match r.scores {
+        Scores::Softmax => 0,
+        Scores::Sigmoid => 1,
+        Scores::TopkSoftmax => 2,
+    };
+    let (g, tg) = r.groups.map_or((0, 0), |(g, tg)| (g as i32, tg as i32));
+    // SAFETY: moe_route_T(logits [rows, n], bias [n] or NULL, probs [rows, n],
+    // ids [rows, k], weights [rows, k], rows, n, k, kind, norm, scaling, groups).
+    unsafe {
+        dev.launch(
+            f,
+            launch::elementwise(rows),
+            &mut [
+                logits.arg(),
+                bias.as_ref().map_or(KArg::Null, |b| b.arg()),
+                probs.arg(),
+                ids.arg(),
+                weights.arg(),
+                (rows as i32).into(),
+                (r.experts as i32).into(),
+                (r.top_k as i32).into(),
+                kind.into(),
+                i32::from(r.norm_topk).into(),
+                (r.scaling as f32).into(),
+                g.into(),
+                tg.into(),
+            ],
+        )
+    }
+}
 
 impl<T: Storage> CudaEngine<T>
 where
@@ -82,38 +128,9 @@ where
         let mut ids = self.gbuf::<f32>("moe_topk", t * k)?;
         let mut wts = self.gbuf::<f32>("moe_weights", t * k)?;
         {
-            let kind: i32 = match r.scores {
-                Scores::Softmax => 0,
-                Scores::Sigmoid => 1,
-                Scores::TopkSoftmax => 2,
-            };
-            let (g, tg) = r.groups.map_or((0, 0), |(g, tg)| (g as i32, tg as i32));
-            let lv = logits.view();
+            let bias = m.correction_bias.as_ref().map(|b| b.view(..));
             let (mut pv, mut iv, mut wv) = (probs.view_mut(), ids.view_mut(), wts.view_mut());
-            let bias = m.correction_bias.as_ref().map_or(KArg::Null, |b| b.arg());
-            // SAFETY: moe_route_T(logits [t, n], bias [n] or NULL, probs [t, n],
-            // ids [t, k], weights [t, k], rows, n, k, kind, norm, scaling, groups).
-            unsafe {
-                self.dev.launch(
-                    &self.f.moe_route,
-                    launch::elementwise(t),
-                    &mut [
-                        lv.arg(),
-                        bias,
-                        pv.arg(),
-                        iv.arg(),
-                        wv.arg(),
-                        (t as i32).into(),
-                        (n as i32).into(),
-                        (k as i32).into(),
-                        kind.into(),
-                        i32::from(r.norm_topk).into(),
-                        (r.scaling as f32).into(),
-                        g.into(),
-                        tg.into(),
-                    ],
-                )
-            }?;
+            launch_route(&self.dev, &self.f.moe_route, r, logits.view(), bias, &mut pv, &mut iv, &mut wv, t)?;
         }
         self.tap_rows(segs, st(B::FfnMoeProbs), &[n], &probs)?;
         self.tap_rows(segs, st(B::FfnMoeTopk), &[k], &ids)?;

@@ -2,8 +2,7 @@
 //! every kind of routing (including DeepSeek-V3's groups, bias and scale
 //! and gpt-oss's top-k-then-softmax) and rows with exactly tied scores.
 
-use crate::engine::cuda::launch;
-use crate::engine::cuda::seam::{Dev, KArg};
+use crate::engine::cuda::seam::Dev;
 use crate::model::moe::{self, Routing, Scores};
 
 /// Runs moe_route_f32 over `logits` (`[rows, n]`): (probs, ids, weights).
@@ -16,40 +15,11 @@ fn route_on_device(r: &Routing, logits: &[f32], bias: Option<&[f32]>) -> (Vec<f3
     let mut p = dev.alloc::<f32>("probs", rows * n).unwrap();
     let mut i = dev.alloc::<f32>("ids", rows * k).unwrap();
     let mut w = dev.alloc::<f32>("weights", rows * k).unwrap();
-    let kind: i32 = match r.scores {
-        Scores::Softmax => 0,
-        Scores::Sigmoid => 1,
-        Scores::TopkSoftmax => 2,
-    };
-    let (g, tg) = r.groups.map_or((0, 0), |(g, tg)| (g as i32, tg as i32));
     let f = dev.kernel("moe_route_f32").unwrap();
     {
         let (mut pv, mut iv, mut wv) = (p.view_mut(..), i.view_mut(..), w.view_mut(..));
-        let lv = l.view(..);
         let bv = b.as_ref().map(|b| b.view(..));
-        // SAFETY: logits [rows, n], bias [n] or NULL, probs [rows, n], ids and weights [rows, k].
-        unsafe {
-            dev.launch(
-                &f,
-                launch::elementwise(rows),
-                &mut [
-                    lv.arg(),
-                    bv.as_ref().map_or(KArg::Null, |v| v.arg()),
-                    pv.arg(),
-                    iv.arg(),
-                    wv.arg(),
-                    (rows as i32).into(),
-                    (n as i32).into(),
-                    (k as i32).into(),
-                    kind.into(),
-                    i32::from(r.norm_topk).into(),
-                    (r.scaling as f32).into(),
-                    g.into(),
-                    tg.into(),
-                ],
-            )
-        }
-        .unwrap();
+        super::launch_route(&dev, &f, r, l.view(..), bv, &mut pv, &mut iv, &mut wv, rows).unwrap();
     }
     (
         dev.download(p.view(..)).unwrap(),

@@ -211,16 +211,7 @@ where
             let mut parts = Vec::with_capacity(3);
             for part in 0..3 {
                 let mut p = self.gbuf::<T>("vision_qkv_part", n * ev)?;
-                let (r, sc, c0, c) = (n as i32, (3 * ev) as i32, (part * ev) as i32, ev as i32);
-                let (qv, mut pv) = (qkv.view(), p.view_mut());
-                // SAFETY: copy_cols_T(src [n, 3Ev], dst [n, Ev], rows, src_cols, col0, cols).
-                unsafe {
-                    self.dev.launch(
-                        &self.f.copy_cols,
-                        launch::elementwise(n * ev),
-                        &mut [qv.arg(), pv.arg(), r.into(), sc.into(), c0.into(), c.into()],
-                    )
-                }?;
+                self.copy_columns(qkv.view(), &mut p, n, 3 * ev, part * ev, ev)?;
                 parts.push(p);
             }
             let (q, k, v) = (&parts[0], &parts[1], &parts[2]);
