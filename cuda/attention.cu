@@ -16,6 +16,9 @@
 // unless tapped, masked entries exact zeros.
 // causal = 0 (the vision tower's bidirectional attention): every row sees all
 // S keys (visible = s, no window); the LM passes causal = 1.
+// sinks (gpt-oss; NULL: none): per query head a logit that joins the row's max
+// and sum, last, as the CPU engine's and HF's `cat([scores, sinks])`, and has
+// no value: its probability is dropped, so the row sums to less than 1.
 // Launch: grid (T, H) for prefill, (H) for decode; blockDim a multiple of 32;
 // dynamic shared memory (D + S) floats (q row, then the S scores).
 
@@ -24,7 +27,7 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
                                            float* scores, float* probs, T* ctx, int rows,
                                            int heads,
                                            int kv_heads, int head_dim, int pos0, int s, float scale,
-                                           int window, int causal, int t, int h) {
+                                           int window, int causal, const T* sinks, int t, int h) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
     float* qs = smem;
@@ -37,7 +40,8 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
 
     const int visible = causal ? pos0 + t + 1 : s;  // <= s, checked on the host
     const int first = window > 0 && visible > window ? visible - window : 0;
-    float mx = -TS_INF;
+    const float sink = sinks != 0 ? to_f32(sinks[h]) : -TS_INF;
+    float mx = sink;
     for (int j = first + threadIdx.x; j < visible; j += blockDim.x) {
         const T* krow = k_cache + (long long)j * kv_row + (long long)kvh * head_dim;
         float dot = 0.0f;
@@ -61,6 +65,7 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
         sum += e;
     }
     sum = block_sum(sum, scratch);
+    if (sinks != 0) sum += expf(sink - mx);
     const float inv = 1.0f / sum;
     for (int j = first + threadIdx.x; j < visible; j += blockDim.x) sc[j] *= inv;
     if (probs != 0) {
@@ -84,16 +89,16 @@ __device__ __forceinline__ void attend_row(const T* q, const T* k_cache, const T
     extern "C" __global__ void attention_prefill_##SUFFIX(                                    \
         const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
         int rows, int heads, int kv_heads, int head_dim, int pos0, int s, float scale,         \
-        int window, int causal) {                                                             \
+        int window, int causal, const T* sinks) {                                             \
         attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, rows, heads, kv_heads, head_dim, \
-                      pos0, s, scale, window, causal, blockIdx.x, blockIdx.y);                 \
+                      pos0, s, scale, window, causal, sinks, blockIdx.x, blockIdx.y);          \
     }                                                                                         \
     extern "C" __global__ void attention_decode_##SUFFIX(                                     \
         const T* q, const T* k_cache, const T* v_cache, float* scores, float* probs, T* ctx,    \
         int heads, int kv_heads, int head_dim, int pos0, int s, float scale, int window,       \
-        int causal) {                                                                         \
+        int causal, const T* sinks) {                                                         \
         attend_row<T>(q, k_cache, v_cache, scores, probs, ctx, 1, heads, kv_heads, head_dim,   \
-                      pos0, s, scale, window, causal, 0, blockIdx.x);                          \
+                      pos0, s, scale, window, causal, sinks, 0, blockIdx.x);                   \
     }
 ATTENTION_OPS(f32, float)
 ATTENTION_OPS(f16, f16_t)

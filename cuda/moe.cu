@@ -19,6 +19,9 @@
 // - moe_store: the f32 routed sum rounded to storage.
 // - sigmoid_scale: x[r, c] = sigmoid(g[r]) * x[r, c] (Qwen2-MoE's shared
 //   expert gate).
+// - swiglu_clamped: gpt-oss's expert activation in HF's f32 order:
+//   g = min(gate, limit), u = clamp(up, -limit, limit), glu = g * sigmoid(g *
+//   alpha), out = (u + 1) * glu, stored.
 // Launch: 1-D grid-stride.
 
 #define TS_MOE_MAX_GROUPS 64
@@ -141,6 +144,17 @@ __device__ __forceinline__ void sigmoid_scale(const T* g, T* x, int rows, int wi
     }
 }
 
+template <typename T>
+__device__ __forceinline__ void swiglu_clamped(const T* gate, const T* up, T* out, long long n, float alpha,
+                                               float limit) {
+    TS_GRID_LOOP(i, n) {
+        const float g = fminf(to_f32(gate[i]), limit);
+        const float u = fminf(fmaxf(to_f32(up[i]), -limit), limit);
+        const float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
+        out[i] = from_f32<T>((u + 1.0f) * glu);
+    }
+}
+
 #define MOE_OPS(SUFFIX, T)                                                                          \
     extern "C" __global__ void moe_route_##SUFFIX(const T* logits, const T* bias, float* probs,      \
                                                   float* ids, float* weights, int rows, int n,      \
@@ -162,6 +176,10 @@ __device__ __forceinline__ void sigmoid_scale(const T* g, T* x, int rows, int wi
     }                                                                                               \
     extern "C" __global__ void sigmoid_scale_##SUFFIX(const T* g, T* x, int rows, int width) {      \
         sigmoid_scale<T>(g, x, rows, width);                                                        \
+    }                                                                                               \
+    extern "C" __global__ void swiglu_clamped_##SUFFIX(const T* gate, const T* up, T* out,          \
+                                                       long long n, float alpha, float limit) {     \
+        swiglu_clamped<T>(gate, up, out, n, alpha, limit);                                          \
     }
 MOE_OPS(f32, float)
 MOE_OPS(f16, f16_t)

@@ -66,6 +66,9 @@ pub struct RuleEnv {
     pub routed_shared: Vec<bool>,
     /// Per layer, once a plan knows the model: true where the MLP routes.
     pub routed: Vec<bool>,
+    /// The model's attention has sinks (gpt-oss), once a plan knows it: an
+    /// `attn_probs` row then sums to 1 less its sink's share.
+    pub attn_sinks: bool,
 }
 
 /// A problem found in a spec, and the text to locate it by.

@@ -1,7 +1,9 @@
 //! The architecture hyper-parameters an engine and the shape check need, read
 //! from an HF `config.json`: Llama-family decoders (Llama, Mistral, Qwen2,
-//! Qwen3 with its per-head q/k norms, Phi-3 with fused projections) and
-//! Gemma 3 (`model::gemma`: its features are general fields here).
+//! Qwen3 with its per-head q/k norms, Phi-3 with fused projections), the
+//! mixture-of-experts families (`model::moe`; DeepSeek-V3's latent attention
+//! in `model::mla`, gpt-oss's attention sinks here) and Gemma 3
+//! (`model::gemma`: its features are general fields here).
 //!
 //! A config that asks for maths the engines do not implement (RoPE scaling,
 //! an activation other than SiLU, soft-capping, ...) is refused with the field
@@ -75,6 +77,10 @@ pub struct ModelConfig {
     /// DeepSeek's multi-head latent attention (`model::mla`): `head_dim` is
     /// then each head's q/k width (nope + rope) and `kv_heads` = `heads`.
     pub mla: Option<Mla>,
+    /// gpt-oss's attention sinks: per head a learned logit `self_attn.sinks`
+    /// joins every row's softmax and is dropped after it, so a row of
+    /// `attn_probs` sums to 1 − its sink's share.
+    pub attn_sinks: bool,
 }
 
 /// Architectures whose HF weights follow the Llama layout (q/k/v/o, gate/up/down,
@@ -91,6 +97,7 @@ const SUPPORTED: &[&str] = &[
     "qwen2_moe",
     "qwen3_moe",
     "deepseek_v3",
+    "gpt_oss",
 ];
 
 impl ModelConfig {
@@ -166,13 +173,6 @@ impl ModelConfig {
             cfg.rope_theta = parts.rope_theta;
             cfg.local = parts.local;
             return Ok(cfg);
-        }
-        if arch == "gpt_oss" {
-            return Err(
-                "model_type `gpt_oss`: gpt-oss's attention sinks, clamped SwiGLU and biased experts are not \
-                 implemented by touchstone's engines yet (refusing rather than checking a different model)"
-                    .into(),
-            );
         }
         if arch == "gemma3" {
             return Err(
@@ -288,6 +288,7 @@ impl ModelConfig {
             mrope: None,
             moe: super::moe::Moe::from_config(v, &arch, layers)?,
             mla: None,
+            attn_sinks: arch == "gpt_oss",
             arch,
         };
         if cfg.arch == "deepseek_v3" {

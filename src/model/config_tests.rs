@@ -175,7 +175,7 @@ fn a_gguf_takes_only_a_rope_override() {
 }
 
 #[test]
-fn moe_families_read_their_routing_and_gpt_oss_is_refused_by_name() {
+fn moe_families_read_their_routing() {
     use crate::model::moe::Scores;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens");
     let read = |m: &str| ModelConfig::from_hf_dir(&root.join(m).join("model")).unwrap();
@@ -195,8 +195,17 @@ fn moe_families_read_their_routing_and_gpt_oss_is_refused_by_name() {
     let mla = ds.mla.as_ref().unwrap();
     assert_eq!((ds.head_dim, ds.kv_heads, ds.rope_dim(), ds.v_head_dim()), (24, 4, 8, 16));
     assert_eq!((mla.q_lora_rank, mla.kv_lora_rank, mla.interleave), (Some(32), 32, true));
-    let e = ModelConfig::from_hf_dir(&root.join("gpt_oss-tiny/model")).unwrap_err().to_string();
-    assert!(e.contains("gpt_oss") && e.contains("sinks"), "{e}");
+    let go = read("gpt_oss-tiny");
+    let m = go.moe.as_ref().unwrap();
+    assert_eq!((m.routing.scores, m.routing.router_bias, m.routing.norm_topk), (Scores::TopkSoftmax, true, false));
+    assert_eq!(m.expert_act, crate::model::config::Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 });
+    assert!(m.interleaved && go.attn_sinks && go.rope_scaling.as_ref().is_some_and(|r| r.name() == "yarn"));
+    assert_eq!((go.window_of(0), go.window_of(1)), (Some(8), None), "layer_types: sliding, full");
+    // Without `layer_types`, HF alternates from a sliding layer 0.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("gpt_oss-tiny/model/config.json")).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("layer_types");
+    assert_eq!(ModelConfig::from_json(&v).unwrap().local.unwrap().layers, vec![true, false]);
     // A Qwen-MoE with its (unimplemented) sliding window is refused.
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("qwen3_moe-tiny/model/config.json")).unwrap()).unwrap();

@@ -13,14 +13,19 @@ pub fn ffn_norm_name(post_norms: bool) -> &'static str {
     }
 }
 
-/// The MLP's gate activation, `act(gate)·up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// The MLP's gated activation, `act(gate)·up` (gpt-oss's also changes up).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
     /// x·σ(x) (HF `silu`).
     Silu,
     /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (HF `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's experts: g = min(gate, limit), u = clamp(up, ±limit), then
+    /// (u + 1)·g·σ(α·g) (HF `GptOssExperts._apply_gate`; α and the limit
+    /// are the config's `swiglu_alpha` and `swiglu_limit`, f32 as torch
+    /// multiplies an f32 tensor by a Python float).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -36,6 +41,7 @@ impl Activation {
         match self {
             Activation::Silu => "silu",
             Activation::GeluTanh => "gelu_tanh",
+            Activation::ClampedSwiglu { .. } => "clamped_swiglu",
         }
     }
 }

@@ -21,6 +21,8 @@
 
 use serde_json::Value;
 
+use super::features::Activation;
+
 /// What the router's top-k is taken over, and how weights follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,6 +71,13 @@ pub struct Moe {
     /// Per layer: true where the MLP is routed (the others are dense MLPs of
     /// the config's `intermediate_size`).
     pub sparse: Vec<bool>,
+    /// The experts' gated activation (gpt-oss: the clamped SwiGLU; the
+    /// others SiLU, as their `hidden_act`).
+    pub expert_act: super::features::Activation,
+    /// gpt-oss's checkpoint layout: each layer's experts fused and
+    /// transposed (`x·W`), gate and up interleaved in columns, with biases
+    /// (`model::moe_layout`).
+    pub interleaved: bool,
 }
 
 fn usize_of(v: &Value, k: &str) -> Result<usize, String> {
@@ -86,7 +95,7 @@ fn bool_of(v: &Value, k: &str, default: bool) -> Result<bool, String> {
 }
 
 /// The MoE families touchstone reads (`model_type`s).
-pub const MOE_ARCHS: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"];
+pub const MOE_ARCHS: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"];
 
 impl Moe {
     /// The MoE layers of an HF config of family `arch`, None for a dense
@@ -109,6 +118,8 @@ impl Moe {
                 shared_ffn: None,
                 shared_gate: false,
                 sparse: vec![true; layers],
+                expert_act: Activation::Silu,
+                interleaved: false,
             },
             "qwen2_moe" | "qwen3_moe" => {
                 let shared = arch == "qwen2_moe";
@@ -133,6 +144,8 @@ impl Moe {
                     shared_gate: shared_ffn.is_some(),
                     shared_ffn,
                     sparse: qwen_sparse_layers(v, layers)?,
+                    expert_act: Activation::Silu,
+                    interleaved: false,
                 }
             }
             "deepseek_v3" => {
@@ -177,6 +190,40 @@ impl Moe {
                     shared_gate: false,
                     // HF: layer i routes where i >= first_k_dense_replace.
                     sparse: (0..layers).map(|i| i >= first_dense).collect(),
+                    expert_act: Activation::Silu,
+                    interleaved: false,
+                }
+            }
+            "gpt_oss" => {
+                let num = |k: &str, default: f64| match v.get(k) {
+                    None | Some(Value::Null) => Ok(default),
+                    Some(x) => x.as_f64().ok_or_else(|| format!("`{k}` is {x}, expected a number")),
+                };
+                // HF's GptOssConfig defaults.
+                let (alpha, limit) = (num("swiglu_alpha", 1.702)?, num("swiglu_limit", 7.0)?);
+                if !(alpha.is_finite() && limit.is_finite() && limit > 0.0) {
+                    return Err(format!("`swiglu_alpha` {alpha} / `swiglu_limit` {limit}: expected finite numbers, a positive limit"));
+                }
+                Moe {
+                    routing: Routing {
+                        experts: usize_of(v, "num_local_experts")?,
+                        top_k: usize_of(v, "num_experts_per_tok")?,
+                        scores: Scores::TopkSoftmax,
+                        norm_topk: false,
+                        correction_bias: false,
+                        groups: None,
+                        scaling: 1.0,
+                        router_bias: true,
+                    },
+                    expert_ffn: usize_of(v, "intermediate_size")?,
+                    shared_ffn: None,
+                    shared_gate: false,
+                    sparse: vec![true; layers],
+                    expert_act: Activation::ClampedSwiglu {
+                        alpha: alpha as f32,
+                        limit: limit as f32,
+                    },
+                    interleaved: true,
                 }
             }
             _ => return Ok(None),

@@ -11,6 +11,8 @@ use super::features::LocalAttention;
 /// - Qwen2 and Qwen3: `layer_types` when given, else the layers from
 ///   `max_window_layers` on (default 28), and only with
 ///   `use_sliding_window: true` (the window is null otherwise);
+/// - gpt-oss: `layer_types`, by default alternating from a sliding layer 0
+///   (HF's `GptOssConfig`), with the model's RoPE (YaRN) on every layer;
 /// - Llama: none. HF's Llama has no window, whatever `sliding_window` says
 ///   (touchstone computes what the reference computes).
 pub(super) fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::result::Result<Option<LocalAttention>, String> {
@@ -40,6 +42,13 @@ pub(super) fn sliding_layers(v: &Value, arch: &str, layers: usize) -> std::resul
     let types = super::features::listed_layer_types(v.get("layer_types"), layers)?;
     let pattern = match arch {
         "mistral" | "phi3" | "mixtral" => window.map(|_| vec![true; layers]),
+        "gpt_oss" => {
+            let t = types.clone().unwrap_or_else(|| (0..layers).map(|i| i % 2 == 0).collect());
+            if window.is_none() && t.contains(&true) {
+                return Err("gpt-oss has sliding_attention layers but `sliding_window` is null".into());
+            }
+            Some(t)
+        }
         "qwen2" | "qwen3" => {
             let used = v.get("use_sliding_window").and_then(Value::as_bool) == Some(true);
             let window = window.filter(|_| used);

@@ -51,6 +51,7 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
         routed: (0..config.layers)
             .map(|l| config.moe.as_ref().is_some_and(|m| m.is_sparse(l)))
             .collect(),
+        attn_sinks: config.attn_sinks,
         ..spec.rule_env()
     };
     // stage -> [(check id, check)]; a later rule replaces an earlier one.

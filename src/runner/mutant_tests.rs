@@ -121,6 +121,8 @@ mod self_test {
             GroupMaskIgnored => ("deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_topk"),
             RoutedScalingMissing => ("deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_weights"),
             MlaRopeWrongPart => ("deepseek-v3-tiny.yaml", "prefill/blk.0.q_rope"),
+            // Without its sink a row's probabilities grow: the first stage.
+            SinksIgnored => ("gpt-oss-tiny.yaml", "prefill/blk.0.attn_probs"),
             // The serving bugs have their own self-test (`serving` below).
             SoftmaxOverPaddedLength
             | DecodeReadsNeighbourKv
@@ -210,11 +212,12 @@ mod self_test {
         }
     }
 
-    /// The routing bugs fail their golden-free check at the stage they
-    /// break, at f32 and at bf16 (where a correct engine's near-ties are
-    /// told, not failed): `routing` at the weights, `experts` at the sums.
+    /// The MoE families' bugs fail their golden-free check at the stage
+    /// they break, at f32 and at bf16 (where a correct engine's near-ties
+    /// are told, not failed): `routing` at the weights, `experts` at the
+    /// sums, `softmax_rows` where gpt-oss's sinks are left out.
     #[test]
-    fn routing_bugs_fail_their_golden_free_check() {
+    fn moe_bugs_fail_their_golden_free_check() {
         use Mutant::*;
         for (m, spec, id, says) in [
             (SoftmaxOverTopkOnly, "qwen2-moe-tiny.yaml", "prefill/blk.0.ffn_moe_weights::routing", "unbiased scores"),
@@ -225,6 +228,7 @@ mod self_test {
             (GroupMaskIgnored, "deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_topk::routing", "topk_group"),
             (RoutedScalingMissing, "deepseek-v3-tiny.yaml", "prefill/blk.1.ffn_moe_weights::routing", "routed_scaling_factor 2.5"),
             (RouteTieToHigherId, "mixtral-tiny.yaml", "prefill/blk.0.ffn_moe_topk::routing", "ties go to the lower expert id"),
+            (SinksIgnored, "gpt-oss-tiny.yaml", "prefill/blk.0.attn_probs::softmax_rows", "is the sink logit in the softmax"),
         ] {
             for storage in [DType::F32, DType::BF16] {
                 let r = run(spec, Some(m), storage);

@@ -190,6 +190,7 @@ impl Spec {
             vision_pos_embed: false,
             routed_shared: Vec::new(),
             routed: Vec::new(),
+            attn_sinks: false,
             dir: self.path.parent().unwrap_or(Path::new("")).to_path_buf(),
         }
     }

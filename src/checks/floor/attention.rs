@@ -12,7 +12,8 @@
 //!   cache rounds k once, and the kernel rounds q to the cache's type to
 //!   multiply with it (ggml converts the f32 operand to f16): 2·u_kv·A;
 //! - `attn_probs`: inherited |softmax(s_X) − softmax(s_O)| per row over the
-//!   visible keys, both from the recorded scores; own c·p_j·(u_acc·(√S +
+//!   visible keys (and the head's sink logit, gpt-oss, whose entry is
+//!   dropped), both from the recorded scores; own c·p_j·(u_acc·(√S +
 //!   |s_j − max|) + u_store) (the sum's roundings, the exponent's argument
 //!   rounded, the result stored);
 //! - `attn_ctx` c_i = Σ_j p_ij·v_j: inherited |Σ p_X·V_X − Σ p_O·V_O|, own
@@ -169,19 +170,20 @@ fn scores<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) ->
     })
 }
 
-/// softmax over the visible entries of one scores row, in f64 (masked: 0).
-fn softmax(row: &[f32], vis: &[bool]) -> Vec<f64> {
+/// softmax over the visible entries of one scores row and the sink logit
+/// where the model has one (its entry dropped), in f64 (masked: 0).
+fn softmax(row: &[f32], vis: &[bool], sink: Option<f64>) -> Vec<f64> {
     let m = row
         .iter()
         .zip(vis)
         .filter(|(_, v)| **v)
-        .fold(f64::NEG_INFINITY, |m, (s, _)| m.max(*s as f64));
+        .fold(sink.unwrap_or(f64::NEG_INFINITY), |m, (s, _)| m.max(*s as f64));
     let e: Vec<f64> = row
         .iter()
         .zip(vis)
         .map(|(s, v)| if *v { (*s as f64 - m).exp() } else { 0.0 })
         .collect();
-    let z: f64 = e.iter().sum();
+    let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     e.into_iter().map(|v| v / z).collect()
 }
 
@@ -199,13 +201,25 @@ fn probs<'s>(at: &FloorAt, l: usize, x: &Source<'s>, want: Option<&[usize]>) -> 
         return None;
     }
     let a = at.arith;
+    // gpt-oss's sink logits, as the model file holds them.
+    let sinks = match cfg.attn_sinks {
+        true => Some(
+            at.facts
+                .file
+                .tensor(&format!("model.layers.{l}.self_attn.sinks"))
+                .ok()
+                .filter(|s| s.numel() == h_n)?,
+        ),
+        false => None,
+    };
     let (mut t, mut worst) = (Terms::default(), 0.0f64);
     for h in 0..h_n {
+        let sink = sinks.as_ref().map(|s| s.data()[h] as f64);
         for (r, &p) in pos.iter().enumerate() {
             let at_row = (h * r_n + r) * s_n;
             let vis: Vec<bool> = (0..s_n).map(|j| visible(at, l, p, j)).collect();
             let (sx, so) = (&xs.data()[at_row..][..s_n], &os.data()[at_row..][..s_n]);
-            let (px, po) = (softmax(sx, &vis), softmax(so, &vis));
+            let (px, po) = (softmax(sx, &vis, sink), softmax(so, &vis, sink));
             let m = so
                 .iter()
                 .zip(&vis)

@@ -113,10 +113,11 @@ pub fn inputs(cfg: &crate::model::ModelConfig, stage: Stage) -> Vec<Stage> {
 }
 
 /// A bound on |act'| over the reals (and |act(g)| ≤ |g| for both): SiLU's
-/// derivative peaks at 1.0998; GELU-tanh's at 1.1289 (x ≈ 2.4).
+/// derivative peaks at 1.0998; GELU-tanh's at 1.1289 (x ≈ 2.4); the clamped
+/// SwiGLU's gate part g·σ(αg) has SiLU's slope in αg (the clamp's is ≤ 1).
 pub(super) fn act_slope_bound(act: crate::model::config::Activation) -> f64 {
     match act {
-        crate::model::config::Activation::Silu => 1.1,
+        crate::model::config::Activation::Silu | crate::model::config::Activation::ClampedSwiglu { .. } => 1.1,
         crate::model::config::Activation::GeluTanh => 1.13,
     }
 }

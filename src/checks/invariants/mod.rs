@@ -13,6 +13,9 @@ use crate::compare::sci;
 use crate::stage::RopeStyle;
 use crate::tensor::Tensor;
 
+mod sinks;
+pub use sinks::softmax_rows_with_sinks;
+
 /// Row-major multi-index of `flat` within `shape` (for row indices of a prefix shape).
 fn unravel(shape: &[usize], mut flat: usize) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];

@@ -75,11 +75,14 @@ pub struct ExpertsCheck {
     pub what: BlockStage,
 }
 
-/// One MLP's weights as the file holds them.
+/// One MLP's weights as the file holds them (biases: gpt-oss's experts).
 struct FileMlp {
     gate: Arc<Tensor>,
     up: Arc<Tensor>,
     down: Arc<Tensor>,
+    gate_bias: Option<Arc<Tensor>>,
+    up_bias: Option<Arc<Tensor>>,
+    down_bias: Option<Arc<Tensor>>,
 }
 
 /// The unit roundoffs the allowance uses.
@@ -101,49 +104,90 @@ fn act(a: Activation, g: f64) -> f64 {
             let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
             0.5 * g * (1.0 + z.tanh())
         }
+        Activation::ClampedSwiglu { alpha, .. } => g / (1.0 + (-(alpha as f64) * g).exp()),
+    }
+}
+
+/// The gated activation's operands: gate and up, or the clamped SwiGLU's
+/// min(g, limit) and clamp(up, ±limit) + 1 (the clamps are 1-Lipschitz, so
+/// an operand's allowance carries over).
+fn operands(a: Activation, g: f64, p: f64) -> (f64, f64) {
+    match a {
+        Activation::ClampedSwiglu { limit, .. } => {
+            let l = limit as f64;
+            (g.min(l), p.clamp(-l, l) + 1.0)
+        }
+        _ => (g, p),
     }
 }
 
 /// A projection's value and its allowance δ per output (see the module
-/// comment), from an input held in f32.
-fn project(w: &Tensor, x: &[f32], un: Units) -> (Vec<f64>, Vec<f64>) {
+/// comment), from an input held in f32, plus its bias where it has one.
+fn project(w: &Tensor, x: &[f32], un: Units, bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     let n = x.len();
     w.data()
         .chunks_exact(n)
-        .map(|row| {
+        .enumerate()
+        .map(|(c, row)| {
             let (y, s) = dot_and_abs(row, x);
-            (y, (gamma(n) + un.u_w + un.u) * s + un.u * y.abs())
+            with_bias(y, (gamma(n) + un.u_w + un.u) * s + un.u * y.abs(), bias.map(|b| b[c]), un)
         })
         .unzip()
 }
 
+/// A product and its allowance with the bias `b` added: the engines store
+/// the product, then the sum (one more rounding, u·|y + b|), and hold the
+/// bias in storage (u_w·|b|).
+fn with_bias(y: f64, allow: f64, b: Option<f32>, un: Units) -> (f64, f64) {
+    match b {
+        Some(b) => {
+            let z = y + b as f64;
+            (z, allow + un.u_w * (b as f64).abs() + un.u * z.abs())
+        }
+        None => (y, allow),
+    }
+}
+
 impl FileMlp {
     fn read(facts: &Facts, p: &str) -> Result<FileMlp, String> {
-        let t = |n: &str| facts.file.tensor(&format!("{p}.{n}.weight")).map_err(|e| format!("`{p}.{n}.weight`: {e}"));
+        let t = |n: &str| facts.file.tensor(&format!("{p}.{n}")).map_err(|e| format!("`{p}.{n}`: {e}"));
+        let b = |n: &str| match facts.file.has(&format!("{p}.{n}.bias")) {
+            true => t(&format!("{n}.bias")).map(Some),
+            false => Ok(None),
+        };
         Ok(FileMlp {
-            gate: t("gate_proj")?,
-            up: t("up_proj")?,
-            down: t("down_proj")?,
+            gate: t("gate_proj.weight")?,
+            up: t("up_proj.weight")?,
+            down: t("down_proj.weight")?,
+            gate_bias: b("gate_proj")?,
+            up_bias: b("up_proj")?,
+            down_bias: b("down_proj")?,
         })
     }
 
     /// y = MLP(x) in f64 and the allowance of each of its elements.
     fn eval(&self, x: &[f32], a: Activation, un: Units) -> (Vec<f64>, Vec<f64>) {
-        let (g, dg) = project(&self.gate, x, un);
-        let (p, dp) = project(&self.up, x, un);
+        let (g, dg) = project(&self.gate, x, un, self.gate_bias.as_deref().map(Tensor::data));
+        let (p, dp) = project(&self.up, x, un, self.up_bias.as_deref().map(Tensor::data));
+        let (g, p): (Vec<f64>, Vec<f64>) = g.iter().zip(&p).map(|(g, p)| operands(a, *g, *p)).unzip();
         let av: Vec<f64> = g.iter().zip(&p).map(|(g, p)| act(a, *g) * p).collect();
+        // The clamped SwiGLU's f32 order has two more roundings (α·g, u + 1).
+        let own = if matches!(a, Activation::ClampedSwiglu { .. }) { 8.0 } else { 6.0 };
         let da: Vec<f64> = (0..g.len())
-            .map(|i| 1.13 * p[i].abs() * dg[i] + act(a, g[i]).abs() * dp[i] + (un.u + 6.0 * U_F32) * av[i].abs())
+            .map(|i| 1.13 * p[i].abs() * dg[i] + act(a, g[i]).abs() * dp[i] + (un.u + own * U_F32) * av[i].abs())
             .collect();
         let f = av.len();
+        let av_abs: Vec<f64> = av.iter().map(|v| v.abs()).collect();
         self.down
             .data()
             .chunks_exact(f)
-            .map(|row| {
+            .enumerate()
+            .map(|(c, row)| {
                 let y = dot_f64(row, &av);
-                let s = abs_dot(row, &av.iter().map(|v| v.abs()).collect::<Vec<_>>());
+                let s = abs_dot(row, &av_abs);
                 let carried = abs_dot(row, &da);
-                (y, carried + (gamma(f) + un.u_w + un.u) * s + un.u * y.abs())
+                let allow = carried + (gamma(f) + un.u_w + un.u) * s + un.u * y.abs();
+                with_bias(y, allow, self.down_bias.as_deref().map(|b| b.data()[c]), un)
             })
             .unzip()
     }
@@ -215,7 +259,7 @@ impl StageCheck for ExpertsCheck {
                         }
                     }
                     let wj = w.data()[r * k + c] as f64;
-                    let (yj, dj) = experts[j].as_ref().expect("read above").eval(xr, cfg.act, un);
+                    let (yj, dj) = experts[j].as_ref().expect("read above").eval(xr, m.expert_act, un);
                     for i in 0..e {
                         want[i] += wj * yj[i];
                         allow[i] += wj.abs() * dj[i] + un.u * (wj * yj[i]).abs();
@@ -245,7 +289,7 @@ impl StageCheck for ExpertsCheck {
                 let (ys, ds) = sm.eval(xr, cfg.act, un);
                 let (sig, dsig) = match &gate {
                     Some(g) => {
-                        let (l, dl) = project(g, xr, un);
+                        let (l, dl) = project(g, xr, un, None);
                         let sg = 1.0 / (1.0 + (-l[0]).exp());
                         (sg, 0.25 * dl[0] + 4.0 * U_F32 * sg)
                     }

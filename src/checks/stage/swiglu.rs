@@ -148,6 +148,25 @@ fn act_terms(act: Activation, g: f64) -> (f64, f64, f64, f64) {
             let d = 0.5 * (1.0 + t) + 0.5 * g * sech2 * c * (1.0 + 3.0 * 0.044715 * g * g);
             (0.5 * g * (1.0 + t), d, 3.0 * U_F32, 4.0 * U_F32)
         }
+        // The gate part g·σ(αg), on the clamped gate (`judge` clamps the
+        // operands): SiLU's terms in αg, plus the rounding of α·g.
+        Activation::ClampedSwiglu { alpha, .. } => {
+            let a = alpha as f64;
+            let s = sigmoid(a * g);
+            (g * s, s * (1.0 + a * g * (1.0 - s)), (6.0 + 1.16 * (a * g).abs()) * U_F32, 0.0)
+        }
+    }
+}
+
+/// The operands `act_terms` multiplies: the gate and up as stored, or the
+/// clamped SwiGLU's min(g, limit) and clamp(up, ±limit) + 1.
+fn operands(act: Activation, g: f64, p: f64) -> (f64, f64) {
+    match act {
+        Activation::ClampedSwiglu { limit, .. } => {
+            let l = limit as f64;
+            (g.min(l), p.clamp(-l, l) + 1.0)
+        }
+        _ => (g, p),
     }
 }
 
@@ -164,7 +183,7 @@ fn judge(y: &Tensor, g: &Tensor, p: &Tensor, act: Activation, u: f64, eta: (f64,
     }
     let mut tally = Tally::default();
     for (i, ((&yv, &gv), &pv)) in y.data().iter().zip(g.data()).zip(p.data()).enumerate() {
-        let (gf, pf) = (gv as f64, pv as f64);
+        let (gf, pf) = operands(act, gv as f64, pv as f64);
         let (a, da, own_rel, own_abs) = act_terms(act, gf);
         let want = a * pf;
         let own = 2.0 * u + own_rel;

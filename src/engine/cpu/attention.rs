@@ -1,7 +1,8 @@
 //! Causal grouped-query attention of one step's queries over the KV cache, as
 //! HF's eager attention computes it: `softmax(q·kᵀ · D^-0.5 + causal_mask) · v`
 //! with the softmax in f32 (max subtracted, then multiplied by 1/sum like
-//! torch's CPU kernel). Heads run in parallel on rayon; each head's arithmetic
+//! torch's CPU kernel); with attention sinks (gpt-oss) each head's sink
+//! logit joins every row's softmax and is dropped after it. Heads run in parallel on rayon; each head's arithmetic
 //! is independent of the others, so results are bitwise deterministic.
 
 use matrixmultiply::sgemm;
@@ -11,7 +12,7 @@ use super::mutants::{Mutant, Mutants};
 
 /// Head counts and widths of one attention call.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -27,9 +28,13 @@ pub struct AttnShape {
     /// The key count a batched kernel pads every sequence to (the longest
     /// of the step): only the planted padded-softmax bug reads it.
     pub batch_pad: usize,
+    /// Per query head, its sink logit (gpt-oss's `self_attn.sinks`), which
+    /// joins the softmax's max and sum but has no value: a row then sums to
+    /// less than 1. None: no sinks.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl AttnShape {
+impl AttnShape<'_> {
     /// The KV head query head `h` reads (HF's `repeat_kv`: consecutive groups
     /// of H/KV query heads share one KV head).
     pub fn kv_head(&self, h: usize) -> usize {
@@ -74,7 +79,9 @@ pub fn attend(
         causal,
         mutants,
         batch_pad,
+        sinks,
     } = shape;
+    assert!(sinks.is_none_or(|s| s.len() == heads), "attend: one sink per query head");
     let kv_row = kv_heads * d;
     let s = keys.len() / kv_row;
     assert_eq!(q.len(), t * heads * d, "attend: q is not [T,H,D]");
@@ -142,7 +149,8 @@ pub fn attend(
                 } else {
                     0
                 };
-                softmax_visible(row, first, visible, mutants.is(Mutant::SoftmaxUnnormalised), padding);
+                let sink = sinks.filter(|_| !mutants.is(Mutant::SinksIgnored)).map(|s| s[h]);
+                softmax_visible(row, first, visible, mutants.is(Mutant::SoftmaxUnnormalised), padding, sink);
             }
             unsafe {
                 // ctx_h[T,D] = probs_h[T,S] · v_h[S,D]; masked probs are 0.
@@ -191,10 +199,12 @@ fn scale_and_mask(row: &mut [f32], first: usize, visible: usize, scale: f32) {
 /// An f32 softmax over the visible prefix of scaled scores, in place, in
 /// torch's order: max, exp(x−max), sum, multiply by 1/sum. Masked entries stay
 /// exactly 0, as exp(−inf) makes them in HF (its mask adds f32::MIN).
-fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: bool, padding: usize) {
+/// A sink logit is one more entry of the max and the sum, last (HF's
+/// `cat([scores, sinks])`), whose probability is then dropped.
+fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: bool, padding: usize, sink: Option<f32>) {
     let n = visible.min(row.len());
     let live = &mut row[first.min(n)..n];
-    let mut max = f32::NEG_INFINITY;
+    let mut max = sink.unwrap_or(f32::NEG_INFINITY);
     for x in live.iter() {
         max = max.max(*x);
     }
@@ -202,6 +212,9 @@ fn softmax_visible(row: &mut [f32], first: usize, visible: usize, unnormalised: 
     for x in live.iter_mut() {
         *x = (*x - max).exp();
         sum += *x;
+    }
+    if let Some(s) = sink {
+        sum += (s - max).exp();
     }
     if padding > 0 {
         sum += padding as f32 * (-max).exp();
@@ -233,6 +246,7 @@ mod tests {
             window: None,
             mutants: Mutants::default(),
             batch_pad: 0,
+            sinks: None,
         };
         let (t, s) = (5, 5);
         let q = data(t * 4 * 8, 1);
@@ -254,6 +268,39 @@ mod tests {
     }
 
     #[test]
+    fn a_sink_joins_the_softmax_and_its_share_is_dropped() {
+        let sinks = [0.75f32, -2.0];
+        let shape = AttnShape {
+            causal: true,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: None,
+            mutants: Mutants::default(),
+            batch_pad: 0,
+            sinks: Some(&sinks),
+        };
+        let (t, s) = (3, 3);
+        let a = attend(&data(t * 8, 12), t, 0, &data(s * 4, 13), &data(s * 4, 14), shape, true);
+        let scores = a.scores.unwrap();
+        for h in 0..2 {
+            for r in 0..t {
+                let at = (h * t + r) * s;
+                // softmax over [visible scores, sink] in f64, the sink's entry dropped.
+                let z: f64 = scores[at..at + r + 1].iter().map(|&x| (x as f64).exp()).sum::<f64>()
+                    + (sinks[h] as f64).exp();
+                for j in 0..=r {
+                    let want = (scores[at + j] as f64).exp() / z;
+                    assert!((a.probs[at + j] as f64 - want).abs() < 1e-6, "head {h} row {r} key {j}");
+                }
+                let sum: f32 = a.probs[at..at + s].iter().sum();
+                assert!(sum < 1.0 - 1e-3, "head {h} row {r}: the sink takes a share, sum {sum}");
+            }
+        }
+    }
+
+    #[test]
     fn gqa_maps_query_heads_to_their_group() {
         let shape = AttnShape {
             causal: true,
@@ -264,6 +311,7 @@ mod tests {
             window: None,
             mutants: Mutants::default(),
             batch_pad: 0,
+            sinks: None,
         };
         assert_eq!((0..6).map(|h| shape.kv_head(h)).collect::<Vec<_>>(), [0, 0, 0, 1, 1, 1]);
         // One query row at position 0 sees only key 0, so query head h's
@@ -287,6 +335,7 @@ mod tests {
             window: Some(2),
             mutants: Mutants::default(),
             batch_pad: 0,
+            sinks: None,
         };
         let (t, s) = (4, 4);
         let a = attend(&data(t * 8, 9), t, 0, &data(s * 4, 10), &data(s * 4, 11), shape, true);
@@ -318,6 +367,7 @@ mod tests {
             window: None,
             mutants: Mutants::default(),
             batch_pad: 0,
+            sinks: None,
         };
         let (t, s) = (3, 3);
         let q = data(t * 8, 6);

@@ -169,6 +169,7 @@ pub fn forward_batch(
         window: None,
         mutants: mx,
         batch_pad: 0,
+        sinks: None,
     };
     // RMSNorm of `width`-wide rows (with the planted norm bugs of tests).
     let rmsnorm = |x: &[f32], width: usize, w: &[f32], eps: f64| {
@@ -356,6 +357,7 @@ pub fn forward_batch(
                 } else {
                     0
                 },
+                sinks: b.sinks.as_deref(),
                 ..shape
             };
             let att = attend(

@@ -23,6 +23,8 @@ pub struct Block {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub o: Linear,
+    /// gpt-oss's per-head attention sink logits (`[H]`).
+    pub sinks: Option<Vec<f32>>,
     /// Gemma's norms of the attention and MLP outputs (`[E]` each).
     pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_post_norm: Option<Vec<f32>>,
@@ -117,6 +119,10 @@ impl ModelWeights {
                 q_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.q_norm.weight"))?,
                 k_norm: qk_norm(ws, cfg, &format!("{p}.self_attn.k_norm.weight"))?,
                 o: Linear::load(ws, &format!("{p}.self_attn.o_proj"), e, cfg.heads * cfg.v_head_dim())?,
+                sinks: match cfg.attn_sinks {
+                    true => Some(ws.take(&format!("{p}.self_attn.sinks"), &[cfg.heads])?.into_data()),
+                    false => None,
+                },
                 attn_post_norm: post_norm(ws, cfg, &format!("{p}.post_attention_layernorm.weight"))?,
                 ffn_post_norm: post_norm(ws, cfg, &format!("{p}.post_feedforward_layernorm.weight"))?,
                 ffn_norm: ws
@@ -190,6 +196,9 @@ impl ModelWeights {
                 f(&format!("{p}.self_attn.k_norm.weight"), &[d], kn);
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o);
+            if let Some(s) = &b.sinks {
+                f(&format!("{p}.self_attn.sinks"), &[s.len()], s);
+            }
             if let Some(n) = &b.attn_post_norm {
                 f(&format!("{p}.post_attention_layernorm.weight"), &[e], n);
             }
@@ -238,6 +247,7 @@ impl ModelWeights {
                 &mut b.k_norm,
                 &mut b.attn_post_norm,
                 &mut b.ffn_post_norm,
+                &mut b.sinks,
             ]
             .into_iter()
             .flatten()

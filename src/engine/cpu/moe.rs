@@ -211,7 +211,7 @@ pub fn forward(
     let mut acc = vec![0.0f32; t * e];
     for (j, rows) in routed_to.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
         let x: Vec<f32> = rows.iter().flat_map(|&(row, _)| hn[row * e..][..e].iter().copied()).collect();
-        let y = mlp(&w.experts[j], cfg.act, &x, rows.len(), sd);
+        let y = mlp(&w.experts[j], moe.expert_act, &x, rows.len(), sd);
         for (i, &(row, wt)) in rows.iter().enumerate() {
             for (a, &v) in acc[row * e..][..e].iter_mut().zip(&y[i * e..][..e]) {
                 *a += wt * v;

@@ -132,6 +132,8 @@ pub enum Mutant {
     /// DeepSeek's latent attention rotates the first `rope` dims of each
     /// head (its no-RoPE part) instead of the last.
     MlaRopeWrongPart,
+    /// gpt-oss's attention sinks left out of the softmax (rows sum to 1).
+    SinksIgnored,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
@@ -150,7 +152,7 @@ impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).
-    pub const ALL: [Mutant; 45] = [
+    pub const ALL: [Mutant; 46] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -196,6 +198,7 @@ impl Mutant {
         Mutant::RouteTieToHigherId,
         Mutant::ExpertIdOffByOne,
         Mutant::MlaRopeWrongPart,
+        Mutant::SinksIgnored,
     ];
 }
 

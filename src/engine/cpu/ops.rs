@@ -244,11 +244,24 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + inner.tanh())
 }
 
+/// gpt-oss's clamped SwiGLU in HF's f32 order: g = min(gate, limit),
+/// u = clamp(up, −limit, limit), glu = g·σ(g·α), then (u + 1)·glu.
+pub fn clamped_swiglu(g: f32, u: f32, alpha: f32, limit: f32) -> f32 {
+    let g = g.min(limit);
+    let u = u.clamp(-limit, limit);
+    let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
+    (u + 1.0) * glu
+}
+
 /// The MLP's gated activation `act(gate) * up`, elementwise.
 pub fn act_mul(act: crate::model::config::Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    use crate::model::config::Activation;
     match act {
-        crate::model::config::Activation::Silu => silu_mul(gate, up),
-        crate::model::config::Activation::GeluTanh => gate.iter().zip(up).map(|(&g, &u)| gelu_tanh(g) * u).collect(),
+        Activation::Silu => silu_mul(gate, up),
+        Activation::GeluTanh => gate.iter().zip(up).map(|(&g, &u)| gelu_tanh(g) * u).collect(),
+        Activation::ClampedSwiglu { alpha, limit } => {
+            gate.iter().zip(up).map(|(&g, &u)| clamped_swiglu(g, u, alpha, limit)).collect()
+        }
     }
 }
 

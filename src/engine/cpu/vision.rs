@@ -284,6 +284,7 @@ pub fn encode(
         causal: mx.is(Mutant::VisionAttnCausal),
         mutants: mx,
         batch_pad: 0,
+        sinks: None,
     };
     let mut deepstack = Vec::new();
     for (i, b) in w.blocks.iter().enumerate() {

@@ -99,16 +99,19 @@ pub const FILES: &[KernelFile] = &[
             "moe_accumulate_f32",
             "moe_store_f32",
             "sigmoid_scale_f32",
+            "swiglu_clamped_f32",
             "moe_route_f16",
             "moe_gather_f16",
             "moe_accumulate_f16",
             "moe_store_f16",
             "sigmoid_scale_f16",
+            "swiglu_clamped_f16",
             "moe_route_bf16",
             "moe_gather_bf16",
             "moe_accumulate_bf16",
             "moe_store_bf16",
-            "sigmoid_scale_bf16"
+            "sigmoid_scale_bf16",
+            "swiglu_clamped_bf16"
         ]
     ),
     kernel_file!(

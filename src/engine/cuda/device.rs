@@ -43,6 +43,8 @@ pub(super) struct DevBlock<T: Storage> {
     /// Qwen3's per-head q/k RMSNorm weights (`[D]`).
     pub(super) qk_norm: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) o: DevLinear<T>,
+    /// gpt-oss's per-head attention sink logits (`[H]`).
+    pub(super) sinks: Option<DBuf<T>>,
     /// Gemma's norms of the attention and MLP outputs (`[E]`).
     pub(super) post_norms: Option<(DBuf<T>, DBuf<T>)>,
     pub(super) ffn_norm: DBuf<T>,
@@ -85,6 +87,7 @@ pub(super) struct Funcs {
     pub(super) moe_accumulate: Kernel,
     pub(super) moe_store: Kernel,
     pub(super) sigmoid_scale: Kernel,
+    pub(super) swiglu_clamped: Kernel,
     /// DeepSeek's latent attention (`cuda/mla.cu`).
     pub(super) mla_split_kv: Kernel,
     pub(super) rope_mla: Kernel,
@@ -193,6 +196,7 @@ where
                     _ => None,
                 },
                 o: lin(&b.o)?,
+                sinks: b.sinks.as_deref().map(up).transpose()?,
                 post_norms: match (&b.attn_post_norm, &b.ffn_post_norm) {
                     (Some(a), Some(m)) => Some((up(a)?, up(m)?)),
                     _ => None,
@@ -445,6 +449,7 @@ fn load_funcs<T: Storage>(dev: &Dev) -> Result<Funcs> {
         moe_accumulate: typed("moe_accumulate")?,
         moe_store: typed("moe_store")?,
         sigmoid_scale: typed("sigmoid_scale")?,
+        swiglu_clamped: typed("swiglu_clamped")?,
         mla_split_kv: typed("mla_split_kv")?,
         rope_mla: typed("rope_mla")?,
     })
@@ -516,6 +521,9 @@ where
                 back(f, &format!("{p}.self_attn.k_norm.weight"), &[d], kn)?;
             }
             lin(f, &format!("{p}.self_attn.o_proj"), &b.o)?;
+            if let Some(s) = &b.sinks {
+                back(f, &format!("{p}.self_attn.sinks"), &[self.cfg.heads], s)?;
+            }
             if let Some((an, fnn)) = &b.post_norms {
                 back(f, &format!("{p}.post_attention_layernorm.weight"), &[e], an)?;
                 back(f, &format!("{p}.post_feedforward_layernorm.weight"), &[e], fnn)?;

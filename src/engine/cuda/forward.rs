@@ -324,6 +324,8 @@ where
                         // Causal: the LM's attention (the vision tower's is not).
                         1i32.into(),
                     ]);
+                    let sinks = b.sinks.as_ref().map(|s| s.view(..));
+                    args.push(sinks.as_ref().map_or(KArg::Null, |s| s.arg()));
                     let attn_launch = launch::attention(n, h, d, s).map_err(|m| self.dev.err(m))?;
                     let lc = if decode {
                         Launch {
@@ -378,7 +380,7 @@ where
                     self.tap_rows(segs, stg(B::FfnGate), &[f], &gate)?;
                     self.linear(ffn_norm.view(), t, &m.up, &mut up.view_mut())?;
                     self.tap_rows(segs, stg(B::FfnUp), &[f], &up)?;
-                    self.act_mul(gate.view(), up.view(), &mut act)?;
+                    self.act_mul(self.cfg.act, gate.view(), up.view(), &mut act)?;
                     self.tap_rows(segs, stg(B::FfnAct), &[f], &act)?;
                     self.linear(act.view(), t, &m.down, &mut ffn_out.view_mut())?;
                 }

@@ -75,34 +75,36 @@ impl<T: Storage> CudaEngine<T>
 where
     CudaBlas: Gemm<T>,
 {
-    /// `act(gate)·up` over `n` values (SwiGLU or GeGLU), stored.
-    pub(super) fn act_mul(&self, gate: View<'_, T>, up: View<'_, T>, out: &mut GBuf<T>) -> Result<()> {
+    /// `act(gate)·up` over `n` values (SwiGLU, GeGLU or gpt-oss's clamped
+    /// SwiGLU), stored.
+    pub(super) fn act_mul(&self, act: Activation, gate: View<'_, T>, up: View<'_, T>, out: &mut GBuf<T>) -> Result<()> {
         let n = out.g.len as i64;
-        let kernel = match self.cfg.act {
+        let mut av = out.view_mut();
+        let mut args = vec![gate.arg(), up.arg(), av.arg(), n.into()];
+        let kernel = match act {
             Activation::Silu => &self.f.silu_mul,
             Activation::GeluTanh => &self.f.gelu_mul,
+            Activation::ClampedSwiglu { alpha, limit } => {
+                args.extend([alpha.into(), limit.into()]);
+                &self.f.swiglu_clamped
+            }
         };
-        let mut av = out.view_mut();
-        // SAFETY: silu_mul_T / gelu_mul_T(gate, up, out, n), all n long.
-        let r = unsafe {
-            self.dev.launch(
-                kernel,
-                launch::elementwise(n as usize),
-                &mut [gate.arg(), up.arg(), av.arg(), n.into()],
-            )
-        };
+        // SAFETY: silu_mul_T / gelu_mul_T(gate, up, out, n), all n long;
+        // swiglu_clamped_T takes alpha and the limit after them.
+        let r = unsafe { self.dev.launch(kernel, launch::elementwise(n as usize), &mut args) };
         r
     }
 
-    /// A dense MLP over `rows` rows of `x` into `out` (`[rows, E]`).
-    fn mlp(&self, m: &DevMlp<T>, x: View<'_, T>, rows: usize, out: &mut GBuf<T>) -> Result<()> {
+    /// A dense MLP over `rows` rows of `x` into `out` (`[rows, E]`), with
+    /// gated activation `act`.
+    fn mlp(&self, m: &DevMlp<T>, act_kind: Activation, x: View<'_, T>, rows: usize, out: &mut GBuf<T>) -> Result<()> {
         let f = m.gate.out_f;
         let mut gate = self.gbuf::<T>("expert_gate", rows * f)?;
         let mut up = self.gbuf::<T>("expert_up", rows * f)?;
         let mut act = self.gbuf::<T>("expert_act", rows * f)?;
         self.linear(x, rows, &m.gate, &mut gate.view_mut())?;
         self.linear(x, rows, &m.up, &mut up.view_mut())?;
-        self.act_mul(gate.view(), up.view(), &mut act)?;
+        self.act_mul(act_kind, gate.view(), up.view(), &mut act)?;
         self.linear(act.view(), rows, &m.down, &mut out.view_mut())
     }
 
@@ -164,7 +166,7 @@ where
                 }?;
             }
             let mut y = self.gbuf::<T>("expert_out", mm * e)?;
-            self.mlp(&m.experts[j], xg.view(), mm, &mut y)?;
+            self.mlp(&m.experts[j], moe.expert_act, xg.view(), mm, &mut y)?;
             let mut av = acc.view_mut(..);
             // SAFETY: moe_accumulate_T(y [m, E], idx [m] (< t), w [m], acc [t, E], m, E).
             unsafe {
@@ -199,7 +201,7 @@ where
         match &m.shared {
             Some(sm) => {
                 let mut sh = self.gbuf::<T>("shexp_out", t * e)?;
-                self.mlp(sm, x.view(), t, &mut sh)?;
+                self.mlp(sm, self.cfg.act, x.view(), t, &mut sh)?;
                 if let Some(g) = &m.shared_gate {
                     let mut gl = self.gbuf::<T>("shexp_gate", t)?;
                     self.linear(x.view(), t, g, &mut gl.view_mut())?;

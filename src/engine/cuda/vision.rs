@@ -251,6 +251,8 @@ where
                     scale.into(),
                     0i32.into(),
                     0i32.into(),
+                    // No attention sinks.
+                    KArg::Null,
                 ]);
                 // SAFETY: q, k, v [N, Hv, Dv] (k and v read as a cache of N positions), probs
                 // [Hv, N, N] or NULL, ctx [N, Hv*Dv]; smem (Dv + N) floats as `launch::attention`.

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
+use crate::model::config::Activation;
 use crate::model::{LoadOptions, ModelConfig, Weights};
 use crate::tensor::Tensor;
 
@@ -167,11 +168,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         qk_norm: arch == "qwen3" || gemma,
         sliding_window,
         context_length,
-        act: if gemma {
-            crate::model::config::Activation::GeluTanh
-        } else {
-            crate::model::config::Activation::Silu
-        },
+        act: if gemma { Activation::GeluTanh } else { Activation::Silu },
         norm_plus_one: gemma,
         embed_scale: gemma.then(|| (hidden as f64).sqrt() as f32),
         post_norms: gemma,
@@ -181,6 +178,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         mrope: None,
         moe: None,
         mla: None,
+        attn_sinks: false,
         arch,
         vocab,
         hidden,

@@ -11,6 +11,13 @@ pub(super) struct AttnCase {
     pub(super) d: usize,
     /// A local layer's sliding window (0: none).
     pub(super) window: usize,
+    /// Attention sinks (gpt-oss), one logit per head (`sink_values`).
+    pub(super) sinks: bool,
+}
+
+/// A case's sink logits, stored as S and widened, around the scores' size.
+pub(super) fn sink_values<S: Storage>(c: &AttnCase) -> (Vec<S>, Vec<f32>) {
+    stored::<S>(&data(c.heads, 77, 3.0))
 }
 
 pub(super) struct AttnOut<S> {
@@ -73,6 +80,8 @@ pub(super) fn run_attention_mask<S: Storage + EmuType>(
     args.push(scale.into());
     args.push((c.window as i32).into());
     args.push((causal as i32).into());
+    let sinks = c.sinks.then(|| emu.upload("sinks", &sink_values::<S>(c).0));
+    args.push(sinks.as_ref().map_or(crate::engine::cuda::emu::Arg::Null, |b| b.arg()));
     let mut cfg: LaunchConfig = launch::attention(c.t, c.heads, c.d, s).unwrap().into();
     if decode {
         cfg.grid = (c.heads as u32, 1, 1);
@@ -90,7 +99,8 @@ pub(super) fn run_attention_mask<S: Storage + EmuType>(
 /// rounding), the S-term softmax sum and the S-term ctx sum (expf is the same
 /// libm function on both sides). A score error δ moves p_j by at most
 /// 2 max δ relatively (x - max and the sum), the sum adds S u, the 1/sum and
-/// product 2u: |Δp_j| <= (2δ + (S + 3) u) p_j. ctx = Σ p_j v_j: the order adds
+/// product 2u: |Δp_j| <= (2δ + (S + 3) u) p_j (a sink is one more term of
+/// the sum: S + 4). ctx = Σ p_j v_j: the order adds
 /// S u Σ p_j |v_j| and the probability errors Σ |Δp_j| |v_j|.
 /// Returns the worst (|Δ|/bound) seen, asserting it is <= 1; at 16-bit storage
 /// ctx is compared within 1 ulp of S instead (one rounding of each f32 result).
@@ -102,6 +112,7 @@ pub(super) fn compare_attention<S: Storage>(
     got: &AttnOut<S>,
 ) -> Vec<(usize, usize)> {
     let s = c.pos0 + c.t;
+    let sinks = sink_values::<S>(c).1;
     let shape = AttnShape {
         causal: true,
         heads: c.heads,
@@ -111,6 +122,7 @@ pub(super) fn compare_attention<S: Storage>(
         window: (c.window > 0).then_some(c.window),
         mutants: Mutants::default(),
         batch_pad: 0,
+        sinks: c.sinks.then_some(&sinks[..]),
     };
     let cpu = attend(q, c.t, c.pos0, k, v, shape, true);
     let cpu_scores = cpu.scores.unwrap();
@@ -143,7 +155,7 @@ pub(super) fn compare_attention<S: Storage>(
             let mut dp = vec![0.0f64; s];
             for (j, d) in dp.iter_mut().enumerate().take(visible) {
                 let p = cpu.probs[at + j] as f64;
-                *d = (2.0 * delta + (s as f64 + 3.0) * U) * p + 1e-30;
+                *d = (2.0 * delta + (s as f64 + 3.0 + f64::from(u8::from(c.sinks))) * U) * p + 1e-30;
                 if (got.probs[at + j] as f64 - p).abs() > *d {
                     ok = false;
                 }
@@ -174,7 +186,7 @@ pub(super) fn compare_attention<S: Storage>(
     bad
 }
 
-const ATTN_CASES: [AttnCase; 5] = [
+const ATTN_CASES: [AttnCase; 6] = [
     AttnCase {
         t: 5,
         pos0: 3,
@@ -182,6 +194,7 @@ const ATTN_CASES: [AttnCase; 5] = [
         kv: 2,
         d: 16,
         window: 0,
+        sinks: false,
     },
     AttnCase {
         t: 3,
@@ -190,6 +203,7 @@ const ATTN_CASES: [AttnCase; 5] = [
         kv: 2,
         d: 8,
         window: 0,
+        sinks: false,
     }, // S > blockDim
     AttnCase {
         t: 2,
@@ -198,6 +212,7 @@ const ATTN_CASES: [AttnCase; 5] = [
         kv: 2,
         d: 136,
         window: 0,
+        sinks: false,
     }, // D > blockDim
     AttnCase {
         t: 6,
@@ -206,6 +221,7 @@ const ATTN_CASES: [AttnCase; 5] = [
         kv: 2,
         d: 16,
         window: 3,
+        sinks: false,
     }, // a local layer: keys older than the window are masked
     AttnCase {
         t: 3,
@@ -214,7 +230,17 @@ const ATTN_CASES: [AttnCase; 5] = [
         kv: 1,
         d: 8,
         window: 100,
+        sinks: false,
     }, // a window wider than a warp, starting past 0
+    AttnCase {
+        t: 4,
+        pos0: 40,
+        heads: 4,
+        kv: 2,
+        d: 16,
+        window: 8,
+        sinks: true,
+    }, // gpt-oss: sinks, on a local layer
 ];
 
 #[test]
@@ -239,6 +265,7 @@ fn attention_prefill_and_decode_match_the_cpu_engine() {
                     window: (c.window > 0).then_some(c.window),
                     mutants: Mutants::default(),
                     batch_pad: 0,
+                    sinks: None,
                 };
                 let cpu = attend(&qw, c.t, c.pos0, &kw, &vw, shape, false);
                 let rel = |g: &[f32], r: &[f32]| {

@@ -82,7 +82,7 @@ fn every_kernel_of_compile_rs_is_emulated_with_a_signature() {
     );
     assert_eq!(
         names["attention_decode_f16"],
-        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32, i32, i32"
+        "*const f16, *const f16, *const f16, *mut f32, *mut f32, *mut f16, i32, i32, i32, i32, i32, f32, i32, i32, *const f16"
     );
     assert_eq!(
         names["layernorm_f32"],

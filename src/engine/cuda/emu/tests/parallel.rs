@@ -50,6 +50,7 @@ fn parallel_launches_equal_serial_ones_bit_for_bit() {
         kv: 2,
         d: 16,
         window: 0,
+        sinks: false,
     };
     let [(q, _), (k, _), (v, _)] = attn_inputs::<f32>(&c, 40);
     let (s, p) = both(|emu| run_attention_on::<f32>(emu, "attention_prefill_f32", &c, &q, &k, &v));

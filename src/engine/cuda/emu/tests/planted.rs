@@ -17,6 +17,7 @@ fn planted_softmax_max_is_caught_at_the_rows_it_affects() {
         kv: 1,
         d: 8,
         window: 0,
+        sinks: false,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 30);
     let good = run_attention::<f32>("attention_prefill_f32", &c, &q, &k, &v);
@@ -40,6 +41,7 @@ fn planted_gqa_modulo_is_caught_at_the_heads_it_remaps() {
         kv: 2,
         d: 8,
         window: 0,
+        sinks: false,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 31);
     let bug = run_attention::<f32>("planted_gqa_modulo/attention_prefill_f32", &c, &q, &k, &v);
@@ -59,6 +61,7 @@ fn planted_window_ignored_is_caught_at_the_rows_the_window_masks() {
         kv: 1,
         d: 8,
         window: 3,
+        sinks: false,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 34);
     let good = run_attention::<f32>("attention_prefill_f32", &c, &q, &k, &v);

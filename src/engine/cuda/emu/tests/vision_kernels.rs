@@ -250,6 +250,7 @@ pub(super) fn bidirectional_bad_rows(
         window: None,
         mutants: Mutants::default(),
         batch_pad: 0,
+        sinks: None,
     };
     let cpu = attend(q, c.t, 0, k, v, shape, false);
     let big = |x: &[f32]| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -280,6 +281,7 @@ fn bidirectional_attention_is_the_cpu_engines_and_planted_causal_is_caught() {
         kv: 2,
         d: 8,
         window: 0,
+        sinks: false,
     };
     let [(q, qw), (k, kw), (v, vw)] = attn_inputs::<f32>(&c, 49);
     let emu = Emu::new();
