@@ -8,6 +8,7 @@ pub mod file_tensors;
 pub mod fused;
 pub mod gemma;
 pub mod gguf;
+pub mod llava;
 pub mod mla;
 pub mod moe;
 pub mod moe_layout;

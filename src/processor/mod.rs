@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::model::{ImageGrid, ModelConfig};
 use crate::tensor::Tensor;
 
+pub mod clip;
+
 /// The settings of `preprocessor_config.json` the maths depends on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessorConfig {
@@ -128,7 +130,7 @@ pub fn smart_resize(
 }
 
 /// Decodes a PNG to 8-bit RGB, row-major `[H, W, 3]`.
-fn read_png(path: &Path) -> Result<(usize, usize, Vec<u8>)> {
+pub(super) fn read_png(path: &Path) -> Result<(usize, usize, Vec<u8>)> {
     let bad = |msg: String| Error::tensor_file(path, msg);
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut dec = png::Decoder::new(std::io::BufReader::new(file));
@@ -202,14 +204,25 @@ pub fn process(path: &Path, model: &Path, cfg: &ModelConfig) -> Result<ImageInpu
 /// Channel-first `[3, H, W]` f32 values: rescaled in f64 then rounded (HF's
 /// `rescale`), then `(x − mean) / std` in f32 (HF's `normalize`).
 fn normalise(rgb: &[u8], h: usize, w: usize, pc: &ProcessorConfig) -> Vec<f32> {
+    normalise_with(rgb, h, w, pc.rescale, pc.normalize)
+}
+
+/// `normalise` with the rescale factor and (mean, std) given.
+pub(super) fn normalise_with(
+    rgb: &[u8],
+    h: usize,
+    w: usize,
+    rescale: Option<f64>,
+    normalize: Option<([f32; 3], [f32; 3])>,
+) -> Vec<f32> {
     let mut out = vec![0.0f32; 3 * h * w];
     for (i, px) in rgb.chunks_exact(3).enumerate() {
         for c in 0..3 {
-            let mut v = match pc.rescale {
+            let mut v = match rescale {
                 Some(s) => (px[c] as f64 * s) as f32,
                 None => px[c] as f32,
             };
-            if let Some((mean, std)) = pc.normalize {
+            if let Some((mean, std)) = normalize {
                 v = (v - mean[c]) / std[c];
             }
             out[c * h * w + i] = v;

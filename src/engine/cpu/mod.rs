@@ -10,6 +10,7 @@
 //! the maths lives in the sibling modules.
 
 pub(crate) mod attention;
+pub(crate) mod clip;
 mod forward;
 mod kv_cache;
 pub(crate) mod layers;

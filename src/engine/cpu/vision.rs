@@ -28,7 +28,7 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    fn load(ws: &mut Weights, prefix: &str, width: usize) -> Result<LayerNorm> {
+    pub(crate) fn load(ws: &mut Weights, prefix: &str, width: usize) -> Result<LayerNorm> {
         Ok(LayerNorm {
             w: ws.take(&format!("{prefix}.weight"), &[width])?.into_data(),
             b: ws.take(&format!("{prefix}.bias"), &[width])?.into_data(),
