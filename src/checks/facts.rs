@@ -136,7 +136,7 @@ impl<'a> Facts<'a> {
     /// The canonical shape of a stage at a step.
     pub fn expected_shape(&self, step: Step, stage: Stage) -> Vec<usize> {
         let (t, s) = self.step_dims(step);
-        canonical_shape(self.config, stage, t, s, self.image.map(|i| i.grid))
+        canonical_shape(self.config, stage, t, s, self.image.map(|i| i.dims()))
     }
 
     /// Tokens the engine was fed at `step`: the prompt, or the decode token

@@ -61,6 +61,10 @@ pub struct RuleEnv {
     /// A VLM tower with learned position embeddings (Qwen3-VL): vision block 0
     /// reads `vision.pos_embed`, else `vision.patch_embed`.
     pub vision_pos_embed: bool,
+    /// LLaVA, once a plan knows the model: the resolved
+    /// `vision_feature_layer` (the hidden state `vision.features` copies);
+    /// its vision block 0 reads `vision.pre_norm`.
+    pub llava_feature_layer: Option<usize>,
     /// Per layer, once a plan knows the model: true where the MLP routes and
     /// has a shared expert, so `ffn_out` = ffn_moe_out + ffn_shexp_out.
     pub routed_shared: Vec<bool>,

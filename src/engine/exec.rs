@@ -558,6 +558,7 @@ mod tests {
         let img = crate::engine::ImageInput {
             pixels: crate::tensor::Tensor::new(vec![4, 3], (0..12).map(|i| i as f32 * 0.5).collect()),
             grid: crate::model::ImageGrid { t: 1, h: 2, w: 2 },
+            size: None,
             path: Some("/images/cat.png".into()),
             origin: "test".into(),
         };

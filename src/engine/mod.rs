@@ -72,12 +72,28 @@ pub struct RunRequest {
 /// touchstone's processor, or a golden's recorded pixels) is said by `origin`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageInput {
+    /// Qwen-VL: `[N, C·T·P·P]` patches; LLaVA: `[P, 3, S, S]` tower images.
     pub pixels: Tensor,
+    /// Qwen-VL: `image_grid_thw`. LLaVA: t the tower images, h = w = S/P.
     pub grid: crate::model::ImageGrid,
+    /// The image's (height, width) as given, before any tiling: LLaVA-NeXT's
+    /// unpadding and token count read it. None where a golden's pixels did
+    /// not record it.
+    pub size: Option<(usize, usize)>,
     /// The image file, when there is one (external engines may read it).
     pub path: Option<std::path::PathBuf>,
     /// Where the pixels came from, for messages.
     pub origin: String,
+}
+
+impl ImageInput {
+    /// What its stages' shapes depend on.
+    pub fn dims(&self) -> crate::model::ImageDims {
+        crate::model::ImageDims {
+            grid: self.grid,
+            size: self.size,
+        }
+    }
 }
 
 impl RunRequest {

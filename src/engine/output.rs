@@ -77,7 +77,7 @@ pub fn read_run_from(
         let mut t = t.clone();
         if reshape {
             let (tt, s) = step_dims(req.prompt.len(), from, step);
-            let want = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));
+            let want = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.dims()));
             if want.iter().product::<usize>() == t.numel() {
                 t = Tensor::new(want, t.data().to_vec()).with_dtype(t.dtype());
             }
@@ -155,7 +155,7 @@ fn join_ranks(
             ));
         };
         let (tt, s) = step_dims(req.prompt.len(), from, step);
-        let shape = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.grid));
+        let shape = canonical_shape(cfg, stage, tt, s, req.image.as_ref().map(|i| i.dims()));
         out.insert(base.to_string(), super::shards::join(base, &shape, ps)?);
     }
     Ok(out)

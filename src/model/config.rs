@@ -20,7 +20,7 @@ pub use super::features::{Activation, LocalAttention};
 pub use super::mla::Mla;
 pub use super::moe::Moe;
 pub use super::rope_scaling::RopeScaling;
-pub use super::vision::{ImageGrid, MRope, VisionConfig};
+pub use super::vision::{ImageDims, ImageGrid, MRope, VisionConfig};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ModelConfig {
@@ -101,6 +101,11 @@ const SUPPORTED: &[&str] = &[
 ];
 
 impl ModelConfig {
+    /// LLaVA's vision side (the tower's feature layer, projector, pinpoints).
+    pub fn llava(&self) -> Option<&super::llava::LlavaConfig> {
+        self.vision.as_ref().and_then(|v| v.llava.as_ref())
+    }
+
     /// Reads `<dir>/config.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig> {
         Self::from_hf_dir_with(dir, None)
@@ -180,6 +185,17 @@ impl ModelConfig {
                         decoder: give a `gemma3_text` model (Gemma3ForCausalLM)"
                     .into(),
             );
+        }
+        if arch == "llava" || arch == "llava_next" {
+            // A Llama (Vicuna, Mistral) text model behind a CLIP tower and a
+            // projector; plain 1-D positions.
+            let lc = super::llava::LlavaConfig::from_json(v)?;
+            let text = super::llava::text_config(v)?;
+            let text_arch = text.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
+            let mut cfg = Self::from_json_llama(&text, text_arch).map_err(|e| format!("text_config: {e}"))?;
+            cfg.arch = arch;
+            cfg.vision = Some(VisionConfig::of_llava(lc, cfg.hidden));
+            return Ok(cfg);
         }
         if arch == "qwen2_vl" || arch == "qwen3_vl" {
             let (text, text_arch, vision, mrope) = super::vision::split_config(v)?;

@@ -202,7 +202,7 @@ fn open(model: &Path, cfg: &ModelConfig) -> Result<Source> {
             let mut tf = crate::tensor::io::read_safetensors(f)?;
             let floats = std::mem::take(&mut tf.floats)
                 .into_iter()
-                .map(|(k, v)| (super::vision::canonical_name(&k), v))
+                .map(|(k, v)| (super::canonical_name(cfg, &k), v))
                 .collect();
             tf.floats = super::moe_layout::canonicalise(cfg, floats).map_err(|m| Error::model(f, m))?;
             Ok(tf)

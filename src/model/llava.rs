@@ -164,6 +164,27 @@ impl LlavaConfig {
     }
 }
 
+/// The language model's config: `text_config` (LlavaConfig's default is
+/// Llama's), with the keys transformers keeps at the top level of a
+/// multimodal config copied in when the text config lacks them.
+pub fn text_config(v: &Value) -> Result<Value, String> {
+    let mut text = v.get("text_config").cloned().ok_or("missing object `text_config`")?;
+    if !text.is_object() {
+        return Err("`text_config` is not an object".into());
+    }
+    if text.get("model_type").and_then(Value::as_str).is_none() {
+        text["model_type"] = "llama".into();
+    }
+    for k in ["tie_word_embeddings"] {
+        if text.get(k).is_none() {
+            if let Some(x) = v.get(k) {
+                text[k] = x.clone();
+            }
+        }
+    }
+    Ok(text)
+}
+
 /// `image_grid_pinpoints`: a list of [height, width], each a multiple of the
 /// tower's image size (every tile is one tower image).
 fn read_pinpoints(x: Option<&Value>, side: usize) -> Result<Vec<(usize, usize)>, String> {

@@ -20,7 +20,7 @@ pub mod weights;
 use std::path::Path;
 
 pub use config::ModelConfig;
-pub use vision::ImageGrid;
+pub use vision::{ImageDims, ImageGrid, VisionConfig};
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
@@ -140,6 +140,16 @@ fn gguf_config_with(f: &GgufFile, path: &Path, over: Option<&serde_json::Value>)
     }
 }
 
+/// A weight's name in the layout the engines read: a LLaVA checkpoint's
+/// (`llava::canonical_name`), else a Qwen-VL's (`vision::canonical_name`,
+/// which changes no text model's name).
+pub fn canonical_name(cfg: &ModelConfig, name: &str) -> String {
+    match cfg.vision.as_ref().and_then(|v| v.llava.as_ref()) {
+        Some(_) => llava::canonical_name(name),
+        None => vision::canonical_name(name),
+    }
+}
+
 /// Reads the config and the weights (HF names, f32 values) of a model.
 /// Fused projections (Phi-3) come back split into the Llama layout.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
@@ -148,7 +158,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Weights)> {
             let cfg = ModelConfig::from_hf_dir_with(path, opts.config.as_ref())?;
             let mut ws = Weights::from_hf_dir(path)?;
             if cfg.vision.is_some() {
-                ws.rename(vision::canonical_name);
+                ws.rename(|n| canonical_name(&cfg, n));
             }
             ws.remap(|t| moe_layout::canonicalise(&cfg, t))?;
             (cfg, ws)

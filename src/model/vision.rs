@@ -11,6 +11,8 @@
 
 use serde_json::Value;
 
+use super::llava::LlavaConfig;
+
 /// Which tower: they differ in the patch embedding's bias, learned position
 /// embeddings, block MLP names and activation, the merger, deepstack
 /// features, and how M-RoPE interleaves its sections.
@@ -19,6 +21,10 @@ use serde_json::Value;
 pub enum VisionFamily {
     Qwen2Vl,
     Qwen3Vl,
+    /// LLaVA-1.5 and LLaVA-NeXT: a CLIP tower and a two-layer projector
+    /// (`VisionConfig::llava` holds the rest).
+    Llava,
+    LlavaNext,
 }
 
 /// The vision blocks' MLP activation.
@@ -61,11 +67,56 @@ pub struct VisionConfig {
     pub ln_eps: f64,
     /// `<|image_pad|>`: the placeholder the merger's rows replace.
     pub image_token: u32,
-    /// `<|vision_start|>` (precedes each image's placeholders).
+    /// `<|vision_start|>` (precedes each image's placeholders; only M-RoPE
+    /// reads it: LLaVA has none and gives its `<image>` id here).
     pub vision_start_token: u32,
+    /// LLaVA: the CLIP tower's feature layer, select strategy, projector and
+    /// NeXT's pinpoints.
+    pub llava: Option<LlavaConfig>,
 }
 
 impl VisionConfig {
+    /// LLaVA's tower in the engines' common terms: one tower image is a
+    /// grid of (S/P)² patches of width 3·P·P, `merge` 1 (each feature row
+    /// is one patch), the projector's output the language model's width `e`.
+    pub fn of_llava(lc: LlavaConfig, e: usize) -> VisionConfig {
+        let t = &lc.tower;
+        VisionConfig {
+            family: if lc.pinpoints.is_some() { VisionFamily::LlavaNext } else { VisionFamily::Llava },
+            depth: t.layers,
+            hidden: t.hidden,
+            heads: t.heads,
+            ffn: t.ffn,
+            patch: t.patch,
+            temporal_patch: 1,
+            merge: 1,
+            in_channels: t.channels,
+            out_hidden: e,
+            act: VisionAct::QuickGelu,
+            pos_embeds: None,
+            deepstack: Vec::new(),
+            rope_theta: 0.0,
+            ln_eps: t.ln_eps,
+            image_token: lc.image_token,
+            vision_start_token: lc.image_token,
+            llava: Some(lc),
+        }
+    }
+
+    /// The image tokens (placeholder rows) one image gives: Qwen-VL's
+    /// t·h·w/m² for its grid; LLaVA-1.5's feature rows of its one tower
+    /// image; LLaVA-NeXT's packed sequence for an image of `size` (H, W).
+    pub fn image_tokens(&self, grid: ImageGrid, size: Option<(usize, usize)>) -> Result<usize, String> {
+        match &self.llava {
+            None => Ok(grid.tokens(self.merge)),
+            Some(lc) if lc.pinpoints.is_none() => Ok(lc.rows_per_image()),
+            Some(lc) => {
+                let (h, w) = size.ok_or("LLaVA-NeXT needs the image's size (H, W) to count its tokens")?;
+                Ok(super::llava::packed_rows(lc, h, w)?.len())
+            }
+        }
+    }
+
     /// Dv.
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads
@@ -113,6 +164,14 @@ impl MRope {
             2
         }
     }
+}
+
+/// What the shapes of an image's stages depend on: its grid and, for
+/// LLaVA-NeXT's packed rows, its size (H, W) as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageDims {
+    pub grid: ImageGrid,
+    pub size: Option<(usize, usize)>,
 }
 
 /// One image's patch grid (`image_grid_thw`).
@@ -258,7 +317,7 @@ pub fn split_config(v: &Value) -> Result<(Value, &'static str, VisionConfig, MRo
     let (family, text_arch) = match mt {
         "qwen2_vl" => (VisionFamily::Qwen2Vl, "qwen2"),
         "qwen3_vl" => (VisionFamily::Qwen3Vl, "qwen3"),
-        other => return Err(format!("`{other}` is not a vision-language model_type")),
+        other => return Err(format!("`{other}` is not a Qwen-VL model_type")),
     };
     let text = v.get("text_config").ok_or("missing object `text_config`")?;
     let vis = v.get("vision_config").ok_or("missing object `vision_config`")?;
@@ -319,8 +378,10 @@ pub fn split_config(v: &Value) -> Result<(Value, &'static str, VisionConfig, MRo
                 ln_eps: 1e-6,
                 image_token: id("image_token_id")?,
                 vision_start_token: id("vision_start_token_id")?,
+                llava: None,
             }
         }
+        VisionFamily::Llava | VisionFamily::LlavaNext => unreachable!("split_config reads only Qwen-VL model_types"),
         VisionFamily::Qwen3Vl => VisionConfig {
             family,
             depth: n(vis, "depth", "vision_config")?,
@@ -343,6 +404,7 @@ pub fn split_config(v: &Value) -> Result<(Value, &'static str, VisionConfig, MRo
             ln_eps: 1e-6,
             image_token: id("image_token_id")?,
             vision_start_token: id("vision_start_token_id")?,
+            llava: None,
         },
     };
     let rp = text

@@ -45,8 +45,10 @@ pub fn resolve(
         Some(text) => {
             let ids = crate::tokenizer::encode_prompt(model, text, spec.prompt.chat)?;
             Some(match (&image, &config.vision) {
-                (Some(img), Some(vc)) => expand_image_pad(&ids, vc.image_token, img.grid.tokens(vc.merge))
-                    .map_err(|m| invalid(format!("prompt.text: {m}")))?,
+                (Some(img), Some(vc)) => {
+                    let count = vc.image_tokens(img.grid, img.size).map_err(|m| invalid(format!("prompt.image: {m}")))?;
+                    expand_image_pad(&ids, vc.image_token, count).map_err(|m| invalid(format!("prompt.text: {m}")))?
+                }
                 _ => ids,
             })
         }
@@ -83,8 +85,8 @@ pub fn resolve(
                 }
             }
             // A VLM golden's prompt comes with the pixels it was recorded with.
-            if image.is_none() && config.vision.is_some() {
-                image = golden_image(g);
+            if let (None, Some(vc)) = (&image, &config.vision) {
+                image = golden_image(g, vc);
             }
             (g.prompt().to_vec(), n, Some(forced))
         }
@@ -98,15 +100,30 @@ pub fn resolve(
     })
 }
 
-/// The image a golden recorded (`prefill/vision.pixels` and `vision.grid`).
-fn golden_image(g: &GoldenSet) -> Option<Arc<ImageInput>> {
+/// The image a golden recorded: `prefill/vision.pixels` with Qwen-VL's
+/// `vision.grid`, or LLaVA's `[P, 3, S, S]` tower images with the image's
+/// size from the provenance (`image.size`, [H, W]).
+fn golden_image(g: &GoldenSet, vc: &crate::model::VisionConfig) -> Option<Arc<ImageInput>> {
     let pixels = g.get(
         crate::stage::Step::Prefill,
         crate::stage::Stage::Vision(crate::stage::VisionStage::Pixels),
     )?;
+    let size = g.provenance.pointer("/image/size").and_then(|s| {
+        let a = s.as_array().filter(|a| a.len() == 2)?;
+        Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize))
+    });
+    let grid = match &vc.llava {
+        Some(lc) => crate::model::ImageGrid {
+            t: *pixels.shape().first()?,
+            h: lc.tower.side(),
+            w: lc.tower.side(),
+        },
+        None => g.grid?,
+    };
     Some(Arc::new(ImageInput {
         pixels: pixels.clone(),
-        grid: g.grid?,
+        grid,
+        size,
         path: None,
         origin: format!("the pixels golden `{}` recorded ({})", g.source, g.path.display()),
     }))

@@ -45,6 +45,7 @@ pub fn plan(spec: &Spec, facts: &Facts) -> Result<Vec<CheckInstance>> {
         post_norms: config.post_norms,
         vlm_deepstack: config.vision.as_ref().map(|v| v.deepstack.len()),
         vision_pos_embed: config.vision.as_ref().is_some_and(|v| v.pos_embeds.is_some()),
+        llava_feature_layer: config.vision.as_ref().and_then(|v| v.llava.as_ref()).map(|l| l.feature_layer),
         routed_shared: (0..config.layers)
             .map(|l| config.moe.as_ref().is_some_and(|m| m.is_sparse(l) && m.shared_ffn.is_some()))
             .collect(),

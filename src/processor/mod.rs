@@ -170,6 +170,21 @@ pub fn process(path: &Path, model: &Path, cfg: &ModelConfig) -> Result<ImageInpu
             "the model is not an HF folder: its image processor settings (preprocessor_config.json) are needed".into(),
         ));
     }
+    if let Some(lc) = &vc.llava {
+        let c = clip::process(path, model, lc)?;
+        let side = lc.tower.side();
+        return Ok(ImageInput {
+            grid: ImageGrid {
+                t: c.pixels.shape()[0],
+                h: side,
+                w: side,
+            },
+            pixels: c.pixels,
+            size: Some(c.size),
+            path: Some(path.to_path_buf()),
+            origin: path.display().to_string(),
+        });
+    }
     let pc = ProcessorConfig::load(model)?;
     if (pc.patch, pc.temporal_patch, pc.merge) != (vc.patch, vc.temporal_patch, vc.merge) {
         return Err(Error::model(
@@ -196,6 +211,7 @@ pub fn process(path: &Path, model: &Path, cfg: &ModelConfig) -> Result<ImageInpu
             h: h / vc.patch,
             w: w / vc.patch,
         },
+        size: Some((h, w)),
         path: Some(path.to_path_buf()),
         origin: path.display().to_string(),
     })

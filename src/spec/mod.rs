@@ -188,6 +188,7 @@ impl Spec {
             post_norms: false,
             vlm_deepstack: None,
             vision_pos_embed: false,
+            llava_feature_layer: None,
             routed_shared: Vec::new(),
             routed: Vec::new(),
             attn_sinks: false,

@@ -148,10 +148,12 @@ impl Stage {
     /// `k_norm`, the post norms): what patterns are validated against. A model's own stages
     /// are [`Stage::of_model`].
     pub fn all(n_layers: usize) -> Vec<Stage> {
-        let mut v: Vec<Stage> = VisionStage::all(n_layers, n_layers, true)
-            .into_iter()
-            .map(Stage::Vision)
-            .collect();
+        // Qwen-VL's and LLaVA's towers, merged in execution order.
+        let mut vision = VisionStage::all(n_layers, n_layers, true);
+        vision.extend(VisionStage::all_llava(n_layers));
+        vision.sort();
+        vision.dedup();
+        let mut v: Vec<Stage> = vision.into_iter().map(Stage::Vision).collect();
         v.extend([Stage::Embed, Stage::InputsEmbeds, Stage::Positions]);
         for l in 0..n_layers {
             v.extend(BLOCK_STAGES.iter().map(|(_, b)| Stage::Block(l, *b)));
@@ -168,6 +170,7 @@ impl Stage {
     pub fn of_model(cfg: &crate::model::ModelConfig, random_sampling: bool) -> Vec<Stage> {
         let deepstack = cfg.vision.as_ref().map_or(0, |v| v.deepstack.len());
         let mut v: Vec<Stage> = match &cfg.vision {
+            Some(vc) if vc.llava.is_some() => VisionStage::all_llava(vc.depth).into_iter().map(Stage::Vision).collect(),
             Some(vc) => VisionStage::all(vc.depth, deepstack, vc.pos_embeds.is_some())
                 .into_iter()
                 .map(Stage::Vision)
@@ -176,7 +179,9 @@ impl Stage {
         };
         v.extend(Stage::all(cfg.layers).into_iter().filter(|s| match s {
             Stage::Vision(_) => false,
-            Stage::InputsEmbeds | Stage::Positions => cfg.vision.is_some(),
+            Stage::InputsEmbeds => cfg.vision.is_some(),
+            // M-RoPE's (t, h, w) ids; LLaVA's positions are the plain ones.
+            Stage::Positions => cfg.mrope.is_some(),
             Stage::Block(l, BlockStage::Deepstack) => *l < deepstack,
             _ => true,
         }));

@@ -3,22 +3,29 @@
 //! dumps and protocol output are validated. Row-major, no batch dimension.
 
 use super::{BlockStage, Stage, VBlock, VisionStage};
-use crate::model::{ImageGrid, ModelConfig};
+use crate::model::{ImageDims, ModelConfig, VisionConfig};
 
 /// The canonical shape of `stage` for a step of `t` tokens after which the KV
 /// cache holds `s` positions; a vision stage's for the image of `grid` (None
 /// for a vision stage of a text model or a run without an image: an empty
 /// shape, which no tensor has).
-pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: Option<ImageGrid>) -> Vec<usize> {
+pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, image: Option<ImageDims>) -> Vec<usize> {
     match stage {
-        Stage::Vision(v) => match (c.vision.as_ref(), grid) {
-            (Some(vc), Some(g)) => {
+        Stage::Vision(v) => match (c.vision.as_ref(), image) {
+            (Some(vc), Some(im)) if vc.llava.is_some() => llava_shape(vc, v, im),
+            (Some(vc), Some(ImageDims { grid: g, .. })) => {
                 let n = g.patches();
                 let (ev, hv, dv) = (vc.hidden, vc.heads, vc.head_dim());
                 match v {
                     VisionStage::Pixels => vec![n, vc.patch_width()],
                     VisionStage::Merger | VisionStage::Deepstack(_) => vec![g.tokens(vc.merge), vc.out_hidden],
                     VisionStage::PatchEmbed | VisionStage::PosEmbed | VisionStage::MergerNorm => vec![n, ev],
+                    // LLaVA's stages: no Qwen-VL tower has them.
+                    VisionStage::PreNorm
+                    | VisionStage::Features
+                    | VisionStage::ProjFc1
+                    | VisionStage::ProjAct
+                    | VisionStage::Projector => Vec::new(),
                     VisionStage::Block(_, b) => match b {
                         VBlock::Q | VBlock::K | VBlock::V | VBlock::QRope | VBlock::KRope => vec![n, hv, dv],
                         VBlock::AttnProbs => vec![hv, n, n],
@@ -66,5 +73,35 @@ pub fn canonical_shape(c: &ModelConfig, stage: Stage, t: usize, s: usize, grid: 
             | BlockStage::Out
             | BlockStage::Deepstack => vec![t, c.hidden],
         },
+    }
+}
+
+/// A LLaVA vision stage's shape: P tower images (`grid.t`) of N patches,
+/// R = N + 1 rows each with CLS, stacked image by image; the merger's M rows
+/// are `VisionConfig::image_tokens` (empty when they cannot be counted).
+fn llava_shape(vc: &VisionConfig, v: VisionStage, im: ImageDims) -> Vec<usize> {
+    let Some(lc) = &vc.llava else { return Vec::new() };
+    let (p, n) = (im.grid.t, lc.tower.patches());
+    let (pr, pf) = (p * (n + 1), p * lc.rows_per_image());
+    let (ev, hv, e) = (vc.hidden, vc.heads, vc.out_hidden);
+    let s = lc.tower.image_size;
+    match v {
+        VisionStage::Pixels => vec![p, 3, s, s],
+        VisionStage::PatchEmbed => vec![p * n, ev],
+        VisionStage::PosEmbed | VisionStage::PreNorm => vec![pr, ev],
+        VisionStage::Block(_, b) => match b {
+            VBlock::Q | VBlock::K | VBlock::V => vec![pr, hv, ev / hv],
+            VBlock::AttnProbs => vec![p * hv, n + 1, n + 1],
+            VBlock::MlpFc1 | VBlock::MlpAct => vec![pr, vc.ffn],
+            VBlock::QRope | VBlock::KRope => Vec::new(),
+            _ => vec![pr, ev],
+        },
+        VisionStage::Features => vec![pf, ev],
+        VisionStage::ProjFc1 | VisionStage::ProjAct | VisionStage::Projector => vec![pf, e],
+        VisionStage::Merger => match vc.image_tokens(im.grid, im.size) {
+            Ok(m) => vec![m, e],
+            Err(_) => Vec::new(),
+        },
+        VisionStage::MergerNorm | VisionStage::Deepstack(_) => Vec::new(),
     }
 }

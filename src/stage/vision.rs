@@ -1,7 +1,8 @@
 //! The vision tower's stages (`vision.*`) of a vision-language model, in
 //! execution order: the processed pixels, the patch embedding (plus Qwen3-VL's
 //! learned position embedding), each vision block, the merger, and Qwen3-VL's
-//! deepstack mergers. They exist at the prefill only (the image is encoded
+//! deepstack mergers; LLaVA's CLIP tower adds `pre_norm` and, between the
+//! blocks and the merger, the selected features and the projector. They exist at the prefill only (the image is encoded
 //! once); shapes and meanings are in docs/stages-and-checks.md.
 
 /// Per vision block stages in execution order, with their canonical suffix.
@@ -75,12 +76,24 @@ pub enum VisionStage {
     /// `[N, Ev]`: the Conv3d patch embedding (a matmul over each patch).
     PatchEmbed,
     /// `[N, Ev]`: Qwen3-VL: patch_embed + the resampled learned position table.
+    /// LLaVA: `[P·(N+1), Ev]`, each image's CLS row then its patches, plus
+    /// the learned positions.
     PosEmbed,
+    /// `[P·(N+1), Ev]`: LLaVA: CLIP's `pre_layrnorm` (the blocks' input).
+    PreNorm,
     Block(usize, VBlock),
     /// `[N, Ev]`: the merger's LayerNorm, before each m×m window is
     /// concatenated into one row.
     MergerNorm,
-    /// `[M, E]`: the image tokens' features (M = N / m²).
+    /// `[P·N, Ev]`: LLaVA: the chosen hidden state (`vision_feature_layer`)
+    /// with each image's CLS row dropped: the projector's input.
+    Features,
+    /// `[P·N, E]`: LLaVA: the projector's linear_1, its GELU, its linear_2.
+    ProjFc1,
+    ProjAct,
+    Projector,
+    /// `[M, E]`: the image tokens' features (M = N / m²; LLaVA-1.5: the
+    /// projector's rows; LLaVA-NeXT: the packed base, grid and newline rows).
     Merger,
     /// `[M, E]`: Qwen3-VL: deepstack merger j's output.
     Deepstack(usize),
@@ -93,6 +106,11 @@ impl VisionStage {
             "patch_embed" => Some(VisionStage::PatchEmbed),
             "pos_embed" => Some(VisionStage::PosEmbed),
             "merger_norm" => Some(VisionStage::MergerNorm),
+            "pre_norm" => Some(VisionStage::PreNorm),
+            "features" => Some(VisionStage::Features),
+            "proj_fc1" => Some(VisionStage::ProjFc1),
+            "proj_act" => Some(VisionStage::ProjAct),
+            "projector" => Some(VisionStage::Projector),
             "merger" => Some(VisionStage::Merger),
             _ => {
                 if let Some(j) = s.strip_prefix("deepstack.") {
@@ -128,13 +146,46 @@ impl VisionStage {
         v
     }
 
+    /// Every vision stage of LLaVA's CLIP tower of `depth` blocks (no rotary)
+    /// and its projector.
+    pub fn all_llava(depth: usize) -> Vec<VisionStage> {
+        let mut v = vec![VisionStage::Pixels, VisionStage::PatchEmbed, VisionStage::PosEmbed, VisionStage::PreNorm];
+        for i in 0..depth {
+            v.extend(
+                VISION_BLOCK_STAGES
+                    .iter()
+                    .filter(|(_, b)| !matches!(b, VBlock::QRope | VBlock::KRope))
+                    .map(|(_, b)| VisionStage::Block(i, *b)),
+            );
+        }
+        v.extend([
+            VisionStage::Features,
+            VisionStage::ProjFc1,
+            VisionStage::ProjAct,
+            VisionStage::Projector,
+            VisionStage::Merger,
+        ]);
+        v
+    }
+
     /// Generic names (`vision.blk.*.q`), for suggestions.
     pub fn generic_names() -> Vec<String> {
-        let mut v: Vec<String> = ["vision.pixels", "vision.patch_embed", "vision.pos_embed"]
+        let mut v: Vec<String> = ["vision.pixels", "vision.patch_embed", "vision.pos_embed", "vision.pre_norm"]
             .map(String::from)
             .to_vec();
         v.extend(VISION_BLOCK_STAGES.iter().map(|(n, _)| format!("vision.blk.*.{n}")));
-        v.extend(["vision.merger_norm", "vision.merger", "vision.deepstack.*"].map(String::from));
+        v.extend(
+            [
+                "vision.merger_norm",
+                "vision.features",
+                "vision.proj_fc1",
+                "vision.proj_act",
+                "vision.projector",
+                "vision.merger",
+                "vision.deepstack.*",
+            ]
+            .map(String::from),
+        );
         v
     }
 }
@@ -153,7 +204,12 @@ impl std::fmt::Display for VisionStage {
             VisionStage::PatchEmbed => f.write_str("vision.patch_embed"),
             VisionStage::PosEmbed => f.write_str("vision.pos_embed"),
             VisionStage::Block(i, b) => write!(f, "vision.blk.{i}.{}", b.name()),
+            VisionStage::PreNorm => f.write_str("vision.pre_norm"),
             VisionStage::MergerNorm => f.write_str("vision.merger_norm"),
+            VisionStage::Features => f.write_str("vision.features"),
+            VisionStage::ProjFc1 => f.write_str("vision.proj_fc1"),
+            VisionStage::ProjAct => f.write_str("vision.proj_act"),
+            VisionStage::Projector => f.write_str("vision.projector"),
             VisionStage::Merger => f.write_str("vision.merger"),
             VisionStage::Deepstack(j) => write!(f, "vision.deepstack.{j}"),
         }

@@ -13,7 +13,17 @@ pub(super) fn vision_reduction_len(cfg: &crate::model::ModelConfig, v: VisionSta
     match v {
         VisionStage::Pixels => 1,
         VisionStage::PatchEmbed | VisionStage::PosEmbed => vc.patch_width(),
-        VisionStage::MergerNorm => vc.hidden,
+        VisionStage::MergerNorm | VisionStage::PreNorm => vc.hidden,
+        // LLaVA: the features copy a block's output (its fc2 sums Fv; the
+        // pre_layrnorm's Ev), the projector's linears sum Ev then E, its
+        // GELU inherits linear_1's, and the packed rows copy linear_2's.
+        VisionStage::Features => match vc.llava.as_ref().map(|l| l.feature_layer) {
+            Some(0) => vc.hidden,
+            _ => vc.ffn,
+        },
+        VisionStage::ProjFc1 | VisionStage::ProjAct => vc.hidden,
+        VisionStage::Projector => vc.out_hidden,
+        VisionStage::Merger if vc.llava.is_some() => vc.out_hidden,
         VisionStage::Merger | VisionStage::Deepstack(_) => m2 * vc.hidden,
         VisionStage::Block(_, b) => match b {
             VBlock::Norm1 | VBlock::Norm2 | VBlock::Q | VBlock::K | VBlock::V | VBlock::QRope | VBlock::KRope => {
@@ -31,7 +41,9 @@ pub(super) fn vision_reduction_len(cfg: &crate::model::ModelConfig, v: VisionSta
 pub(super) fn vision_inputs(cfg: &crate::model::ModelConfig, v: VisionStage) -> Vec<Stage> {
     let vs = Stage::Vision;
     let Some(vc) = &cfg.vision else { return vec![] };
-    let embedded = if vc.pos_embeds.is_some() {
+    let embedded = if vc.llava.is_some() {
+        VisionStage::PreNorm
+    } else if vc.pos_embeds.is_some() {
         VisionStage::PosEmbed
     } else {
         VisionStage::PatchEmbed
@@ -53,6 +65,16 @@ pub(super) fn vision_inputs(cfg: &crate::model::ModelConfig, v: VisionStage) -> 
         VisionStage::PatchEmbed => vec![vs(VisionStage::Pixels)],
         VisionStage::PosEmbed => vec![vs(VisionStage::PatchEmbed)],
         VisionStage::MergerNorm => vec![last],
+        VisionStage::PreNorm => vec![vs(VisionStage::PosEmbed)],
+        // hidden_states[i]: pre_layrnorm's output for i = 0, else block i − 1's.
+        VisionStage::Features => match vc.llava.as_ref().map(|l| l.feature_layer) {
+            Some(0) | None => vec![vs(VisionStage::PreNorm)],
+            Some(i) => vec![resid(i)],
+        },
+        VisionStage::ProjFc1 => vec![vs(VisionStage::Features)],
+        VisionStage::ProjAct => vec![vs(VisionStage::ProjFc1)],
+        VisionStage::Projector => vec![vs(VisionStage::ProjAct)],
+        VisionStage::Merger if vc.llava.is_some() => vec![vs(VisionStage::Projector)],
         VisionStage::Merger => vec![vs(VisionStage::MergerNorm)],
         VisionStage::Deepstack(j) => match vc.deepstack.get(j) {
             Some(&b) => vec![vs(VisionStage::Block(b, VBlock::Out))],
@@ -65,6 +87,7 @@ pub(super) fn vision_inputs(cfg: &crate::model::ModelConfig, v: VisionStage) -> 
                 VBlock::Q | VBlock::K | VBlock::V => vec![s(VBlock::Norm1)],
                 VBlock::QRope => vec![s(VBlock::Q)],
                 VBlock::KRope => vec![s(VBlock::K)],
+                VBlock::AttnProbs if vc.llava.is_some() => vec![s(VBlock::Q), s(VBlock::K)],
                 VBlock::AttnProbs => vec![s(VBlock::QRope), s(VBlock::KRope)],
                 VBlock::AttnCtx => vec![s(VBlock::AttnProbs), s(VBlock::V)],
                 VBlock::AttnOut => vec![s(VBlock::AttnCtx)],

@@ -1,6 +1,8 @@
 //! `image_tokens`: a vision-language model's image-token count is one number
-//! three ways — the prompt's `<|image_pad|>` tokens, the merger's rows, and
-//! the grid's t·h·w / merge². A merge size off, a processor that expands the
+//! three ways — the prompt's `<|image_pad|>` (`<image>`) tokens, the merger's
+//! rows, and the count the geometry gives (Qwen-VL: the grid's t·h·w /
+//! merge²; LLaVA-1.5: the tower's N; LLaVA-NeXT: its packed rows for the
+//! image's size, `VisionConfig::image_tokens`). A merge size off, a processor that expands the
 //! placeholder wrongly, or a merger that drops rows breaks the equality
 //! (HF raises "Image features and image tokens do not match" here).
 
@@ -64,11 +66,15 @@ impl StageCheck for ImageTokens {
         let pads = facts.prompt.iter().filter(|&&x| x == vc.image_token).count();
         let rows = t.shape().first().copied().unwrap_or(0);
         let g = img.grid;
-        let want = g.tokens(vc.merge);
-        let msg = format!(
-            "{pads} image-pad token(s) in the prompt, {rows} merger row(s), grid {g} / merge {}² = {want}",
-            vc.merge
-        );
+        let (want, from) = match (&vc.llava, vc.image_tokens(g, img.size)) {
+            (_, Err(m)) => return Verdict::fail(format!("the image's token count cannot be known: {m}")),
+            (None, Ok(n)) => (n, format!("grid {g} / merge {}² = {n}", vc.merge)),
+            (Some(lc), Ok(n)) => match (&lc.pinpoints, img.size) {
+                (Some(_), Some((h, w))) => (n, format!("LLaVA-NeXT's packing of a {h}×{w} image = {n}")),
+                _ => (n, format!("{} feature rows of the one tower image", n)),
+            },
+        };
+        let msg = format!("{pads} image-pad token(s) in the prompt, {rows} merger row(s), {from}");
         Verdict::check(pads == rows && rows == want, msg)
             .metric("pads", pads as f64)
             .metric("rows", rows as f64)

@@ -19,6 +19,8 @@ super::registry::table!(StageRule;
     fusion::Fusion,
     mrope::Mrope,
     bidirectional::Bidirectional,
+    feature_select::FeatureSelect,
+    packing::Packing,
     routing::RoutingRule,
     experts::Experts,
 );

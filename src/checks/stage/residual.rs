@@ -71,6 +71,7 @@ fn inputs(stage: Stage, env: &RuleEnv) -> Option<(Stage, Stage)> {
         // A vision block: block input + attn_out, then mlp_inp + mlp_out.
         Stage::Vision(VS::Block(i, VBlock::MlpInp)) => (
             Stage::Vision(match i {
+                0 if env.llava_feature_layer.is_some() => VS::PreNorm,
                 0 if env.vision_pos_embed => VS::PosEmbed,
                 0 => VS::PatchEmbed,
                 i => VS::Block(i - 1, VBlock::Out),

@@ -9,20 +9,19 @@
 //! tiles) go through the tower one by one, their rows stacked.
 //!
 //! Each stage is returned under its canonical name (`vision.patch_embed`,
-//! `vision.blk.{i}.q`, ...), stored in the engine's storage type. Issue 39
-//! in progress: the tests hold this against HF on a fixture
-//! (`goldens/llava-fixture`); the engine's prefill, the stage table and the
-//! LLaVA specs do not use it yet, hence the dead-code allowance.
-#![allow(dead_code)]
+//! `vision.blk.{i}.q`, ...), stored in the engine's storage type; `pack`
+//! then lays the projector's rows out as the image tokens (LLaVA-NeXT: the
+//! base image, the unpadded tile grid with `image_newline` after each row).
 
 use crate::error::Result;
-use crate::model::llava::{LlavaConfig, Select};
+use crate::model::llava::{packed_rows, LlavaConfig, Packed, Select};
 use crate::model::Weights;
+use crate::stage::{Stage, VisionStage};
 use crate::tensor::{DType, Tensor};
 
 use super::attention::{attend, AttnShape};
 use super::layers::Linear;
-use super::mutants::Mutants;
+use super::mutants::{Mutant, Mutants};
 use super::ops::add;
 use super::vision::{gelu_erf, quick_gelu, LayerNorm};
 
@@ -105,12 +104,84 @@ impl ClipWeights {
     }
 }
 
+impl ClipWeights {
+    /// Every linear (storage rounding).
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v: Vec<&mut Linear> = vec![&mut self.patch, &mut self.proj1, &mut self.proj2];
+        for b in &mut self.blocks {
+            v.extend([&mut b.q, &mut b.k, &mut b.v, &mut b.o, &mut b.fc1, &mut b.fc2]);
+        }
+        v
+    }
+
+    /// Every tensor held, by canonical name (`Engine::visit_weights`).
+    pub fn visit(&self, cfg: &LlavaConfig, f: &mut crate::engine::WeightVisitor) {
+        let lin = |f: &mut crate::engine::WeightVisitor, name: &str, l: &Linear| {
+            f(&format!("{name}.weight"), &[l.out_f, l.in_f], l.w.data());
+            if let Some(b) = &l.bias {
+                f(&format!("{name}.bias"), &[l.out_f], b);
+            }
+        };
+        let ln = |f: &mut crate::engine::WeightVisitor, name: &str, n: &LayerNorm| {
+            f(&format!("{name}.weight"), &[n.w.len()], &n.w);
+            f(&format!("{name}.bias"), &[n.b.len()], &n.b);
+        };
+        let t = &cfg.tower;
+        let vm = "vision_tower";
+        let kernel = [t.hidden, t.channels, t.patch, t.patch];
+        f(&format!("{vm}.embeddings.patch_embedding.weight"), &kernel, self.patch.w.data());
+        f(&format!("{vm}.embeddings.class_embedding"), &[t.hidden], &self.class);
+        f(&format!("{vm}.embeddings.position_embedding.weight"), &[t.patches() + 1, t.hidden], &self.pos);
+        ln(f, &format!("{vm}.pre_layrnorm"), &self.pre_norm);
+        for (i, b) in self.blocks.iter().enumerate() {
+            let p = format!("{vm}.encoder.layers.{i}");
+            ln(f, &format!("{p}.layer_norm1"), &b.norm1);
+            for (name, l) in [("q_proj", &b.q), ("k_proj", &b.k), ("v_proj", &b.v), ("out_proj", &b.o)] {
+                lin(f, &format!("{p}.self_attn.{name}"), l);
+            }
+            ln(f, &format!("{p}.layer_norm2"), &b.norm2);
+            lin(f, &format!("{p}.mlp.fc1"), &b.fc1);
+            lin(f, &format!("{p}.mlp.fc2"), &b.fc2);
+        }
+        ln(f, &format!("{vm}.post_layernorm"), &self.post_norm);
+        lin(f, "multi_modal_projector.linear_1", &self.proj1);
+        lin(f, "multi_modal_projector.linear_2", &self.proj2);
+        if let Some(nl) = &self.newline {
+            f("image_newline", &[nl.len()], nl);
+        }
+    }
+}
+
+/// The prefill's image on the tower and projector, every stage tapped;
+/// returns the image-token rows the forward pass fuses.
+pub(super) fn encode_tapped(
+    cfg: &LlavaConfig,
+    w: &ClipWeights,
+    img: &crate::engine::ImageInput,
+    tap: &mut super::forward::Tap,
+) -> std::result::Result<super::vision::ImageFeatures, String> {
+    let mx = tap.mutants;
+    let mut stages = encode(cfg, w, &img.pixels, tap.dtype, mx);
+    let projector = stages.last().map(|(_, _, d)| d.clone()).unwrap_or_default();
+    for (name, shape, data) in stages.drain(..) {
+        let stage = Stage::parse(&name).ok_or_else(|| format!("clip::encode named a stage `{name}` touchstone lacks"))?;
+        tap.keep(stage, &shape, data);
+    }
+    let (merger, rows) = pack(cfg, w, &projector, img.size, mx)?;
+    tap.copy(Stage::Vision(VisionStage::Merger), &[rows, w.proj2.out_f], &merger);
+    Ok(super::vision::ImageFeatures {
+        merger,
+        rows,
+        deepstack: Vec::new(),
+    })
+}
+
 /// A stage's name, shape and values.
 pub type Named = (String, Vec<usize>, Vec<f32>);
 
 /// Runs the tower and the projector on `pixels` (`[P, 3, S, S]`), returning
 /// every stage in order; the last is `vision.projector` (`[P·rows, E]`).
-pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) -> Vec<Named> {
+pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx: Mutants) -> Vec<Named> {
     let t = &cfg.tower;
     let (ev, hv, fv) = (t.hidden, t.heads, t.ffn);
     let dv = ev / hv;
@@ -149,7 +220,9 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) ->
         x.extend(stored(add(&with_cls, &w.pos)));
     }
     put("vision.pos_embed".into(), vec![total, ev], &x);
-    x = stored(w.pre_norm.forward(&x, ev, t.ln_eps));
+    if !mx.is(Mutant::LlavaPreNormSkipped) {
+        x = stored(w.pre_norm.forward(&x, ev, t.ln_eps));
+    }
     put("vision.pre_norm".into(), vec![total, ev], &x);
 
     let shape = AttnShape {
@@ -159,7 +232,7 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) ->
         scale: (dv as f64).powf(-0.5),
         window: None,
         causal: false,
-        mutants: Mutants::default(),
+        mutants: mx,
         batch_pad: 0,
         sinks: None,
     };
@@ -191,7 +264,11 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) ->
         put(st("norm2"), vec![total, ev], &h2);
         let f1 = b.fc1.forward(&h2, total, sd);
         put(st("mlp_fc1"), vec![total, fv], &f1);
-        let act = stored(f1.iter().map(|&v| quick_gelu(v)).collect());
+        let act = if mx.is(Mutant::LlavaTowerErfGelu) {
+            stored(f1.iter().map(|&v| gelu_erf(v)).collect())
+        } else {
+            stored(f1.iter().map(|&v| quick_gelu(v)).collect())
+        };
         put(st("mlp_act"), vec![total, fv], &act);
         let y = b.fc2.forward(&act, total, sd);
         put(st("mlp_out"), vec![total, ev], &y);
@@ -200,8 +277,11 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) ->
         hidden.push(x.clone());
     }
     // The chosen hidden state, CLS dropped per image by the default strategy.
-    let chosen = &hidden[cfg.feature_layer];
-    let skip = usize::from(cfg.select == Select::Default);
+    let chosen = match mx.is(Mutant::LlavaFeatureLastLayer) {
+        true => &hidden[hidden.len() - 1],
+        false => &hidden[cfg.feature_layer],
+    };
+    let skip = usize::from(cfg.select == Select::Default && !mx.is(Mutant::LlavaClsKept));
     let feats: Vec<f32> = chosen
         .chunks_exact(rows * ev)
         .flat_map(|img| img[skip * ev..].iter().copied())
@@ -216,6 +296,54 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType) ->
     let y = w.proj2.forward(&a, f_rows, sd);
     put("vision.projector".into(), vec![f_rows, e], &y);
     out
+}
+
+/// The image-token rows from the projector's (`[P·rows, E]`): LLaVA-1.5's
+/// as they are; LLaVA-NeXT's packed for an image of `size` (H, W) —
+/// the base image's rows, then each kept row of the tile grid followed by
+/// `image_newline` (`model::llava::packed_rows`). Returns the rows and
+/// their count.
+pub fn pack(
+    cfg: &LlavaConfig,
+    w: &ClipWeights,
+    projector: &[f32],
+    size: Option<(usize, usize)>,
+    mx: Mutants,
+) -> std::result::Result<(Vec<f32>, usize), String> {
+    let e = w.proj2.out_f;
+    let mut rows: Vec<f32> = match (&w.newline, cfg.pinpoints.is_some()) {
+        (Some(newline), true) => {
+            let (h, w_) = size.ok_or("LLaVA-NeXT needs the image's size (H, W) to pack its rows")?;
+            let order = match mx.is(Mutant::NextUnpadRoundedOther) {
+                true => super::mutants::next_rows_padding_rounded_up(cfg, h, w_),
+                false => packed_rows(cfg, h, w_)?,
+            };
+            let (n, side) = (cfg.tower.patches(), cfg.tower.side());
+            let tiles_w = crate::model::llava::best_resolution(h, w_, cfg.pinpoints.as_deref().unwrap_or(&[])).1
+                / cfg.tower.image_size;
+            let mut out = Vec::with_capacity(order.len() * e);
+            for p in order {
+                match p {
+                    Packed::Base(i) => out.extend_from_slice(&projector[i * e..][..e]),
+                    // Tile (r / side, c / side) is tower image 1 + its row-major index.
+                    Packed::Grid(r, c) => {
+                        let tile = 1 + (r / side) * tiles_w + c / side;
+                        let row = tile * n + (r % side) * side + c % side;
+                        out.extend_from_slice(&projector[row * e..][..e]);
+                    }
+                    Packed::Newline if mx.is(Mutant::NextNewlineMissing) => {}
+                    Packed::Newline => out.extend_from_slice(newline),
+                }
+            }
+            out
+        }
+        _ => projector.to_vec(),
+    };
+    if mx.is(Mutant::LlavaImageTokenShort) {
+        rows.truncate(rows.len().saturating_sub(e));
+    }
+    let count = rows.len() / e;
+    Ok((rows, count))
 }
 
 #[cfg(test)]
@@ -242,7 +370,7 @@ mod tests {
         let hf = crate::tensor::io::read_safetensors(&dir.join("stages.safetensors")).unwrap().floats;
         let px = hf["vision.pixels"].clone().reshaped(vec![2, 3, 56, 56]);
         let mut compared = 0;
-        for (name, shape, data) in encode(&cfg, &w, &px, DType::F32) {
+        for (name, shape, data) in encode(&cfg, &w, &px, DType::F32, Mutants::default()) {
             let Some(g) = hf.get(&name) else { continue };
             assert_eq!(g.numel(), data.len(), "{name} {shape:?}");
             let m = g.data().iter().fold(0f32, |a, b| a.max(b.abs()));

@@ -248,8 +248,10 @@ pub fn forward_batch(
         }
         let tap = &mut segs[0].tap;
         tap.copy(Stage::InputsEmbeds, &[t, e], &x);
-        let p: Vec<f32> = m.positions.iter().flat_map(|a| a.iter().map(|&v| v as f32)).collect();
-        tap.keep(Stage::Positions, &[3, t], p);
+        if cfg.mrope.is_some() {
+            let p: Vec<f32> = m.positions.iter().flat_map(|a| a.iter().map(|&v| v as f32)).collect();
+            tap.keep(Stage::Positions, &[3, t], p);
+        }
     }
     // Each sequence's own tables where they depend on how far its pass
     // reaches (dynamic NTK, LongRoPE: HF's seq_len = last position + 1).

@@ -57,8 +57,9 @@ pub struct CpuEngine {
     /// What it declares (`Engine::arithmetic`): None for plain arithmetic at
     /// its storage.
     declared: Option<Arithmetic>,
-    /// A VLM's vision tower.
+    /// A VLM's vision tower: Qwen-VL's, or LLaVA's CLIP tower and projector.
     vision: Option<vision::VisionWeights>,
+    clip: Option<clip::ClipWeights>,
     /// The paged KV cache batches run on, kept across requests.
     serve: std::sync::Mutex<paged::ServeState>,
 }
@@ -96,14 +97,23 @@ impl CpuEngine {
     /// `from_weights` with f16/bf16 storage emulated: every weight is rounded
     /// to `storage` here, and every stage output in `forward`.
     pub fn from_weights_stored(cfg: ModelConfig, ws: &mut Weights, storage: DType) -> Result<CpuEngine> {
-        let mut vision = match &cfg.vision {
-            Some(vc) => Some(vision::VisionWeights::load(&cfg, vc, ws)?),
-            None => None,
-        };
+        let (mut vision, mut clip) = (None, None);
+        match cfg.vision.as_ref().map(|vc| (vc, &vc.llava)) {
+            Some((_, Some(lc))) => clip = Some(clip::ClipWeights::load(ws, lc, cfg.hidden)?),
+            Some((vc, None)) => vision = Some(vision::VisionWeights::load(&cfg, vc, ws)?),
+            None => {}
+        }
         let mut weights = ModelWeights::load(&cfg, ws)?;
         weights.round_to(storage);
         if let Some(v) = &mut vision {
             v.linears_mut().into_iter().for_each(|l| l.round_to(storage));
+        }
+        if let Some(c) = &mut clip {
+            c.linears_mut().into_iter().for_each(|l| l.round_to(storage));
+            // Stored like the linears: what the `packing` check expects.
+            if let Some(nl) = &mut c.newline {
+                storage.round_slice(nl);
+            }
         }
         let ropes = LayerRopes::new(&cfg);
         let serve = std::sync::Mutex::new(paged::ServeState {
@@ -119,6 +129,7 @@ impl CpuEngine {
             mutants: mutants::Mutants::default(),
             declared: None,
             vision,
+            clip,
         })
     }
 
@@ -171,6 +182,9 @@ impl Engine for CpuEngine {
         self.weights.visit(&self.cfg, f);
         if let (Some(v), Some(vc)) = (&self.vision, &self.cfg.vision) {
             v.visit(vc, f);
+        }
+        if let (Some(c), Some(lc)) = (&self.clip, self.cfg.vision.as_ref().and_then(|v| v.llava.as_ref())) {
+            c.visit(lc, f);
         }
         Ok(())
     }
@@ -236,6 +250,22 @@ impl Forward for CpuEngine {
         // A VLM: the prefill encodes the image; every step rotates by M-RoPE.
         let mut features = None;
         let mm = match &self.cfg.vision {
+            // LLaVA: the prefill encodes the image; positions are the plain ones.
+            Some(vc) if vc.llava.is_some() => {
+                if let (0, Some(img), Some(cw), Some(lc)) = (s.pos0, &run.image, &self.clip, &vc.llava) {
+                    let mut tap = Tap {
+                        taps: s.taps,
+                        step: s.step,
+                        caps: &mut *s.caps,
+                        dtype: self.storage,
+                        mutants: self.mutants,
+                    };
+                    let f = clip::encode_tapped(lc, cw, img, &mut tap).map_err(|m| crate::Error::engine("cpu", m))?;
+                    features = Some(f);
+                }
+                let p: Vec<i64> = (s.pos0..s.pos0 + s.tokens.len()).map(|i| i as i64).collect();
+                Some(([p.clone(), p.clone(), p], vc.image_token))
+            }
             Some(vc) => {
                 let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
                 let (positions, delta) = if s.pos0 == 0 && self.mutants.is(Mutant::MropeOneD) {

@@ -72,6 +72,23 @@ pub enum Mutant {
     VisionAttnCausal,
     /// VLM: the vision rotary built with the language model's RoPE base.
     VisionRopeTextTheta,
+    // LLaVA (issue 39).
+    /// The features taken from the tower's last layer instead of
+    /// `vision_feature_layer` (−2).
+    LlavaFeatureLastLayer,
+    /// The CLS row kept although the select strategy is `default`.
+    LlavaClsKept,
+    /// CLIP's `pre_layrnorm` skipped.
+    LlavaPreNormSkipped,
+    /// The tower's MLP activation the erf GELU instead of quick_gelu.
+    LlavaTowerErfGelu,
+    /// One image token short: the image rows cut by one, the last `<image>`
+    /// row left as its text embedding.
+    LlavaImageTokenShort,
+    /// LLaVA-NeXT without `image_newline` after each grid row.
+    NextNewlineMissing,
+    /// LLaVA-NeXT's unpadding with its padding rounded up instead of down.
+    NextUnpadRoundedOther,
     // Serving bugs (batches, paged KV, repeats): only the serving run
     // checks can see them, each in its own mode (`SERVING`).
     /// A batched softmax also sums the padding slots (score 0) up to the
@@ -152,7 +169,7 @@ impl Mutant {
     /// Every mutant, for the self-test (the Gemma ones are scored on the
     /// Gemma spec, the vision-language ones on the VLM specs, where they
     /// change the model).
-    pub const ALL: [Mutant; 46] = [
+    pub const ALL: [Mutant; 53] = [
         Mutant::SoftmaxUnnormalised,
         Mutant::CausalOffByOne,
         Mutant::RopeThetaWrong,
@@ -183,6 +200,13 @@ impl Mutant {
         Mutant::MropeOneD,
         Mutant::VisionAttnCausal,
         Mutant::VisionRopeTextTheta,
+        Mutant::LlavaFeatureLastLayer,
+        Mutant::LlavaClsKept,
+        Mutant::LlavaPreNormSkipped,
+        Mutant::LlavaTowerErfGelu,
+        Mutant::LlavaImageTokenShort,
+        Mutant::NextNewlineMissing,
+        Mutant::NextUnpadRoundedOther,
         Mutant::LongropeByContext,
         Mutant::YarnNoAttentionFactor,
         Mutant::YarnTruncatedAnyway,
@@ -305,4 +329,32 @@ pub fn planted_pass_table(mx: Mutants, cfg: &crate::model::ModelConfig, seq_len:
         }
         _ => None,
     }
+}
+
+/// `NextUnpadRoundedOther`'s packed rows: `model::llava::packed_rows` with
+/// unpad_image's padding ⌈d/2⌉ instead of ⌊d/2⌋ (an odd difference d then
+/// keeps one row or column fewer on each side).
+pub fn next_rows_padding_rounded_up(
+    cfg: &crate::model::llava::LlavaConfig,
+    h: usize,
+    w: usize,
+) -> Vec<crate::model::llava::Packed> {
+    use crate::model::llava::{best_resolution, Packed};
+    let side = cfg.tower.side();
+    let (bh, bw) = best_resolution(h, w, cfg.pinpoints.as_deref().unwrap_or(&[]));
+    let (ch, cw) = (bh / cfg.tower.image_size * side, bw / cfg.tower.image_size * side);
+    let (oh, ow) = (h as f64, w as f64);
+    let (rows, cols) = if ow / oh > cw as f64 / ch as f64 {
+        let pad = (ch - (oh * (cw as f64 / ow)).round() as usize).div_ceil(2);
+        (pad..ch - pad, 0..cw)
+    } else {
+        let pad = (cw - (ow * (ch as f64 / oh)).round() as usize).div_ceil(2);
+        (0..ch, pad..cw - pad)
+    };
+    let mut out: Vec<Packed> = (0..cfg.tower.patches()).map(Packed::Base).collect();
+    for r in rows {
+        out.extend(cols.clone().map(|c| Packed::Grid(r, c)));
+        out.push(Packed::Newline);
+    }
+    out
 }

@@ -91,6 +91,11 @@ pub struct VisionWeights {
 impl VisionWeights {
     /// Takes the tower's weights (canonical names, `model::vision::canonical_name`).
     pub fn load(cfg: &ModelConfig, vc: &VisionConfig, ws: &mut Weights) -> Result<VisionWeights> {
+        // LLaVA's CLIP tower is `clip::ClipWeights`: the arms below that
+        // name it with Qwen2-VL are never reached for it.
+        if vc.llava.is_some() {
+            return Err(Error::model(&ws.dir, "a LLaVA tower is loaded by engine::cpu::clip, not as Qwen-VL's"));
+        }
         let (ev, fv, e, m2) = (vc.hidden, vc.ffn, cfg.hidden, vc.merge * vc.merge);
         let pw = vc.patch_width();
         let kernel = [ev, vc.in_channels, vc.temporal_patch, vc.patch, vc.patch];
@@ -112,7 +117,7 @@ impl VisionWeights {
             None => None,
         };
         let (fc1, fc2) = match vc.family {
-            VisionFamily::Qwen2Vl => ("mlp.fc1", "mlp.fc2"),
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => ("mlp.fc1", "mlp.fc2"),
             VisionFamily::Qwen3Vl => ("mlp.linear_fc1", "mlp.linear_fc2"),
         };
         let mut blocks = Vec::with_capacity(vc.depth);
@@ -128,7 +133,7 @@ impl VisionWeights {
             });
         }
         let merger = match vc.family {
-            VisionFamily::Qwen2Vl => Merger {
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => Merger {
                 norm: LayerNorm::load(ws, "visual.merger.ln_q", ev)?,
                 postshuffle: false,
                 fc1: Linear::load(ws, "visual.merger.mlp.0", m2 * ev, m2 * ev)?,
@@ -178,7 +183,7 @@ impl VisionWeights {
             f("visual.pos_embed.weight", &[p.len() / vc.hidden, vc.hidden], p);
         }
         let (fc1, fc2) = match vc.family {
-            VisionFamily::Qwen2Vl => ("mlp.fc1", "mlp.fc2"),
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => ("mlp.fc1", "mlp.fc2"),
             VisionFamily::Qwen3Vl => ("mlp.linear_fc1", "mlp.linear_fc2"),
         };
         for (i, b) in self.blocks.iter().enumerate() {
@@ -192,7 +197,7 @@ impl VisionWeights {
         }
         let m = &self.merger;
         let (mn, m1, m2) = match vc.family {
-            VisionFamily::Qwen2Vl => ("visual.merger.ln_q", "visual.merger.mlp.0", "visual.merger.mlp.2"),
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => ("visual.merger.ln_q", "visual.merger.mlp.0", "visual.merger.mlp.2"),
             VisionFamily::Qwen3Vl => (
                 "visual.merger.norm",
                 "visual.merger.linear_fc1",

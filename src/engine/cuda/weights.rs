@@ -128,7 +128,7 @@ impl<T: Storage> DevVision<T> {
             back(f, "visual.pos_embed.weight", &[p.len() / vc.hidden, vc.hidden], p)?;
         }
         let (fc1, fc2) = match vc.family {
-            VisionFamily::Qwen2Vl => ("mlp.fc1", "mlp.fc2"),
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => ("mlp.fc1", "mlp.fc2"),
             VisionFamily::Qwen3Vl => ("mlp.linear_fc1", "mlp.linear_fc2"),
         };
         for (i, b) in self.blocks.iter().enumerate() {
@@ -142,7 +142,7 @@ impl<T: Storage> DevVision<T> {
         }
         let m = &self.merger;
         let (mn, m1, m2) = match vc.family {
-            VisionFamily::Qwen2Vl => ("visual.merger.ln_q", "visual.merger.mlp.0", "visual.merger.mlp.2"),
+            VisionFamily::Qwen2Vl | VisionFamily::Llava | VisionFamily::LlavaNext => ("visual.merger.ln_q", "visual.merger.mlp.0", "visual.merger.mlp.2"),
             VisionFamily::Qwen3Vl => (
                 "visual.merger.norm",
                 "visual.merger.linear_fc1",
