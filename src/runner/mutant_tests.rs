@@ -93,6 +93,16 @@ mod self_test {
             VisionAttnCausal => ("qwen2-vl-tiny.yaml", "prefill/vision.blk.0.attn_probs"),
             // Qwen3-VL's language model rotates with base 1e6, its tower 1e4.
             VisionRopeTextTheta => ("qwen3-vl-tiny.yaml", "prefill/vision.blk.0.q_rope"),
+            // LLaVA (issue 39): the feature layer's and CLS's bugs first show
+            // in the projector's input; a miscount or misplacement of the
+            // image-token rows at the merger (its shape, image_tokens, packing).
+            LlavaFeatureLastLayer => ("llava-tiny.yaml", "prefill/vision.features"),
+            LlavaClsKept => ("llava-tiny.yaml", "prefill/vision.features"),
+            LlavaPreNormSkipped => ("llava-tiny.yaml", "prefill/vision.pre_norm"),
+            LlavaTowerErfGelu => ("llava-tiny.yaml", "prefill/vision.blk.0.mlp_act"),
+            LlavaImageTokenShort => ("llava-tiny.yaml", "prefill/vision.merger"),
+            NextNewlineMissing => ("llava-next-tiny.yaml", "prefill/vision.merger"),
+            NextUnpadRoundedOther => ("llava-next-tiny.yaml", "prefill/vision.merger"),
             // Long context (issue 37): each on the tiny model of its scaling,
             // where the prompt's prefill (30 tokens) stays within the
             // original 32 positions and the decode steps pass them.
@@ -488,6 +498,56 @@ mod families {
         let (fd, runs) = first_divergence("phi3-tiny.yaml", Some(LoaderBug::SplitKFirst), None);
         assert_eq!(fd.as_deref(), Some("prefill/blk.0.q"));
         assert!(runs.contains(&"weights".to_string()), "{runs:?}");
+    }
+
+    /// LLaVA's golden-free checks each fail on their planted bugs (and pass
+    /// on the correct engine): the features are hidden state −2 without CLS,
+    /// the image-token rows are the projector's in NeXT's packed order.
+    #[test]
+    fn each_llava_invariant_fails_on_its_planted_bug() {
+        use crate::checks::Status;
+        use crate::engine::cpu::CpuEngine;
+        use crate::runner::{run_on, Filter};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for (spec, cases) in [
+            (
+                "llava-tiny.yaml",
+                vec![
+                    (Mutant::LlavaFeatureLastLayer, "prefill/vision.features::feature_select"),
+                    (Mutant::LlavaClsKept, "prefill/vision.features::feature_select"),
+                    (Mutant::LlavaImageTokenShort, "prefill/vision.merger::image_tokens"),
+                    (Mutant::LlavaImageTokenShort, "prefill/vision.merger::packing"),
+                ],
+            ),
+            (
+                "llava-next-tiny.yaml",
+                vec![
+                    (Mutant::NextNewlineMissing, "prefill/vision.merger::packing"),
+                    (Mutant::NextNewlineMissing, "prefill/vision.merger::image_tokens"),
+                    (Mutant::NextUnpadRoundedOther, "prefill/vision.merger::packing"),
+                ],
+            ),
+        ] {
+            let filter = Filter(Some(vec!["prefill/vision.features::".into(), "prefill/vision.merger::".into()]));
+            let plan = Plan::build(Spec::load(&root.join("specs").join(spec)).unwrap(), None).unwrap();
+            let status = |m: Option<Mutant>, id: &str| {
+                let eng = CpuEngine::load(&plan.model).unwrap();
+                let eng = match m {
+                    Some(m) => eng.mutated(m),
+                    None => eng,
+                };
+                let r = run_on(&plan, &eng, &filter, &|id| id.to_string());
+                let o = r.outcomes.iter().find(|o| o.id == id).unwrap_or_else(|| panic!("no check {id}"));
+                (o.status, o.message.clone())
+            };
+            for (m, id) in cases {
+                let (ok, msg) = status(None, id);
+                assert_eq!(ok, Status::Pass, "{spec}: {id} on the correct engine: {msg}");
+                let (bad, msg) = status(Some(m), id);
+                assert_eq!(bad, Status::Fail, "{spec}: {m:?} must fail {id}: {msg}");
+                println!("{m:?}: {id}: {msg}");
+            }
+        }
     }
 
     /// Each VLM invariant fails on its planted bug without any golden: the

@@ -39,16 +39,18 @@ fn plan(spec: &str) -> Plan {
 
 #[test]
 fn a_vlm_spec_on_a_text_only_engine_is_skipped_once_with_its_reason() {
-    let p = plan("qwen2-vl-tiny.yaml");
-    let eng = TextOnly(CpuEngine::load(&p.model).unwrap());
-    let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
-    let why = r.skipped.clone().expect("the run is skipped as a whole");
-    assert!(
-        why.contains("cannot run this vision-language spec") && why.contains("no vision tower"),
-        "{why}"
-    );
-    assert!(!r.outcomes.is_empty());
-    assert!(r.outcomes.iter().all(|o| o.status == Status::Skip && o.message == why));
+    for spec in ["qwen2-vl-tiny.yaml", "llava-tiny.yaml", "llava-next-tiny.yaml"] {
+        let p = plan(spec);
+        let eng = TextOnly(CpuEngine::load(&p.model).unwrap());
+        let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
+        let why = r.skipped.clone().expect("the run is skipped as a whole");
+        assert!(
+            why.contains("cannot run this vision-language spec") && why.contains("no vision tower"),
+            "{spec}: {why}"
+        );
+        assert!(!r.outcomes.is_empty(), "{spec}");
+        assert!(r.outcomes.iter().all(|o| o.status == Status::Skip && o.message == why), "{spec}");
+    }
 }
 
 #[test]

@@ -179,6 +179,28 @@ pub(super) fn encode_tapped(
 /// A stage's name, shape and values.
 pub type Named = (String, Vec<usize>, Vec<f32>);
 
+/// The convolution's input as rows: patch (py, px) of each `[3, S, S]`
+/// image is its (C, P, P) block flattened, `[P·N, 3·P·P]` (a permutation of
+/// the pixels: what the matmul over each patch reads).
+pub(crate) fn patchify(cfg: &LlavaConfig, pixels: &[f32]) -> Vec<f32> {
+    let t = &cfg.tower;
+    let (s, pp) = (t.image_size, t.patch);
+    let mut flat = Vec::with_capacity(pixels.len());
+    for img in pixels.chunks_exact(3 * s * s) {
+        for py in 0..t.side() {
+            for px in 0..t.side() {
+                for c in 0..3 {
+                    for y in 0..pp {
+                        let at = c * s * s + (py * pp + y) * s + px * pp;
+                        flat.extend_from_slice(&img[at..at + pp]);
+                    }
+                }
+            }
+        }
+    }
+    flat
+}
+
 /// Runs the tower and the projector on `pixels` (`[P, 3, S, S]`), returning
 /// every stage in order; the last is `vision.projector` (`[P·rows, E]`).
 pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx: Mutants) -> Vec<Named> {
@@ -196,21 +218,7 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx
     let mut put = |name: String, shape: Vec<usize>, v: &[f32]| out.push((name, shape, v.to_vec()));
     put("vision.pixels".into(), pixels.shape().to_vec(), pixels.data());
 
-    // The convolution: patch (py, px) of image i is its (C, P, P) block.
-    let (s, pp) = (t.image_size, t.patch);
-    let mut flat = Vec::with_capacity(p_n * n * 3 * pp * pp);
-    for img in pixels.data().chunks_exact(3 * s * s) {
-        for py in 0..t.side() {
-            for px in 0..t.side() {
-                for c in 0..3 {
-                    for y in 0..pp {
-                        let at = c * s * s + (py * pp + y) * s + px * pp;
-                        flat.extend_from_slice(&img[at..at + pp]);
-                    }
-                }
-            }
-        }
-    }
+    let flat = patchify(cfg, pixels.data());
     let patches = w.patch.forward(&flat, p_n * n, sd);
     put("vision.patch_embed".into(), vec![p_n * n, ev], &patches);
     // cat(CLS, patches) + position embeddings, per image.

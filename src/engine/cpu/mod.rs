@@ -110,7 +110,11 @@ impl CpuEngine {
         }
         if let Some(c) = &mut clip {
             c.linears_mut().into_iter().for_each(|l| l.round_to(storage));
-            // Stored like the linears: what the `packing` check expects.
+            // The embedding tables are stored like the linears (the CUDA
+            // engine holds them in its storage type; the `packing` check
+            // expects the newline so).
+            storage.round_slice(&mut c.class);
+            storage.round_slice(&mut c.pos);
             if let Some(nl) = &mut c.newline {
                 storage.round_slice(nl);
             }

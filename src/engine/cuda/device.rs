@@ -35,6 +35,7 @@ use super::launch;
 use super::seam::{as_f32, DBuf, Dev, KArg, Kernel, View, ViewMut};
 use super::storage::Storage;
 use super::weights::{upload, upload_linear, DevLinear, DevVision};
+use crate::engine::cpu::clip::ClipWeights;
 use crate::engine::cpu::vision::VisionWeights;
 
 pub(super) struct DevBlock<T: Storage> {
@@ -149,8 +150,9 @@ pub struct CudaEngine<T: Storage> {
     pub(super) w: DevWeights<T>,
     /// The CPU engine's RoPE tables (per layer: Gemma 3's local layers have their own base).
     pub(super) ropes: LayerRopes,
-    /// A VLM's vision tower.
+    /// A VLM's vision tower: Qwen-VL's, or LLaVA's CLIP tower and projector.
     pub(super) vision: Option<DevVision<T>>,
+    pub(super) clip: Option<super::clip_weights::DevClip<T>>,
     /// One run at a time: the engine's stream and cuBLAS handle are shared.
     pub(super) run_lock: Mutex<()>,
     /// The paged KV cache batches run on, kept across requests.
@@ -177,15 +179,18 @@ where
         let (cfg, mut ws) = crate::model::load(model, opts)?;
         // The tower's weights first (as the CPU engine): the LM's loader
         // refuses any weight left unused.
-        let host_vision = match &cfg.vision {
-            Some(vc) => Some(VisionWeights::load(&cfg, vc, &mut ws)?),
-            None => None,
-        };
+        let (mut host_vision, mut host_clip) = (None, None);
+        match cfg.vision.as_ref().map(|vc| (vc, &vc.llava)) {
+            Some((_, Some(lc))) => host_clip = Some(ClipWeights::load(&mut ws, lc, cfg.hidden)?),
+            Some((vc, None)) => host_vision = Some(VisionWeights::load(&cfg, vc, &mut ws)?),
+            None => {}
+        }
         let host = ModelWeights::load(&cfg, &mut ws)?;
         let f = load_funcs::<T>(&dev)?;
         let up = |v: &[f32]| upload::<T>(&dev, v);
         let lin = |l: &Linear| upload_linear::<T>(&dev, l);
         let vision = host_vision.as_ref().map(|v| DevVision::upload(&dev, v)).transpose()?;
+        let clip = host_clip.as_ref().map(|c| super::clip_weights::DevClip::upload(&dev, c)).transpose()?;
         let mut blocks = Vec::with_capacity(host.blocks.len());
         for b in &host.blocks {
             blocks.push(DevBlock {
@@ -219,6 +224,7 @@ where
             w,
             ropes,
             vision,
+            clip,
             run_lock: Mutex::new(()),
             serve: Mutex::new(Default::default()),
         })
@@ -542,6 +548,9 @@ where
         }
         if let (Some(v), Some(vc)) = (&self.vision, &self.cfg.vision) {
             v.visit(&self.dev, vc, f)?;
+        }
+        if let (Some(c), Some(lc)) = (&self.clip, self.cfg.llava()) {
+            c.visit(&self.dev, lc, f)?;
         }
         Ok(())
     }

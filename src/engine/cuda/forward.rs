@@ -248,7 +248,7 @@ where
                 _ => tables.global,
             };
             match (vlm.as_deref(), vstep.as_ref()) {
-                (Some(run), Some(vs)) => {
+                (Some(run), Some(vs)) if vs.pos.is_some() => {
                     self.mrope(run, vs, q_in, q_out, h)?;
                     self.mrope(run, vs, k_in, k_out, kvh)?;
                 }

@@ -18,7 +18,8 @@
 //!   or the emulated one (engine `cuda-emu`).
 //! - `serve`: batches over a paged KV cache kept across requests.
 //! - `storage`: the storage types (f32, f16, bf16) and their guard sentinels.
-//! - `vision`: the VLM vision tower (Qwen2-VL, Qwen3-VL) on the device.
+//! - `vision`: the VLM vision tower (Qwen2-VL, Qwen3-VL) on the device;
+//!   `clip`: LLaVA's CLIP tower, projector and NeXT packing.
 //! - `weights`: device copies of linear layers and of the vision tower.
 
 pub mod compile;
@@ -37,6 +38,8 @@ pub mod seam;
 mod serve;
 mod step;
 pub mod storage;
+mod clip;
+mod clip_weights;
 mod vision;
 mod weights;
 

@@ -26,14 +26,14 @@ use super::vision::DevFeatures;
 pub(super) struct VlmRun {
     image: Option<Arc<ImageInput>>,
     delta: i64,
-    inv_freq: DBuf<f32>,
-    axes: DBuf<i32>,
+    /// M-RoPE's frequencies and axis table (None: LLaVA's plain RoPE).
+    mrope: Option<(DBuf<f32>, DBuf<i32>)>,
 }
 
 /// One step's multimodal inputs on the device.
 pub(super) struct VlmStep<T: Storage> {
-    /// `[3, T]` (t, h, w) positions.
-    pub(super) pos: DBuf<i32>,
+    /// `[3, T]` (t, h, w) positions (None: LLaVA rotates at the plain ones).
+    pub(super) pos: Option<DBuf<i32>>,
     /// The image-pad rows that take feature rows, in order (as many as
     /// there are feature rows, at most).
     pads: Option<(DBuf<i32>, usize)>,
@@ -50,16 +50,24 @@ where
         if let Some(img) = &req.image {
             crate::engine::multimodal::check_image(&self.cfg, img, self.dev.engine_name())?;
         }
-        let (Some(_), Some(mr)) = (&self.cfg.vision, &self.cfg.mrope) else {
+        if self.cfg.vision.is_none() {
             return Ok(None);
+        }
+        let mrope = match &self.cfg.mrope {
+            Some(mr) => {
+                let half = self.cfg.head_dim / 2;
+                let axes: Vec<i32> = (0..half).map(|j| mr.axis_of(j) as i32).collect();
+                Some((
+                    self.dev.upload("mrope_inv_freq", self.ropes.global.inv_freq())?,
+                    self.dev.upload("mrope_axes", &axes)?,
+                ))
+            }
+            None => None,
         };
-        let half = self.cfg.head_dim / 2;
-        let axes: Vec<i32> = (0..half).map(|j| mr.axis_of(j) as i32).collect();
         Ok(Some(VlmRun {
             image: req.image.clone(),
             delta: 0,
-            inv_freq: self.dev.upload("mrope_inv_freq", self.ropes.global.inv_freq())?,
-            axes: self.dev.upload("mrope_axes", &axes)?,
+            mrope,
         }))
     }
 
@@ -75,20 +83,27 @@ where
     ) -> Result<VlmStep<T>> {
         let vc = self.cfg.vision.as_ref().expect("a VLM run has a vision config");
         let (t, e) = (tokens.len(), self.cfg.hidden);
-        let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
-        let (positions, delta) =
-            crate::model::vision::step_positions(tokens, pos0, vc.image_token, &grids, vc.merge, run.delta)
-                .map_err(|m| Error::engine(self.dev.engine_name(), m))?;
-        run.delta = delta;
-        let flat: Vec<i32> = positions
-            .iter()
-            .flat_map(|a| a.iter().map(|&v| i32::try_from(v).unwrap_or(i32::MAX)))
-            .collect();
-        let pos = self.dev.upload("mrope_positions", &flat)?;
+        let mut pos = None;
+        if run.mrope.is_some() {
+            let grids: Vec<_> = run.image.iter().map(|i| i.grid).collect();
+            let (positions, delta) =
+                crate::model::vision::step_positions(tokens, pos0, vc.image_token, &grids, vc.merge, run.delta)
+                    .map_err(|m| Error::engine(self.dev.engine_name(), m))?;
+            run.delta = delta;
+            let flat: Vec<i32> = positions
+                .iter()
+                .flat_map(|a| a.iter().map(|&v| i32::try_from(v).unwrap_or(i32::MAX)))
+                .collect();
+            pos = Some(self.dev.upload("mrope_positions", &flat)?);
+        }
 
         let mut features = None;
-        if let (0, Some(img), Some(vw)) = (pos0, &run.image, &self.vision) {
-            features = Some(self.encode(vw, vc, img, tc)?);
+        if let (0, Some(img)) = (pos0, &run.image) {
+            match (&self.vision, &self.clip, &vc.llava) {
+                (_, Some(cw), Some(lc)) => features = Some(self.encode_clip(cw, lc, img, tc)?),
+                (Some(vw), _, None) => features = Some(self.encode(vw, vc, img, tc)?),
+                _ => {}
+            }
         }
         let mut pads = None;
         if let Some(f) = &features {
@@ -105,7 +120,7 @@ where
             }
         }
         self.tap(tc, Stage::InputsEmbeds, &[t, e], embed)?;
-        if tc.taps.contains(Stage::Positions) {
+        if let (true, Some(pos)) = (tc.taps.contains(Stage::Positions), &pos) {
             // What the device rotates by, read back.
             let back = self.dev.download(pos.view(..))?;
             let values = back.iter().map(|&v| v as f32).collect();
@@ -127,13 +142,16 @@ where
         out: &mut GBuf<T>,
         heads: usize,
     ) -> Result<()> {
-        let rows = vs.pos.len() / 3;
+        let (Some((inv_freq, axes)), Some(pos)) = (&run.mrope, &vs.pos) else {
+            return Err(self.dev.err("M-RoPE asked of a model without it"));
+        };
+        let rows = pos.len() / 3;
         self.rope_axes(
             x.view(),
             &mut out.view_mut(),
-            &run.inv_freq,
-            &vs.pos,
-            &run.axes,
+            inv_freq,
+            pos,
+            axes,
             rows,
             heads,
             self.cfg.head_dim,

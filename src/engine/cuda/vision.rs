@@ -44,7 +44,7 @@ where
 {
     /// A guarded buffer holding `data` rounded to `T` (a device input that is
     /// also a stage, such as the pixels).
-    fn gbuf_from(&self, label: &str, data: &[f32]) -> Result<GBuf<T>> {
+    pub(super) fn gbuf_from(&self, label: &str, data: &[f32]) -> Result<GBuf<T>> {
         let host: Vec<T> = data.iter().map(|&x| T::from_f32(x)).collect();
         let up = self.dev.upload(label, &host)?;
         let mut g = self.gbuf::<T>(label, data.len())?;
@@ -53,7 +53,7 @@ where
     }
 
     /// LayerNorm of `rows` rows of `width`, eps the config's (f64).
-    fn layernorm(
+    pub(super) fn layernorm(
         &self,
         x: View<'_, T>,
         n: &DevLayerNorm<T>,
