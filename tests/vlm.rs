@@ -2,7 +2,8 @@
 //! their VLM invariants in the report, and every bad image input — missing,
 //! not a PNG, a size the processor would resample, another image than the
 //! goldens were recorded with, a text without its placeholder, an image for
-//! a text model — is one typed error naming the file and exit 2, never a
+//! a text model, a LLaVA-NeXT image whose base image would be resampled —
+//! is one typed error naming the file and exit 2, never a
 //! panic and never a wall of mismatches.
 
 mod common;
@@ -190,4 +191,60 @@ fn a_golden_prompt_brings_the_pixels_it_was_recorded_with() {
     let o = touchstone(&["run", &s.display().to_string()]);
     assert_eq!(o.code, 0, "{}", o.all());
     assert!(o.stdout.contains("PASSED"), "{}", o.stdout);
+}
+
+/// The LLaVA specs pass with their stage table from the pixels to the
+/// logits (no M-RoPE `positions`), and their invariants in the report.
+#[test]
+fn the_llava_specs_pass_with_their_invariants_in_the_report() {
+    for spec in ["llava-tiny", "llava-next-tiny"] {
+        let json = tempfile::NamedTempFile::new().unwrap();
+        let o = touchstone(&[
+            "run",
+            &format!("specs/{spec}.yaml"),
+            "-v",
+            "--json",
+            &json.path().display().to_string(),
+        ]);
+        assert_eq!(o.code, 0, "{spec}:\n{}", o.all());
+        for stage in [
+            "vision.pixels",
+            "vision.pos_embed",
+            "vision.pre_norm",
+            "vision.features",
+            "vision.projector",
+            "vision.merger",
+            "inputs_embeds",
+            "logits",
+        ] {
+            assert!(o.stdout.contains(&format!("prefill  {stage} ")), "{spec}: no row for {stage}:\n{}", o.stdout);
+        }
+        assert!(!o.stdout.contains("prefill  positions "), "{spec}: LLaVA has plain positions");
+        let report = std::fs::read_to_string(json.path()).unwrap();
+        for id in [
+            "prefill/vision.features::feature_select",
+            "prefill/vision.merger::image_tokens",
+            "prefill/vision.merger::packing",
+            "prefill/inputs_embeds::fusion",
+            "prefill/vision.blk.0.attn_probs::bidirectional",
+        ] {
+            assert!(report.contains(id), "{spec}: the report lacks {id}");
+        }
+    }
+}
+
+/// LLaVA-NeXT squashes the whole image to the tower's size for its base
+/// image: any image that is not that size would be resampled, and is refused
+/// with the size to give.
+#[test]
+fn a_llava_next_image_whose_base_image_would_be_resampled_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("wide.png");
+    png(&img, 56, 70, |y, x| [y as u8, x as u8, 9]);
+    let text = std::fs::read_to_string(root().join("specs/llava-next-tiny.yaml")).unwrap();
+    let text = text
+        .replace("../goldens", &root().join("goldens").display().to_string())
+        .replace(&root().join("goldens/images/grid-56x56.png").display().to_string(), &img.display().to_string());
+    let s = write(d.path(), "next.yaml", &text);
+    expect_exit2(&s, &[&img.display().to_string(), "base image", "does not resample"]);
 }

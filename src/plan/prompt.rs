@@ -47,7 +47,12 @@ pub fn resolve(
             Some(match (&image, &config.vision) {
                 (Some(img), Some(vc)) => {
                     let count = vc.image_tokens(img.grid, img.size).map_err(|m| invalid(format!("prompt.image: {m}")))?;
-                    expand_image_pad(&ids, vc.image_token, count).map_err(|m| invalid(format!("prompt.text: {m}")))?
+                    let write = match vc.llava {
+                        Some(_) => "`<image>`",
+                        None => "`<|vision_start|><|image_pad|><|vision_end|>`",
+                    };
+                    expand_image_pad(&ids, vc.image_token, count, write)
+                        .map_err(|m| invalid(format!("prompt.text: {m}")))?
                 }
                 _ => ids,
             })
@@ -129,13 +134,14 @@ fn golden_image(g: &GoldenSet, vc: &crate::model::VisionConfig) -> Option<Arc<Im
     }))
 }
 
-/// The processor's expansion: the text's one `<|image_pad|>` becomes the
-/// image's `count` image tokens.
-pub fn expand_image_pad(ids: &[u32], pad: u32, count: usize) -> std::result::Result<Vec<u32>, String> {
+/// The processor's expansion: the text's one image placeholder (token
+/// `pad`; `write` says what to write for it) becomes the image's `count`
+/// image tokens.
+pub fn expand_image_pad(ids: &[u32], pad: u32, count: usize, write: &str) -> std::result::Result<Vec<u32>, String> {
     let at: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == pad).collect();
     if at.len() != 1 {
         return Err(format!(
-            "the text has {} image placeholder(s) (token {pad}, `<|image_pad|>`) for one image: write              `<|vision_start|><|image_pad|><|vision_end|>` once where the image goes",
+            "the text has {} image placeholder(s) (token {pad}) for one image: write {write} once where the image goes",
             at.len()
         ));
     }

@@ -354,7 +354,9 @@ mod tests {
     #[test]
     fn names_round_trip_in_execution_order() {
         let all = Stage::all(2);
-        assert_eq!(all.len(), (3 + 2 * 15 + 2 + 2) + 3 + 2 * 28 + 3);
+        // Qwen-VL's tower, LLaVA's five more (pre_norm, features, the
+        // projector's three), the language model.
+        assert_eq!(all.len(), (3 + 2 * 15 + 2 + 2) + 5 + 3 + 2 * 28 + 3);
         let mut sorted = all.clone();
         sorted.sort();
         assert_eq!(all, sorted, "derived Ord must be execution order");

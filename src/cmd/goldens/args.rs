@@ -63,7 +63,7 @@ pub(super) fn vlm_args(spec: &str, golden: &Path, args: &RecordArgs) -> Result<V
     let (Some(text), Some(image)) = (&args.prompt, &args.image) else {
         return Err(Error::Usage(format!(
             "spec `{spec}` has `prompt.image` but no `prompt.text`: a vision-language golden is recorded from the text \
-             (with `<|vision_start|><|image_pad|><|vision_end|>` where the image goes) and the image"
+             (holding the model's image placeholder once: Qwen-VL's `<|image_pad|>`, LLaVA's `<image>`) and the image"
         )));
     };
     if args.config_override.is_some() {
