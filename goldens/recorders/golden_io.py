@@ -211,10 +211,22 @@ VISION_BLOCK_STAGES = ["norm1", "q", "k", "v", "q_rope", "k_rope", "attn_probs",
                        "norm2", "mlp_fc1", "mlp_act", "mlp_out", "out"]
 
 
+# LLaVA's CLIP tower has no RoPE; its stages around the blocks (issue 39):
+# the embeddings (class row + patches + learned positions), pre_layrnorm, the
+# selected features (CLS dropped), the projector and the packed image rows.
+LLAVA_TYPES = ("llava", "llava_next")
+LLAVA_VISION_BLOCK_STAGES = [s for s in VISION_BLOCK_STAGES if s not in ("q_rope", "k_rope")]
+
+
 def vision_stages(model_type, depth, n_deepstack):
     """A VLM's vision stages (prefill only), in execution order as
     docs/stages-and-checks.md lists them (`vision.grid` is an integer
     tensor)."""
+    if model_type in LLAVA_TYPES:
+        names = ["vision.pixels", "vision.patch_embed", "vision.pos_embed", "vision.pre_norm"]
+        for i in range(depth):
+            names += [f"vision.blk.{i}.{s}" for s in LLAVA_VISION_BLOCK_STAGES]
+        return names + ["vision.features", "vision.proj_fc1", "vision.proj_act", "vision.projector", "vision.merger"]
     names = ["vision.pixels", "vision.grid", "vision.patch_embed"]
     if model_type == "qwen3_vl":
         names.append("vision.pos_embed")

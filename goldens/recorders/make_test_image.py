@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Write the committed test images of the vision-language goldens (issue 24).
+"""Write the committed test images of the vision-language goldens (issues 24 and 39).
 
 usage: make_test_image.py OUT_DIR
 
 Writes OUT_DIR/grid-112x168.png (H 112, W 168: the Qwen2-VL image, a
 multiple of its resize factor 28, so smart_resize is the identity: grid
-[1, 8, 12]) and OUT_DIR/grid-224x320.png (H 224, W 320: the Qwen3-VL image,
+[1, 8, 12]), OUT_DIR/grid-224x320.png (H 224, W 320: the Qwen3-VL image,
 a multiple of 32 with 71680 pixels >= its real min_pixels 65536: grid
-[1, 14, 20]). RGB, 8 bits per channel, no alpha, no metadata chunks.
+[1, 14, 20]) and OUT_DIR/grid-56x56.png (the LLaVA image, both families:
+the tiny CLIP tower's 56x56, so CLIP's shortest-edge resize and centre crop
+and NeXT's base-image resize are the identity; NeXT's best pinpoint is
+[56, 112] at scale exactly 1: two tiles of the image zero-padded 28 columns
+each side, never resampled). RGB, 8 bits per channel, no alpha, no metadata chunks.
 
-Both are pure functions of their size (numpy integer/float64 arithmetic,
+All are pure functions of their size (numpy integer/float64 arithmetic,
 no random numbers), written by the pinned Pillow (requirements.txt) with
-fixed PNG settings, so the bytes are reproducible. Non-square on purpose (an
-engine that swaps height and width fails) and with structure in every
+fixed PNG settings, so the bytes are reproducible. The Qwen-VL ones are
+non-square on purpose (an engine that swaps height and width fails; LLaVA's
+must be square, see above), all with structure in every
 channel: R a horizontal ramp, G a vertical ramp, B a diagonal sine, then
 shapes that each touch all three channels differently (a disc, a rectangle,
 a triangle, a checkerboard patch, a thin cross-hair). A mirrored or
@@ -25,7 +30,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-SIZES = [(112, 168), (224, 320)]  # (H, W)
+SIZES = [(112, 168), (224, 320), (56, 56)]  # (H, W)
 
 
 def name(h, w):

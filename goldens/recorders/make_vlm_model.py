@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight vision-language model (Qwen2-VL or Qwen3-VL) for the VLM goldens (issue 24).
+"""Build a tiny random-weight vision-language model (Qwen2-VL, Qwen3-VL, LLaVA-1.5 or LLaVA-NeXT) for the VLM goldens.
 
-usage: make_vlm_model.py OUT_DIR --family qwen2-vl|qwen3-vl [--initializer-range R] [--vision-initializer-range R]
+usage: make_vlm_model.py OUT_DIR --family qwen2-vl|qwen3-vl|llava|llava-next [--initializer-range R]
+                         [--vision-initializer-range R]
+
+--family llava and llava-next (issue 39, goldens/llava-tiny/ and
+goldens/llava-next-tiny/) are built by llava_families.py (its docstring has
+the configs, the tokenizer, the processor files and the weights; one
+--initializer-range for the text model, the tower and the projector). The
+rest of this docstring is about the Qwen-VL models (issue 24).
 
 Writes a complete HF model folder into OUT_DIR: config.json,
 generation_config.json, model.safetensors, tokenizer.json,
@@ -75,6 +82,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model import (BIAS_NORM_SEED, MAX_POSITIONS, QWEN2_PRETOKENIZE_REGEX, VOCAB, WEIGHT_SEED,  # noqa: E402
                         build_tokenizer)
+import llava_families  # noqa: E402  (--family llava, llava-next)
 
 # The special tokens of Qwen2-VL and Qwen3-VL (their added tokens
 # 151643..151656, in that order; the tiny tokenizer puts them at 0..13).
@@ -286,17 +294,29 @@ def sha256(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--family", choices=["qwen2-vl", "qwen3-vl"], required=True)
-    ap.add_argument("--initializer-range", type=float, default=INITIALIZER_RANGE_VLM,
-                    help=f"text model (default {INITIALIZER_RANGE_VLM}; for sweeps only)")
+    ap.add_argument("--family", choices=["qwen2-vl", "qwen3-vl", *llava_families.FAMILIES], required=True)
+    ap.add_argument("--initializer-range", type=float, default=None,
+                    help=f"text model (default {INITIALIZER_RANGE_VLM}; LLaVA: every weight, default "
+                         f"{llava_families.INITIALIZER_RANGE}; for sweeps only)")
     ap.add_argument("--vision-initializer-range", type=float, default=VISION_INITIALIZER_RANGE,
-                    help=f"vision tower (default {VISION_INITIALIZER_RANGE}; for sweeps only)")
+                    help=f"vision tower (default {VISION_INITIALIZER_RANGE}; Qwen-VL only; for sweeps only)")
     args = ap.parse_args()
     out = args.out_dir
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.utils.logging.disable_progress_bar()
+    if args.family in llava_families.FAMILIES:
+        r = llava_families.INITIALIZER_RANGE if args.initializer_range is None else args.initializer_range
+        made = llava_families.build(args.family, out, r)
+        print(json.dumps({"out": out, "family": args.family, "files": sorted(os.listdir(out)), **made,
+                          **{f"{k}_sha256": sha256(os.path.join(out, f)) for k, f in (
+                              ("model", "model.safetensors"), ("tokenizer", "tokenizer.json"),
+                              ("config", "config.json"), ("preprocessor", "preprocessor_config.json"),
+                              ("processor", "processor_config.json"))}}))
+        return
+    if args.initializer_range is None:
+        args.initializer_range = INITIALIZER_RANGE_VLM
 
     tok = build_tokenizer(QWEN2_PRETOKENIZE_REGEX, VLM_SPECIALS)
     n = tok.get_vocab_size()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record golden tensors of a vision-language model (Qwen2-VL, Qwen3-VL) with HF transformers.
+"""Record golden tensors of a vision-language model (Qwen2-VL, Qwen3-VL, LLaVA-1.5, LLaVA-NeXT) with HF transformers.
 
 usage: record_vlm.py MODEL_DIR OUT_FILE --prompt TEXT --image PNG [--chat] [--decode-steps N]
                      [--dtype float32|float64] [--oracle ORACLE]
@@ -90,7 +90,36 @@ pick, which non-finite logits do not give), provenance `overflow` says where
 (`oracle_max_abs` from --oracle, the float64 oracle's golden) and the
 cross-checks run on the steps before it; exit 0, one `overflow: ` line.
 
-`__metadata__`: format touchstone-golden/1 and provenance (hf_model.py's
+LLaVA-1.5 and LLaVA-NeXT (model_type llava, llava_next; issue 39) are
+recorded by llava_recording.py (its docstring: the inputs, what the
+processor does, asserted). TEXT holds `<image>` once and is used as it is
+(no --chat: LLaVA-1.5's `USER: <image>\nWhat is in the picture? ASSISTANT:`
+is a plain string). No mm_token_type_ids, no M-RoPE: positions are [T],
+0..T-1 then one per decode step. P is the number of 56x56 images the CLIP
+tower sees (LLaVA-1.5: 1; NeXT: the base image, then the tiles row-major),
+N its patches per image (16), R = N + 1 rows with CLS, Ev/Hv/Fv the tower's
+hidden/heads/MLP width, E the LM hidden, M the image rows (the expanded
+<image> tokens):
+
+  prefill/vision.pixels          [P, 3, 56, 56] the processor's pixel_values (float32, the P used)
+  prefill/vision.patch_embed     [P*N, Ev]     the patch Conv2d's output, row-major patches, image by image
+  prefill/vision.pos_embed       [P*R, Ev]     cat(class_embedding, patches) + position_embedding (CLS first)
+  prefill/vision.pre_norm        [P*R, Ev]     pre_layrnorm's output (CLIP's hidden_states[0])
+  prefill/vision.blk.{i}.norm1 / q / k / v / attn_probs / attn_ctx / attn_out / mlp_inp / norm2 /
+                  mlp_fc1 / mlp_act / mlp_out / out     (every block, the unused last one too)
+        q, k, v [P*R, Hv, Dv] (q_proj/k_proj/v_proj with bias; q not pre-scaled); attn_probs
+        [P*Hv, R, R] (image p's head h at p*Hv + h; softmax(q k^T Dv^-0.5), no mask); mlp_fc1,
+        mlp_act [P*R, Fv] (quick_gelu); the others [P*R, Ev]
+  prefill/vision.features        [P*N, Ev]     hidden_states[vision_feature_layer] without CLS
+                                               (= vision.blk.{L-2}.out without its CLS rows)
+  prefill/vision.proj_fc1 / proj_act / projector  [P*N, E]  linear_1, GELU (erf), linear_2
+  prefill/vision.merger          [M, E]        the rows that replace the <image> tokens: LLaVA-1.5
+                                               vision.projector itself; NeXT the base image's rows,
+                                               then the unpadded tile grid row by row, each row
+                                               followed by image_newline
+  prefill/inputs_embeds          [T, E]        embed with the <image> rows replaced by vision.merger
+  <step>/tokens [T], <step>/positions [T], and record_hf.py's Llama stages, every step, every row
+
 build_provenance: versions (+ pillow), prompt {text, chat, rendered,
 token_ids}, greedy_ids, decode_steps, steps, model_config (config.json as
 saved, vision_config included), seeds, dtype, model_sha256,
@@ -117,7 +146,9 @@ import tokenizers
 import torch
 import transformers
 from PIL import Image
-from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration, Qwen3VLForConditionalGeneration
+from transformers import (AutoTokenizer, LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
+                          LlavaNextProcessor, LlavaProcessor, Qwen2VLForConditionalGeneration,
+                          Qwen3VLForConditionalGeneration)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
@@ -127,6 +158,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_io  # noqa: E402
 from golden_io import progress, sha256_file  # noqa: E402
 import hf_model  # noqa: E402  (determinism, provenance)
+import llava_recording  # noqa: E402  (model_type llava, llava_next)
 import overflow  # noqa: E402  (a forward that overflows is data)
 import vlm_oracle_f64  # noqa: E402
 from hf_hooks import Recorder, attention_rows, attention_summary, config_dims  # noqa: E402
@@ -141,6 +173,9 @@ FAMILIES = {
     # model_type: (model class, processor class, golden_io stage family of the LM)
     "qwen2_vl": (Qwen2VLForConditionalGeneration, Qwen2VLProcessor, "qwen2"),
     "qwen3_vl": (Qwen3VLForConditionalGeneration, Qwen3VLProcessor, "qwen3"),
+    # LLaVA: recorded by llava_recording.py (AutoProcessor reads the folder's processor files).
+    "llava": (LlavaForConditionalGeneration, LlavaProcessor, "llama"),
+    "llava_next": (LlavaNextForConditionalGeneration, LlavaNextProcessor, "llama"),
 }
 
 
@@ -175,8 +210,6 @@ def main():
     args = ap.parse_args()
     if args.oracle is not None:
         overflow.check_oracle(args.oracle)
-    if args.prompt.count(PLACEHOLDER) != 1:
-        ap.error(f"--prompt must hold {PLACEHOLDER} exactly once")
     if args.decode_steps < 0:
         ap.error("--decode-steps must be >= 0")
     args.tokens_from = None  # for hf_model.build_provenance
@@ -188,6 +221,10 @@ def main():
     mt = cfg_file["model_type"]
     if mt not in FAMILIES:
         sys.exit(f"record_vlm.py: model_type {mt!r} is not one of {sorted(FAMILIES)}")
+    if mt in golden_io.LLAVA_TYPES:
+        return llava_recording.record(args, cfg_file, log, RECORDER)
+    if args.prompt.count(PLACEHOLDER) != 1:
+        ap.error(f"--prompt must hold {PLACEHOLDER} exactly once")
     model_cls, proc_cls, stage_family = FAMILIES[mt]
     tok = AutoTokenizer.from_pretrained(args.model)
     ip = Qwen2VLImageProcessorPil.from_pretrained(args.model)

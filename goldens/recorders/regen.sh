@@ -35,11 +35,17 @@
 #     (make_vlm_model.py, preprocessor_config.json included), hf.safetensors
 #     and oracle.safetensors (record_vlm.py, --dtype float64), on the prompt
 #     VLM_PROMPT below with --chat, 4 decode steps, each with its image.
+#   goldens/images/grid-56x56.png and the LLaVA models
+#     (issue 39) goldens/{llava,llava-next}-tiny/: model/ (make_vlm_model.py
+#     --family llava|llava-next, processor files included), hf.safetensors and
+#     oracle.safetensors (record_vlm.py, --dtype float64) on LLAVA_PROMPT (no
+#     chat template), 4 decode steps, then check_llava_goldens.py.
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #        REGEN_ONLY=vlm goldens/recorders/regen.sh [OUT_DIR]
-#            only the images and the vision-language models (no text
-#            model; libmtmd is built if missing), compared the same way
+#            only the images and the vision-language models, LLaVA's
+#            included (no text model; libmtmd is built if missing),
+#            compared the same way
 #        REGEN_ONLY=reals goldens/recorders/regen.sh [OUT_DIR]
 #            only the real models (each whose GGUF is cached)
 #        REGEN_ONLY=long goldens/recorders/regen.sh [OUT_DIR]
@@ -442,8 +448,13 @@ done
 VLM_MODELS="qwen2-vl-tiny:qwen2-vl:grid-112x168.png qwen3-vl-tiny:qwen3-vl:grid-224x320.png"
 VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in one word.'
 VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
-IMAGES="grid-112x168.png grid-224x320.png"
-[ "$ONLY" != reals ] && [ "$ONLY" != long ] && [ "$ONLY" != moe ] || { VLM_MODELS=""; IMAGES=""; }  # REGEN_ONLY=reals, long, moe
+IMAGES="grid-112x168.png grid-224x320.png grid-56x56.png"
+# The LLaVA models (issue 39): model folder name : make_vlm_model.py --family : image.
+# Recorded by HF only (LLAVA_FILES); LLaVA-1.5's conversation as plain text, no chat template.
+LLAVA_MODELS="llava-tiny:llava:grid-56x56.png llava-next-tiny:llava-next:grid-56x56.png"
+LLAVA_PROMPT=$'USER: <image>\nWhat is in the picture? ASSISTANT:'
+LLAVA_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/processor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors"
+[ "$ONLY" != reals ] && [ "$ONLY" != long ] && [ "$ONLY" != moe ] || { VLM_MODELS=""; IMAGES=""; LLAVA_MODELS=""; }  # REGEN_ONLY=reals, long, moe
 if [ -n "$IMAGES" ]; then
     say "[images] writing the test images into $OUT/images"
     rm -rf "$OUT/images"
@@ -474,6 +485,27 @@ for m in $VLM_MODELS; do
         --hf-golden "$dir/hf.safetensors" --image "$OUT/images/$image" >/dev/null \
         || die "record_llamacpp_vlm.py ($name) failed"
 done
+LLAVA_DIRS=""
+for m in $LLAVA_MODELS; do
+    IFS=: read -r name family image <<<"$m"
+    dir="$OUT/$name"
+    mkdir -p "$dir" || die "cannot create $dir"
+    rm -rf "$dir/model" "$dir"/*.safetensors
+    say "[$name] building the model into $dir/model"
+    "$PYBIN" "$HERE/make_vlm_model.py" "$dir/model" --family "$family" >/dev/null || die "make_vlm_model.py failed"
+    for kind in hf oracle; do
+        dt=float32; [ "$kind" = oracle ] && dt=float64
+        say "[$name] recording $dir/$kind.safetensors ($dt, image $image)"
+        "$PYBIN" "$HERE/record_vlm.py" "$dir/model" "$dir/$kind.safetensors" --prompt "$LLAVA_PROMPT" \
+            --image "$OUT/images/$image" --decode-steps 4 --dtype "$dt" >/dev/null || die "record_vlm.py ($name, $dt) failed"
+    done
+    LLAVA_DIRS="$LLAVA_DIRS $dir"
+done
+if [ -n "$LLAVA_DIRS" ]; then
+    say "check_llava_goldens.py on the LLaVA goldens"
+    # shellcheck disable=SC2086
+    "$PYBIN" "$HERE/check_llava_goldens.py" $LLAVA_DIRS >/dev/null || die "check_llava_goldens.py failed"
+fi
 
 # ---- compare with the committed files ---------------------------------------
 sha() { if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo "(missing)"; fi; }
@@ -515,6 +547,10 @@ for m in $VLM_MODELS; do
     # shellcheck disable=SC2086
     compare_list "${m%%:*}" $VLM_FILES
 done
+for m in $LLAVA_MODELS; do
+    # shellcheck disable=SC2086
+    compare_list "${m%%:*}" $LLAVA_FILES
+done
 echo
 if [ "$differ" = 0 ]; then
     say "IDENTICAL: the regenerated files match goldens/ byte for byte"
@@ -533,6 +569,10 @@ else
     for m in $VLM_MODELS; do
         name="${m%%:*}"
         say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$OUT/$name/'*.gguf '$GOLDENS/$name/'"
+    done
+    for m in $LLAVA_MODELS; do
+        name="${m%%:*}"
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
     done
     for rel in $NT_DONE; do
         say "  mkdir -p '$GOLDENS/$rel' && cp '$OUT/$rel/'*.safetensors '$GOLDENS/$rel/'"

@@ -1,5 +1,6 @@
 """The hooks that tap every vision and fusion stage of a vision-language
-model (Qwen2-VL, Qwen3-VL) in HF transformers, for record_vlm.py.
+model (Qwen2-VL, Qwen3-VL; LLaVA-1.5 and LLaVA-NeXT: LlavaVisionRecorder) in
+HF transformers, for record_vlm.py.
 
 VisionRecorder copies the vision tower's stages (prefill only), the LM's
 input after fusion (`inputs_embeds`), the M-RoPE positions HF's rotary
@@ -10,6 +11,8 @@ wrapper). vision_shape() is the vision stages' layouts (golden_io.py has
 their names; record_vlm.py's docstring lists both); images_only() and
 processor_settings() the processor as the recorder builds and records it.
 """
+import importlib
+
 import numpy as np
 import torch
 
@@ -195,3 +198,132 @@ def std_line(rec):
         g = k.split(".")[-1] if "blk." in k else k
         out.setdefault(g, []).append(float(v.astype(np.float64).std()))
     return {g: round(float(np.mean(s)), 3) for g, s in sorted(out.items())}
+
+
+def llava_vision_shape(stage, P, N, Ev, Hv, Fv, E, M, side):
+    """The layout of a LLaVA vision stage (record_vlm.py's docstring): P
+    tower images (LLaVA-1.5: 1; NeXT: the base image and the tiles), N
+    patches each, R = N + 1 rows with the CLS row, stacked image by image."""
+    R, name = N + 1, stage.split(".")[-1]
+    return {"pixels": (P, 3, side, side), "patch_embed": (P * N, Ev), "features": (P * N, Ev),
+            "proj_fc1": (P * N, E), "proj_act": (P * N, E), "projector": (P * N, E), "merger": (M, E),
+            "q": (P * R, Hv, Ev // Hv), "k": (P * R, Hv, Ev // Hv), "v": (P * R, Hv, Ev // Hv),
+            "attn_probs": (P * Hv, R, R), "mlp_fc1": (P * R, Fv), "mlp_act": (P * R, Fv)}.get(name, (P * R, Ev))
+
+
+class LlavaVisionRecorder:
+    """Forward hooks and wrappers that copy every stage of LLaVA's CLIP tower,
+    its projector and the packed image rows (prefill only), the LM's input
+    after fusion and the positions HF's rotary embedding receives. The tower
+    runs its P images as a batch: every [P, rows, ...] tensor is stored
+    [P * rows, ...] (image p's rows p * rows ..), attn_probs [P, Hv, R, R] as
+    [P * Hv, R, R] (image p's head h at p * Hv + h). The tower's eager
+    attention is modeling_clip's, the LM's modeling_llama's (wrapped by
+    hf_hooks.Recorder first): two functions, each wrapped here."""
+
+    def __init__(self, model, lm_recorder, guard):
+        self.model, self.lm, self.guard = model, lm_recorder, guard
+        self.rec = {}
+        self.handles = []
+        self.block = None
+        self.clip = importlib.import_module(type(model.model.vision_tower).__module__)
+        self.llama = lm_recorder.modeling
+        assert self.clip is not self.llama, "the tower and the LM share a modeling module"
+        self.orig_clip_eager = self.orig_lm_eager = None
+
+    def put(self, name, t, stack=True):
+        """Store `t` ([P, rows, ...] -> [P * rows, ...] when `stack`)."""
+        assert name not in self.rec, f"{name} recorded twice"
+        with allowed(self.guard):
+            x = t.detach()
+            if stack:
+                x = x.reshape(-1, *x.shape[2:])
+            self.rec[name] = x.to(torch.float32).contiguous().numpy().copy()
+
+    def install(self):
+        m = self.model.model
+        tower, mp, lm = m.vision_tower, m.multi_modal_projector, m.language_model
+        fwd = lambda mod, fn: self.handles.append(mod.register_forward_hook(fn))
+        pre = lambda mod, fn: self.handles.append(mod.register_forward_pre_hook(fn))
+        emb = tower.embeddings
+        # The Conv2d's [P, Ev, g, g] in patch order: flatten(2).transpose(1, 2), as CLIPVisionEmbeddings.
+        fwd(emb.patch_embedding, lambda mod, i, o: self.put("vision.patch_embed", o.flatten(2).transpose(1, 2)))
+        fwd(emb, lambda mod, i, o: self.put("vision.pos_embed", o))  # cat(class, patches) + positions
+        fwd(tower.pre_layrnorm, lambda mod, i, o: self.put("vision.pre_norm", o))
+        for bi, layer in enumerate(tower.encoder.layers):
+            p = f"vision.blk.{bi}."
+
+            def enter(mod, i, bi=bi):
+                self.block = bi
+            pre(layer, enter)
+            fwd(layer.layer_norm1, lambda mod, i, o, p=p: self.put(p + "norm1", o))
+            a = layer.self_attn
+            for which in ("q", "k", "v"):
+                # [P, R, Ev] -> [P, R, Hv, Dv]: q_proj's output, bias included, not scaled.
+                fwd(getattr(a, f"{which}_proj"), lambda mod, i, o, p=p, w=which, a=a: self.put(
+                    p + w, o.view(*o.shape[:2], a.num_heads, a.head_dim)))
+            pre(a.out_proj, lambda mod, i, p=p: self.put(p + "attn_ctx", i[0]))
+            fwd(a.out_proj, lambda mod, i, o, p=p: self.put(p + "attn_out", o))
+            pre(layer.layer_norm2, lambda mod, i, p=p: self.put(p + "mlp_inp", i[0]))
+            fwd(layer.layer_norm2, lambda mod, i, o, p=p: self.put(p + "norm2", o))
+            fwd(layer.mlp.fc1, lambda mod, i, o, p=p: self.put(p + "mlp_fc1", o))
+            pre(layer.mlp.fc2, lambda mod, i, p=p: self.put(p + "mlp_act", i[0]))
+            fwd(layer.mlp.fc2, lambda mod, i, o, p=p: self.put(p + "mlp_out", o))
+            fwd(layer, lambda mod, i, o, p=p: self.put(p + "out", o[0] if isinstance(o, tuple) else o))
+        # The projector's input is hidden_states[vision_feature_layer] without its CLS row.
+        pre(mp, lambda mod, i: self.put("vision.features", i[0]))
+        fwd(mp.linear_1, lambda mod, i, o: self.put("vision.proj_fc1", o))
+        pre(mp.linear_2, lambda mod, i: self.put("vision.proj_act", i[0]))
+        fwd(mp.linear_2, lambda mod, i, o: self.put("vision.projector", o))
+        # The image rows in the order they replace the <image> tokens (LLaVA-1.5:
+        # the projector's rows; NeXT: pack_image_features' sequence), as the
+        # model hands them to get_placeholder_mask before its masked_scatter.
+        orig_mask = m.get_placeholder_mask
+
+        def placeholder_mask(input_ids, inputs_embeds, image_features):
+            self.put("vision.merger", image_features, stack=False)
+            return orig_mask(input_ids, inputs_embeds=inputs_embeds, image_features=image_features)
+        m.get_placeholder_mask = placeholder_mask
+
+        def lm_enter(mod, args, kwargs):
+            if "vision.merger" in self.rec and "inputs_embeds" not in self.rec:
+                t = kwargs["inputs_embeds"]
+                assert t.shape[0] == 1
+                self.put("inputs_embeds", t[0], stack=False)
+        self.handles.append(lm.register_forward_pre_hook(lm_enter, with_kwargs=True))
+
+        def rope_enter(mod, args, kwargs):
+            pos = kwargs["position_ids"] if "position_ids" in kwargs else args[1]  # [1, T]
+            assert pos.ndim == 2 and pos.shape[0] == 1 and "positions" not in self.lm.rec, pos.shape
+            self.lm.rec["positions"] = pos[0].numpy().astype(np.int64).copy()
+        self.handles.append(lm.rotary_emb.register_forward_pre_hook(rope_enter, with_kwargs=True))
+
+        self.orig_clip_eager = clip_eager = self.clip.eager_attention_forward
+
+        def vision_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            # Bidirectional, no mask, scaling head_dim^-0.5 on the unscaled q.
+            assert attention_mask is None and not module.is_causal and scaling == module.head_dim ** -0.5
+            out, w = clip_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            assert w.shape[1:] == (module.num_heads, query.shape[2], query.shape[2]), w.shape
+            self.put(f"vision.blk.{self.block}.attn_probs", w)  # [P, Hv, R, R] -> [P * Hv, R, R]
+            return out, w
+        self.clip.eager_attention_forward = vision_eager
+        # The LM: hf_hooks.Recorder's wrapper (scores), then its probabilities.
+        self.orig_lm_eager = lm_eager = self.llama.eager_attention_forward
+
+        def text_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            out, w = lm_eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            self.lm.put(f"blk.{self.lm.layer}.attn_probs", w)
+            return out, w
+        self.llama.eager_attention_forward = text_eager
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if "get_placeholder_mask" in vars(self.model.model):
+            del self.model.model.get_placeholder_mask  # back to the class's method
+        if self.orig_clip_eager is not None:
+            self.clip.eager_attention_forward = self.orig_clip_eager
+        if self.orig_lm_eager is not None:
+            self.llama.eager_attention_forward = self.orig_lm_eager

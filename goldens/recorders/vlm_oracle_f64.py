@@ -13,12 +13,18 @@ of the learned position embeddings (HF computes them in float32; here the
 same taps, the weights in float64). The caller runs every forward under
 oracle_f64.F32Guard and puts it in GUARD[0], where the interpolation patch
 finds it.
+
+LLaVA (to_float64_llava): fewer islands. The CLIP tower's LayerNorms,
+quick_gelu, the projector's erf GELU and NeXT's packing (integer geometry,
+image_newline cast to the features' dtype) all compute in the model's dtype;
+only the Llama LM's RoPE table and RMSNorm and the eager softmax (the tower's
+and the LM's) ask for float32, and are replaced as for Qwen-VL.
 """
 import types
 
 import torch
 
-from oracle_f64 import allowed, rms_forward_f64, softmax_float64
+from oracle_f64 import allowed, rms_forward_f64, rope_default_f64, softmax_float64
 
 GUARD = [None]  # the F32Guard of a float64 run (the interpolation patch reads it)
 
@@ -127,3 +133,39 @@ def to_float64_vlm(model, modeling):
         modeling.get_vision_interpolation_indices_and_weights = interp_f64
         patched["pos_embed_interpolation"] = "float64 bilinear weights"
     return patched
+
+
+def to_float64_llava(model):
+    """The float64 oracle of a LLaVA or LLaVA-NeXT model: the whole model in
+    float64, the LM's default RoPE table from rope_default_f64 (checked
+    against HF's inv_freq), every RMSNorm by rms_forward_f64, softmax in
+    float64. Returns what was patched."""
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    model.to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    for mod in model.modules():
+        for bname, buf in list(mod._buffers.items()):
+            if buf is not None and buf.is_floating_point():
+                mod._buffers[bname] = buf.to(torch.float64)
+    tc = model.config.text_config
+    rot = model.model.language_model.rotary_emb
+    inv64 = rope_default_f64(tc)
+    assert rot.attention_scaling == 1.0 and rot.inv_freq.shape == inv64.shape
+    assert torch.allclose(rot.inv_freq.to(torch.float64), inv64, rtol=1e-6, atol=0), "inv_freq differs from HF's"
+
+    def rope_forward(self, x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv64
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rot.forward = types.MethodType(rope_forward, rot)
+    norms = layernorms = 0
+    for name, mod in model.named_modules():
+        if type(mod).__name__.endswith("RMSNorm"):
+            mod.forward = types.MethodType(rms_forward_f64, mod)
+            norms += 1
+        elif "Norm" in type(mod).__name__:
+            assert isinstance(mod, torch.nn.LayerNorm), f"{name}: {type(mod).__name__} has no float64 replacement"
+            layernorms += 1
+    softmax_float64()
+    return {"lm_rope": f"float64 default, theta {tc.rope_parameters['rope_theta']}", "rmsnorm_modules": norms,
+            "layernorm_modules": f"{layernorms} (torch's, in float64)", "softmax": "float64"}

@@ -1,6 +1,7 @@
 //! A vision-language spec on an engine that takes no image: the run is
 //! skipped once with the engine's reason (every check skipped with it, none
-//! failed), and the same engine still runs a text spec.
+//! failed), and the same engine still runs a text spec; LLaVA's golden-free
+//! checks fail on their planted bugs.
 
 use crate::checks::Status;
 use crate::engine::capabilities::Capabilities;
@@ -60,4 +61,58 @@ fn a_text_spec_on_a_text_only_engine_runs() {
     let r = run_on(&p, &eng, &Filter::default(), &|id| id.to_string());
     assert!(r.skipped.is_none());
     assert!(r.outcomes.iter().any(|o| o.status == Status::Pass));
+}
+
+/// LLaVA's golden-free checks each fail on their planted bugs (and pass
+/// on the correct engine): the tower's activation is quick_gelu, the
+/// features are hidden state −2 without CLS, the image-token rows are
+/// the projector's in NeXT's packed order.
+#[test]
+fn each_llava_invariant_fails_on_its_planted_bug() {
+    use crate::engine::cpu::mutants::Mutant;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (spec, cases) in [
+        (
+            "llava-tiny.yaml",
+            vec![
+                (Mutant::LlavaTowerErfGelu, "prefill/vision.blk.0.mlp_act::activation"),
+                (Mutant::LlavaFeatureLastLayer, "prefill/vision.features::feature_select"),
+                (Mutant::LlavaClsKept, "prefill/vision.features::feature_select"),
+                (Mutant::LlavaImageTokenShort, "prefill/vision.merger::image_tokens"),
+                (Mutant::LlavaImageTokenShort, "prefill/vision.merger::packing"),
+            ],
+        ),
+        (
+            "llava-next-tiny.yaml",
+            vec![
+                (Mutant::NextNewlineMissing, "prefill/vision.merger::packing"),
+                (Mutant::NextNewlineMissing, "prefill/vision.merger::image_tokens"),
+                (Mutant::NextUnpadRoundedOther, "prefill/vision.merger::packing"),
+            ],
+        ),
+    ] {
+        let filter = Filter(Some(
+            ["prefill/vision.blk.0.mlp_act::", "prefill/vision.features::", "prefill/vision.merger::"]
+                .map(String::from)
+                .to_vec(),
+        ));
+        let plan = Plan::build(Spec::load(&root.join("specs").join(spec)).unwrap(), None).unwrap();
+        let status = |m: Option<Mutant>, id: &str| {
+            let eng = CpuEngine::load(&plan.model).unwrap();
+            let eng = match m {
+                Some(m) => eng.mutated(m),
+                None => eng,
+            };
+            let r = run_on(&plan, &eng, &filter, &|id| id.to_string());
+            let o = r.outcomes.iter().find(|o| o.id == id).unwrap_or_else(|| panic!("no check {id}"));
+            (o.status, o.message.clone())
+        };
+        for (m, id) in cases {
+            let (ok, msg) = status(None, id);
+            assert_eq!(ok, Status::Pass, "{spec}: {id} on the correct engine: {msg}");
+            let (bad, msg) = status(Some(m), id);
+            assert_eq!(bad, Status::Fail, "{spec}: {m:?} must fail {id}: {msg}");
+            println!("{m:?}: {id}: {msg}");
+        }
+    }
 }

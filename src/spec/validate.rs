@@ -232,7 +232,7 @@ impl Spec {
                 return Err(self.located(
                     text,
                     "rows",
-                    "record.rows: give each token row once, at least one (e.g. [0, -1]: the first and the last;                      leave it out to record every row)"
+                    "record.rows: give each token row once, at least one (e.g. [0, -1]: the first and the last; leave it out to record every row)"
                         .into(),
                 ));
             }

@@ -21,6 +21,7 @@ super::registry::table!(StageRule;
     bidirectional::Bidirectional,
     feature_select::FeatureSelect,
     packing::Packing,
+    activation::ActivationRule,
     routing::RoutingRule,
     experts::Experts,
 );

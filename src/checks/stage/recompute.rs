@@ -79,7 +79,7 @@ impl Tally {
                 w.what, self.n, self.max_abs, self.max_ratio, w.within
             )),
             Some(wst) => Verdict::fail(format!(
-                "{} of {} elements of {stage} are not {} within the allowance ({}); worst at index {:?}: {stage}                  {:e}, {} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): {}",
+                "{} of {} elements of {stage} are not {} within the allowance ({}); worst at index {:?}: {stage} = {:e}, {} (|Δ| {:.2e}, {:.1}× the allowed {:.2e}): {}",
                 self.bad,
                 self.n,
                 w.what,
