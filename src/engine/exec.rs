@@ -354,13 +354,20 @@ fn clip(s: &str, n: usize) -> String {
 }
 
 /// A VLM run request's `image`: its file (when it has one), and the
-/// processed pixels as touchstone feeds its own engines (tensor `pixels`
-/// [N, C·T·P·P] written to `pixels_file`) with the grid, so an engine may run
-/// its own processor or take these pixels.
+/// processed pixels as touchstone feeds its own engines (tensor `pixels`,
+/// the `vision.pixels` stage: Qwen-VL's [N, C·T·P·P], LLaVA's [P, 3, S, S],
+/// written to `pixels_file`) with the grid and the image's size (H, W) as
+/// given (LLaVA-NeXT's unpadding reads it), so an engine may run its own
+/// processor or take these pixels.
 fn image_json(img: &super::ImageInput, pixels_file: &std::path::Path) -> Result<Value> {
     let floats = [("pixels".to_string(), img.pixels.clone())].into_iter().collect();
     crate::tensor::io::write_safetensors(pixels_file, &floats, &Default::default(), &Default::default())?;
-    Ok(json!({"path": img.path, "pixels": pixels_file, "grid_thw": [img.grid.t, img.grid.h, img.grid.w]}))
+    Ok(json!({
+        "path": img.path,
+        "pixels": pixels_file,
+        "grid_thw": [img.grid.t, img.grid.h, img.grid.w],
+        "image_size": img.size.map(|(h, w)| [h, w]),
+    }))
 }
 
 impl Engine for ExecEngine {
