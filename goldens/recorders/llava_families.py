@@ -37,7 +37,7 @@ Patch 8 (not CLIP's 14) makes the tile's patch grid odd (7x7): a 56x56
 image's best pinpoint [56, 112] gives a 7x14 grid of which unpad_image keeps
 7 + 1 columns, its odd difference 7 split floor/ceil; an even grid would
 split evenly, and an engine that rounds the padding the other way would
-pass (next_geometry asserts the difference is odd).
+pass (llava_recording.check_next asserts the difference is odd).
 transformers 5.23's save_pretrained nests the image processor inside
 processor_config.json instead; AutoProcessor reads either layout (asserted).
 

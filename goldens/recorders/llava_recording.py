@@ -29,9 +29,10 @@ zero-padded as uint8 BEFORE rescaling and normalising (so a padded pixel is
 (0 - mean) / std per channel), and cut into 56x56 windows; the base image is
 the whole image resized to 56x56 by PIL's bicubic, which touchstone's
 processor refuses to imitate: the image must be 56x56 (asserted), so the
-resize is the identity (asserted equal to PIL's own resize, and recorded in
-the provenance). Each is asserted equal, bit for bit, to CLIPImageProcessorPil
-on the window or the resized image.
+resize is the identity (PIL's own resize asserted to return the image
+unchanged; the provenance's next.base_image says `resampled: false`). Each
+is asserted equal, bit for bit, to CLIPImageProcessorPil on its window (the
+base image: on the image itself).
 """
 import contextlib
 import json
@@ -102,6 +103,7 @@ def check_next(image, pixels, ip, cfg, processor):
     t, b, l, r = geo["padding_hw"]
     padded = np.pad(arr, ((t, b), (l, r), (0, 0)), mode="constant", constant_values=0)
     base = np.asarray(image.resize((side, side), resample=int(ip.resample)))
+    assert np.array_equal(base, arr), "PIL's resize to the tower side changed the image: it would be resampled"
     want = [clip_pixels(ip, base)] + [clip_pixels(ip, padded[i * side:(i + 1) * side, j * side:(j + 1) * side])
                                        for i in range(geo["tiles"][0]) for j in range(geo["tiles"][1])]
     for k, w_ in enumerate(want):
@@ -112,8 +114,9 @@ def check_next(image, pixels, ip, cfg, processor):
     geo["order"] = ["base"] + [f"tile {i},{j}" for i in range(geo["tiles"][0]) for j in range(geo["tiles"][1])]
     geo["padding"] = {"value_uint8": 0, "applied": "to the uint8 image, before rescale and normalise",
                       "normalised": [float(x) for x in pad_value]}
-    geo["base_image"] = {"resampled": (H, W) != (side, side), "how": f"the whole {H}x{W} image resized to "
-                         f"{side}x{side} by PIL resample {int(ip.resample)} (bicubic), no crop"}
+    geo["base_image"] = {"resampled": False, "how": f"not resampled: the image is {H}x{W}, the tower's side, so "
+                         f"HF's resize of the whole image to {side}x{side} (PIL resample {int(ip.resample)}, "
+                         "bicubic) returns it unchanged (asserted); the base image is the image itself"}
     return geo
 
 

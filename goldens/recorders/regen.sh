@@ -39,7 +39,9 @@
 #     (issue 39) goldens/{llava,llava-next}-tiny/: model/ (make_vlm_model.py
 #     --family llava|llava-next, processor files included), hf.safetensors and
 #     oracle.safetensors (record_vlm.py, --dtype float64) on LLAVA_PROMPT (no
-#     chat template), 4 decode steps, then check_llava_goldens.py.
+#     chat template), 4 decode steps, then check_llava_goldens.py; for
+#     llava-tiny also model.gguf, mmproj.gguf and llamacpp.safetensors
+#     (record_llamacpp_llava.py convert / record, libmtmd).
 #
 # usage: goldens/recorders/regen.sh [OUT_DIR]     (from any directory)
 #        REGEN_ONLY=vlm goldens/recorders/regen.sh [OUT_DIR]
@@ -450,10 +452,13 @@ VLM_PROMPT='<|vision_start|><|image_pad|><|vision_end|>Describe the picture in o
 VLM_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors model.gguf mmproj.gguf llamacpp.safetensors"
 IMAGES="grid-112x168.png grid-224x320.png grid-56x56.png"
 # The LLaVA models (issue 39): model folder name : make_vlm_model.py --family : image.
-# Recorded by HF only (LLAVA_FILES); LLaVA-1.5's conversation as plain text, no chat template.
+# Recorded by HF (LLAVA_FILES), and llava-tiny by llama.cpp too (LLAVA_LLAMACPP: LLAVA_LC_FILES);
+# LLaVA-1.5's conversation as plain text, no chat template.
 LLAVA_MODELS="llava-tiny:llava:grid-56x56.png llava-next-tiny:llava-next:grid-56x56.png"
 LLAVA_PROMPT=$'USER: <image>\nWhat is in the picture? ASSISTANT:'
 LLAVA_FILES="model/config.json model/generation_config.json model/model.safetensors model/preprocessor_config.json model/processor_config.json model/tokenizer.json model/tokenizer_config.json hf.safetensors oracle.safetensors"
+LLAVA_LLAMACPP="llava-tiny"
+LLAVA_LC_FILES="model.gguf mmproj.gguf llamacpp.safetensors"
 [ "$ONLY" != reals ] && [ "$ONLY" != long ] && [ "$ONLY" != moe ] || { VLM_MODELS=""; IMAGES=""; LLAVA_MODELS=""; }  # REGEN_ONLY=reals, long, moe
 if [ -n "$IMAGES" ]; then
     say "[images] writing the test images into $OUT/images"
@@ -490,7 +495,7 @@ for m in $LLAVA_MODELS; do
     IFS=: read -r name family image <<<"$m"
     dir="$OUT/$name"
     mkdir -p "$dir" || die "cannot create $dir"
-    rm -rf "$dir/model" "$dir"/*.safetensors
+    rm -rf "$dir/model" "$dir"/*.safetensors "$dir"/*.gguf
     say "[$name] building the model into $dir/model"
     "$PYBIN" "$HERE/make_vlm_model.py" "$dir/model" --family "$family" >/dev/null || die "make_vlm_model.py failed"
     for kind in hf oracle; do
@@ -499,6 +504,17 @@ for m in $LLAVA_MODELS; do
         "$PYBIN" "$HERE/record_vlm.py" "$dir/model" "$dir/$kind.safetensors" --prompt "$LLAVA_PROMPT" \
             --image "$OUT/images/$image" --decode-steps 4 --dtype "$dt" >/dev/null || die "record_vlm.py ($name, $dt) failed"
     done
+    case " $LLAVA_LLAMACPP " in *" $name "*)
+        # llama.cpp (libmtmd): the Llama LM and the CLIP mmproj (f32), then the
+        # golden fed the HF golden's tokens (record_llamacpp_llava.py).
+        say "[$name] converting to $dir/model.gguf and $dir/mmproj.gguf"
+        "$PYBIN" "$HERE/record_llamacpp_llava.py" convert "$dir/model" "$dir" >/dev/null 2>&1 \
+            || die "record_llamacpp_llava.py convert ($name) failed"
+        say "[$name] recording llama.cpp goldens into $dir/llamacpp.safetensors"
+        "$PYBIN" "$HERE/record_llamacpp_llava.py" record "$dir/model.gguf" "$dir/mmproj.gguf" \
+            "$dir/llamacpp.safetensors" --hf-golden "$dir/hf.safetensors" --image "$OUT/images/$image" \
+            --oracle "$dir/oracle.safetensors" >/dev/null || die "record_llamacpp_llava.py record ($name) failed";;
+    esac
     LLAVA_DIRS="$LLAVA_DIRS $dir"
 done
 if [ -n "$LLAVA_DIRS" ]; then
@@ -548,8 +564,9 @@ for m in $VLM_MODELS; do
     compare_list "${m%%:*}" $VLM_FILES
 done
 for m in $LLAVA_MODELS; do
+    more=""; case " $LLAVA_LLAMACPP " in *" ${m%%:*} "*) more="$LLAVA_LC_FILES";; esac
     # shellcheck disable=SC2086
-    compare_list "${m%%:*}" $LLAVA_FILES
+    compare_list "${m%%:*}" $LLAVA_FILES $more
 done
 echo
 if [ "$differ" = 0 ]; then
@@ -572,7 +589,8 @@ else
     done
     for m in $LLAVA_MODELS; do
         name="${m%%:*}"
-        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors '$GOLDENS/$name/'"
+        gg=""; case " $LLAVA_LLAMACPP " in *" $name "*) gg=" '$OUT/$name/'*.gguf";; esac
+        say "  rm -rf '$GOLDENS/$name' && mkdir -p '$GOLDENS/$name' && cp -r '$OUT/$name/model' '$OUT/$name/'*.safetensors$gg '$GOLDENS/$name/'"
     done
     for rel in $NT_DONE; do
         say "  mkdir -p '$GOLDENS/$rel' && cp '$OUT/$rel/'*.safetensors '$GOLDENS/$rel/'"

@@ -95,6 +95,27 @@ pub(super) fn record_job(ctx: &mut Ctx, j: &Job, out: &Path, progress: &Progress
             c.args(next_token::args(j, src, &model, out, &ctx.fresh_nt)?);
             run_recorder(c, "record_next_token.py", progress)
         }
+        // LLaVA-1.5: the pinned converter has no route for its CLIP tower, so
+        // record_llamacpp_llava.py writes both GGUFs (its docstring says how)
+        // and records through mtmd, fed the image and the HF golden's tokens.
+        Recorder::LlamaCpp if j.args.image.is_some() && is_llava(&j.model) => {
+            let dir = work.join(format!("{}-{}", j.golden.spec, j.golden.source));
+            let (gguf, mmproj) = (dir.join("model.gguf"), dir.join("mmproj.gguf"));
+            if !(gguf.exists() && mmproj.exists()) {
+                std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                let mut c = recorder_cmd(py, &recorders.join("record_llamacpp_llava.py"));
+                c.arg("convert").arg(&j.model).arg(&dir);
+                run_recorder(c, "record_llamacpp_llava.py convert", progress)?;
+            }
+            let hf = hf_tokens(&ctx.fresh_hf, j).ok_or_else(|| no_hf("llama.cpp's LLaVA golden"))?;
+            let image = j.args.image.as_ref().expect("matched on an image");
+            let mut c = recorder_cmd(py, &recorders.join("record_llamacpp_llava.py"));
+            c.arg("record").arg(&gguf).arg(&mmproj).arg(out).arg("--hf-golden").arg(hf).arg("--image").arg(image);
+            if let Some(o) = oracle_of(ctx, j) {
+                c.arg("--oracle").arg(o);
+            }
+            run_recorder(c, "record_llamacpp_llava.py", progress)
+        }
         // A vision-language spec: the text GGUF and the vision tower's mmproj
         // GGUF converted from the HF folder, then mtmd fed the image and the
         // HF golden's tokens (record_llamacpp_vlm.py).
@@ -167,6 +188,16 @@ fn is_gguf(model: &Path) -> bool {
 /// not); an HF folder converted first into the work folder, once per regen
 /// (`ggufs`), in a folder named after the first job that needs it and the
 /// file named as regen.sh names it (`model.gguf`, which the provenance keeps).
+/// Whether the HF folder `model` holds a LLaVA model (`model_type` llava
+/// or llava_next in its config.json).
+fn is_llava(model: &Path) -> bool {
+    std::fs::read_to_string(model.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("model_type").and_then(|m| m.as_str()).map(|m| m.starts_with("llava")))
+        .unwrap_or(false)
+}
+
 pub(super) fn gguf_of(
     j: &Job,
     work: &Path,
