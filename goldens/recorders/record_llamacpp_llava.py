@@ -75,7 +75,7 @@ import llamacpp_graph as graph  # noqa: E402
 import llamacpp_lib as lib  # noqa: E402
 import overflow  # noqa: E402
 from golden_io import progress, sha256_file  # noqa: E402
-from record_llamacpp_vlm import Rec, api_check, node, idx  # noqa: E402
+from record_llamacpp_vlm import Rec, api_check, idx, node, node_array  # noqa: E402
 
 RECORDER = "goldens/recorders/record_llamacpp_llava.py"
 IMAGE = "<image>"
@@ -222,12 +222,7 @@ def vision_stages(nodes, N, Ev, Hv, Fv, E, depth):
     R = N + 1
     perm = [N] + list(range(N))  # llama.cpp rows [p0..p(N-1), CLS] -> HF's [CLS, p0..]
     by_ptr = {n["ptr"]: n for n in nodes}
-
-    def arr(n, shape):
-        a = n["data"]
-        assert a is not None, f"{n['name']} {n['op']}: no F32 data"
-        assert a.size == int(np.prod(shape)), f"{n['name']}: {a.shape} cannot be {shape}"
-        return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+    arr = node_array
 
     def rows(n, shape):
         return np.ascontiguousarray(arr(n, shape)[perm])

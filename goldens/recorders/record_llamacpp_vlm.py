@@ -153,16 +153,19 @@ def down_bias(nodes, name, k):
     return nxt
 
 
+def node_array(n, shape):
+    """A graph node's F32 data as a contiguous array of `shape`."""
+    a = n["data"]
+    assert a is not None, f"{n['name']} {n['op']}: no F32 data"
+    assert a.size == int(np.prod(shape)), f"{n['name']}: {a.shape} cannot be {shape}"
+    return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+
+
 def vision_stages(nodes, family, depth, ds_idx, N, M, Ev, Hv, Dv, Fv, E):
     """The vision graph's nodes -> canonical vision stages (contract layouts)."""
     out = {}
     by_ptr = {n["ptr"]: n for n in nodes}
-
-    def arr(n, shape):
-        a = n["data"]
-        assert a is not None, f"{n['name']} {n['op']}: no F32 data"
-        assert a.size == int(np.prod(shape)), f"{n['name']}: {a.shape} cannot be {shape}"
-        return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+    arr = node_array
 
     # patch_embed: Qwen2-VL: the input of block 0's first norm (the merge-order
     # CONT after the two Conv2Ds); Qwen3-VL: `patch_bias` (with the conv bias),

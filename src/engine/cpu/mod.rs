@@ -208,6 +208,19 @@ pub struct CpuRun {
     rope_delta: i64,
 }
 
+impl CpuEngine {
+    /// Where a step's captures go, tagged with this engine's storage.
+    fn tap<'a>(&self, taps: &'a super::TapSet, step: crate::stage::Step, caps: &'a mut super::Captures) -> Tap<'a> {
+        Tap {
+            taps,
+            step,
+            caps,
+            dtype: self.storage,
+            mutants: self.mutants,
+        }
+    }
+}
+
 impl Forward for CpuEngine {
     type Run = CpuRun;
 
@@ -257,13 +270,7 @@ impl Forward for CpuEngine {
             // LLaVA: the prefill encodes the image; positions are the plain ones.
             Some(vc) if vc.llava.is_some() => {
                 if let (0, Some(img), Some(cw), Some(lc)) = (s.pos0, &run.image, &self.clip, &vc.llava) {
-                    let mut tap = Tap {
-                        taps: s.taps,
-                        step: s.step,
-                        caps: &mut *s.caps,
-                        dtype: self.storage,
-                        mutants: self.mutants,
-                    };
+                    let mut tap = self.tap(s.taps, s.step, &mut *s.caps);
                     let f = clip::encode_tapped(lc, cw, img, &mut tap).map_err(|m| crate::Error::engine("cpu", m))?;
                     features = Some(f);
                 }
@@ -282,13 +289,7 @@ impl Forward for CpuEngine {
                 };
                 run.rope_delta = delta;
                 if let (0, Some(img), Some(vw)) = (s.pos0, &run.image, &self.vision) {
-                    let mut tap = Tap {
-                        taps: s.taps,
-                        step: s.step,
-                        caps: &mut *s.caps,
-                        dtype: self.storage,
-                        mutants: self.mutants,
-                    };
+                    let mut tap = self.tap(s.taps, s.step, &mut *s.caps);
                     features = Some(vision::encode(&self.cfg, vc, vw, img, &mut tap));
                 }
                 Some((positions, vc.image_token))
@@ -300,13 +301,7 @@ impl Forward for CpuEngine {
             positions,
             image_token,
         });
-        let tap = Tap {
-            taps: s.taps,
-            step: s.step,
-            caps: s.caps,
-            dtype: self.storage,
-            mutants: self.mutants,
-        };
+        let tap = self.tap(s.taps, s.step, s.caps);
         let logits = forward(
             &self.cfg,
             &self.weights,

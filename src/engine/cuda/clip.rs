@@ -23,7 +23,7 @@ use crate::stage::{Stage, VBlock, VisionStage as VS};
 use super::device::{CudaEngine, GBuf, TapCtx};
 use super::launch;
 use super::clip_weights::DevClip;
-use super::seam::{DBuf, KArg, ViewMut};
+use super::seam::{DBuf, ViewMut};
 use super::storage::Storage;
 use super::vision::{DevFeatures, ACT_GELU_ERF, ACT_QUICK_GELU};
 
@@ -78,7 +78,6 @@ where
         let mut x = normed;
 
         let attn_launch = launch::attention(r, hv, dv, r).map_err(|msg| self.dev.err(msg))?;
-        let scale = (dv as f64).powf(-0.5) as f32;
         // hidden_states[0] is pre_layrnorm's output, [i] block i − 1's: the
         // one the features read is kept.
         let mut features_src = match lc.feature_layer {
@@ -112,26 +111,7 @@ where
                 );
                 let mut cv = rows_mut(&mut ctx, img_i * r, (img_i + 1) * r, ev);
                 let mut pv = probs.as_mut().map(|g| rows_mut(g, img_i * hv * r, (img_i + 1) * hv * r, r));
-                let (rows, hh, dd) = (r as i32, hv as i32, dv as i32);
-                let mut args = vec![qv.arg(), kv.arg(), vv.arg(), KArg::Null];
-                args.push(pv.as_mut().map_or(KArg::Null, |v| v.arg()));
-                args.push(cv.arg());
-                // rows, heads, kv_heads = heads, head_dim, pos0 0, s = rows, scale, no window, not causal, no sinks.
-                args.extend([
-                    rows.into(),
-                    hh.into(),
-                    hh.into(),
-                    dd.into(),
-                    0i32.into(),
-                    rows.into(),
-                    scale.into(),
-                    0i32.into(),
-                    0i32.into(),
-                    KArg::Null,
-                ]);
-                // SAFETY: q, k, v [R, Hv, Dv] of image img_i (k and v read as a cache of R
-                // positions), probs [Hv, R, R] or NULL, ctx [R, Hv*Dv]; smem as `launch::attention`.
-                unsafe { self.dev.launch(&self.f.attention_prefill, attn_launch, &mut args) }?;
+                self.attend_bidirectional([qv, kv, vv], pv.as_mut(), &mut cv, (r, hv, dv), attn_launch)?;
             }
             if let Some(g) = &probs {
                 self.tap(tc, st(VBlock::AttnProbs), &[p * hv, r, r], g)?;

@@ -123,6 +123,42 @@ where
         }
     }
 
+    /// A vision tower's attention: `rows` queries over the same `rows` keys,
+    /// no mask, window or sinks, scale Dv^-½ (the LM's attention kernel with
+    /// `causal = 0`); q, k, v `[rows, heads, d]`, probs `[heads, rows, rows]`
+    /// when asked, ctx `[rows, heads·d]`; `attn` is `launch::attention(rows,
+    /// heads, d, rows)`.
+    pub(super) fn attend_bidirectional(
+        &self,
+        [q, k, v]: [View<'_, T>; 3],
+        probs: Option<&mut ViewMut<'_, f32>>,
+        ctx: &mut ViewMut<'_, T>,
+        (rows, heads, d): (usize, usize, usize),
+        attn: launch::Launch,
+    ) -> Result<()> {
+        let (r, h, dd) = (rows as i32, heads as i32, d as i32);
+        let scale = (d as f64).powf(-0.5) as f32;
+        let mut args = vec![q.arg(), k.arg(), v.arg(), KArg::Null];
+        args.push(probs.map_or(KArg::Null, |p| p.arg()));
+        args.push(ctx.arg());
+        // rows, heads, kv_heads = heads, head_dim, pos0 0, s = rows, scale, no window, not causal, no sinks.
+        args.extend([
+            r.into(),
+            h.into(),
+            h.into(),
+            dd.into(),
+            0i32.into(),
+            r.into(),
+            scale.into(),
+            0i32.into(),
+            0i32.into(),
+            KArg::Null,
+        ]);
+        // SAFETY: q, k, v [rows, heads, d] (k and v read as a cache of `rows` positions), probs
+        // [heads, rows, rows] or NULL, ctx [rows, heads*d]; smem (d + rows) floats as `launch::attention`.
+        unsafe { self.dev.launch(&self.f.attention_prefill, attn, &mut args) }
+    }
+
     /// Row r of `src` `[n, width]` into row `idx[r]` of `dst`, replaced or
     /// (`accumulate`) added.
     pub(super) fn scatter_rows(
@@ -195,7 +231,6 @@ where
             self.dev.upload("vision_positions", &pos)?,
         );
         let attn_launch = launch::attention(n, hv, dv, n).map_err(|msg| self.dev.err(msg))?;
-        let scale = (dv as f64).powf(-0.5) as f32;
         let kind = match vc.act {
             VisionAct::QuickGelu => ACT_QUICK_GELU,
             VisionAct::GeluTanh => ACT_GELU_TANH,
@@ -232,32 +267,14 @@ where
                 None
             };
             let mut ctx = self.gbuf::<T>("vision_ctx", n * ev)?;
-            {
-                let (rows, hh, dd, ss) = (n as i32, hv as i32, dv as i32, n as i32);
-                let (qv, kv, vv) = (q_rope.view(), k_rope.view(), v.view());
-                let mut cv = ctx.view_mut();
-                let mut pv = probs.as_mut().map(|p| p.view_mut());
-                let mut args = vec![qv.arg(), kv.arg(), vv.arg(), KArg::Null];
-                args.push(pv.as_mut().map_or(KArg::Null, |p| p.arg()));
-                args.push(cv.arg());
-                // rows, heads, kv_heads = heads, head_dim, pos0 0, s = n, scale, no window, not causal.
-                args.extend([
-                    rows.into(),
-                    hh.into(),
-                    hh.into(),
-                    dd.into(),
-                    0i32.into(),
-                    ss.into(),
-                    scale.into(),
-                    0i32.into(),
-                    0i32.into(),
-                    // No attention sinks.
-                    KArg::Null,
-                ]);
-                // SAFETY: q, k, v [N, Hv, Dv] (k and v read as a cache of N positions), probs
-                // [Hv, N, N] or NULL, ctx [N, Hv*Dv]; smem (Dv + N) floats as `launch::attention`.
-                unsafe { self.dev.launch(&self.f.attention_prefill, attn_launch, &mut args) }?;
-            }
+            let mut pv = probs.as_mut().map(|p| p.view_mut());
+            self.attend_bidirectional(
+                [q_rope.view(), k_rope.view(), v.view()],
+                pv.as_mut(),
+                &mut ctx.view_mut(),
+                (n, hv, dv),
+                attn_launch,
+            )?;
             if let Some(p) = &probs {
                 self.tap(tc, st(VBlock::AttnProbs), &[hv, n, n], p)?;
             }
