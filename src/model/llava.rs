@@ -275,33 +275,66 @@ pub fn canonical_name(name: &str) -> String {
 /// One row of NeXT's packed image sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packed {
-    /// Row `i` of the base image's features.
+    /// Row `i` of the base image's features (tower image 0).
     Base(usize),
     /// The feature of patch (`r`, `c`) of the whole tile grid (row-major
-    /// over the grid of tiles × patches): tile (r / side, c / side).
-    Grid(usize, usize),
+    /// over the grid of tiles × patches), held by projector row `row`.
+    Grid { r: usize, c: usize, row: usize },
     /// `image_newline`, after each kept grid row.
     Newline,
 }
 
+impl Packed {
+    /// The projector row this packed row copies (None: `image_newline`).
+    pub fn projector_row(self) -> Option<usize> {
+        match self {
+            Packed::Base(i) | Packed::Grid { row: i, .. } => Some(i),
+            Packed::Newline => None,
+        }
+    }
+}
+
+/// The patch grid (rows, columns) of the tiles of pinpoint `best` (h, w).
+pub fn patch_grid(cfg: &LlavaConfig, best: (usize, usize)) -> (usize, usize) {
+    let (s, side) = (cfg.tower.image_size, cfg.tower.side());
+    (best.0 / s * side, best.1 / s * side)
+}
+
+/// NeXT's packed sequence given the kept `rows` and `cols` of pinpoint
+/// `best`'s patch grid: the base image's N rows, then per kept row its kept
+/// columns and one newline row. Patch (r, c) is tile (r / side, c / side),
+/// tower image 1 + the tile's row-major index (the processor's order).
+pub fn pack_order(
+    cfg: &LlavaConfig,
+    best: (usize, usize),
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+) -> Vec<Packed> {
+    let (n, side) = (cfg.tower.patches(), cfg.tower.side());
+    let tiles_w = best.1 / cfg.tower.image_size;
+    let mut out: Vec<Packed> = (0..n).map(Packed::Base).collect();
+    for r in rows {
+        out.extend(cols.clone().map(|c| {
+            let tile = 1 + (r / side) * tiles_w + c / side;
+            Packed::Grid { r, c, row: tile * n + (r % side) * side + c % side }
+        }));
+        out.push(Packed::Newline);
+    }
+    out
+}
+
 /// NeXT's packed sequence for an `h`×`w` image (`pack_image_features`, the
-/// default strategy): the base image's N rows, then per kept row of the
-/// patch grid its kept columns and one newline row.
+/// default strategy): `pack_order` over the rows and columns `unpad_image`
+/// keeps of the best pinpoint's patch grid.
 pub fn packed_rows(cfg: &LlavaConfig, h: usize, w: usize) -> Result<Vec<Packed>, String> {
     let pins = cfg.pinpoints.as_ref().ok_or("not a LLaVA-NeXT model")?;
     if cfg.select != Select::Default {
         return Err("LLaVA-NeXT's packing with the `full` strategy is not implemented".into());
     }
-    let side = cfg.tower.side();
-    let (bh, bw) = best_resolution(h, w, pins);
-    let (gh, gw) = (bh / cfg.tower.image_size * side, bw / cfg.tower.image_size * side);
+    let best = best_resolution(h, w, pins);
+    let (gh, gw) = patch_grid(cfg, best);
     let (rows, cols) = unpadded(h, w, gh, gw);
-    let mut out: Vec<Packed> = (0..cfg.tower.patches()).map(Packed::Base).collect();
-    for r in rows {
-        out.extend(cols.clone().map(|c| Packed::Grid(r, c)));
-        out.push(Packed::Newline);
-    }
-    Ok(out)
+    Ok(pack_order(cfg, best, rows, cols))
 }
 
 #[cfg(test)]
@@ -371,9 +404,12 @@ mod tests {
         let p = packed_rows(&c, 56, 70).unwrap();
         // 16 base rows, then 4 grid rows of 6 kept columns and a newline each.
         assert_eq!(p.len(), 16 + 4 * 7);
-        assert_eq!(p[16], Packed::Grid(0, 1));
+        // Columns 1..7 of the 4×8 grid: tile 0's patch (0, 1) is projector
+        // row 16 + 1 (after the base image's 16), tile 1's (0, 6) row 32 + 2.
+        assert_eq!(p[16], Packed::Grid { r: 0, c: 1, row: 17 });
+        assert_eq!(p[21], Packed::Grid { r: 0, c: 6, row: 34 });
         assert_eq!(p[22], Packed::Newline);
-        assert_eq!(p[23], Packed::Grid(1, 1));
+        assert_eq!(p[23], Packed::Grid { r: 1, c: 1, row: 21 });
         assert_eq!(p.iter().filter(|r| **r == Packed::Newline).count(), 4);
     }
 }

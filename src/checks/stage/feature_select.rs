@@ -14,7 +14,7 @@ use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
 use crate::checks::params::Empty;
 use crate::checks::verdict::Verdict;
-use crate::model::llava::{LlavaConfig, Select};
+use crate::model::llava::Select;
 use crate::stage::{Stage, Step, VBlock, VisionStage};
 
 /// The hidden state the features copy (None until a plan knows the model).
@@ -55,10 +55,6 @@ pub fn hidden_state(i: usize) -> Stage {
     }
 }
 
-fn llava<'a>(facts: &Facts<'a>) -> Option<&'a LlavaConfig> {
-    facts.config.llava()
-}
-
 impl StageCheck for FeatureSelect {
     fn id(&self) -> String {
         Self::NAME.into()
@@ -73,10 +69,10 @@ impl StageCheck for FeatureSelect {
         std::iter::once(stage).chain(self.0).collect()
     }
     fn planned(&self, step: Step, _: Stage, facts: &Facts) -> bool {
-        step == Step::Prefill && facts.image.is_some() && llava(facts).is_some()
+        step == Step::Prefill && facts.image.is_some() && facts.config.llava().is_some()
     }
     fn judge(&self, facts: &Facts, at: &At) -> Verdict {
-        let Some(lc) = llava(facts) else {
+        let Some(lc) = facts.config.llava() else {
             return Verdict::not_applicable("not a LLaVA model");
         };
         let source = hidden_state(lc.feature_layer);

@@ -17,7 +17,7 @@ use crate::checks::family::{Family, Metric};
 use crate::checks::kind::{At, Kind, RuleEnv, StageCheck, StageRule};
 use crate::checks::params::Empty;
 use crate::checks::verdict::Verdict;
-use crate::model::llava::{best_resolution, packed_rows, LlavaConfig, Packed};
+use crate::model::llava::{packed_rows, LlavaConfig, Packed};
 use crate::stage::{Stage, Step, VisionStage};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -48,35 +48,22 @@ impl StageRule for Packing {
     }
 }
 
-fn llava<'a>(facts: &Facts<'a>) -> Option<&'a LlavaConfig> {
-    facts.config.llava()
-}
-
-/// What each image-token row should hold, as a label for messages and the
-/// projector row or newline it copies.
-enum Want {
-    Row(usize),
-    Newline,
-}
-
-/// The expected rows of `lc` for an image of `size`, with a label each.
-fn expected(lc: &LlavaConfig, size: Option<(usize, usize)>, projector_rows: usize) -> Result<Vec<(Want, String)>, String> {
-    let Some(pins) = &lc.pinpoints else {
-        return Ok((0..projector_rows).map(|r| (Want::Row(r), format!("projector row {r}"))).collect());
-    };
+/// What each image-token row should copy (a projector row; None:
+/// `image_newline`) for an image of `size`, with a label for messages.
+fn expected(lc: &LlavaConfig, size: Option<(usize, usize)>, projector_rows: usize) -> Result<Vec<(Option<usize>, String)>, String> {
+    if lc.pinpoints.is_none() {
+        return Ok((0..projector_rows).map(|r| (Some(r), format!("projector row {r}"))).collect());
+    }
     let (h, w) = size.ok_or("LLaVA-NeXT's packing needs the image's size (H, W)")?;
-    let (n, side) = (lc.tower.patches(), lc.tower.side());
-    let tiles_w = best_resolution(h, w, pins).1 / lc.tower.image_size;
     Ok(packed_rows(lc, h, w)?
         .into_iter()
-        .map(|p| match p {
-            Packed::Base(i) => (Want::Row(i), format!("base image row {i}")),
-            Packed::Grid(r, c) => {
-                let tile = 1 + (r / side) * tiles_w + c / side;
-                let row = tile * n + (r % side) * side + c % side;
-                (Want::Row(row), format!("grid patch ({r}, {c}) = tile {tile}'s projector row {row}"))
-            }
-            Packed::Newline => (Want::Newline, "image_newline".to_string()),
+        .map(|p| {
+            let label = match p {
+                Packed::Base(i) => format!("base image row {i}"),
+                Packed::Grid { r, c, row } => format!("grid patch ({r}, {c}) = projector row {row}"),
+                Packed::Newline => "image_newline".to_string(),
+            };
+            (p.projector_row(), label)
         })
         .collect())
 }
@@ -95,10 +82,10 @@ impl StageCheck for Packing {
         vec![stage, Stage::Vision(VisionStage::Projector)]
     }
     fn planned(&self, step: Step, _: Stage, facts: &Facts) -> bool {
-        step == Step::Prefill && facts.image.is_some() && llava(facts).is_some()
+        step == Step::Prefill && facts.image.is_some() && facts.config.llava().is_some()
     }
     fn judge(&self, facts: &Facts, at: &At) -> Verdict {
-        let (Some(lc), Some(img)) = (llava(facts), facts.image) else {
+        let (Some(lc), Some(img)) = (facts.config.llava(), facts.image) else {
             return Verdict::not_applicable("not a LLaVA run with an image");
         };
         let (merger, proj) = match (at.capture(), at.capture_of(Stage::Vision(VisionStage::Projector))) {
@@ -128,7 +115,7 @@ impl StageCheck for Packing {
                 merger.shape(),
                 want.len(),
                 want.len(),
-                want.iter().filter(|(w, _)| matches!(w, Want::Newline)).count()
+                want.iter().filter(|(w, _)| w.is_none()).count()
             ));
         }
         let mut first: Option<String> = None;
@@ -136,9 +123,9 @@ impl StageCheck for Packing {
         let mut worst = 0.0f64;
         for (r, (w, label)) in want.iter().enumerate() {
             let expect: &[f32] = match w {
-                Want::Row(i) if (i + 1) * e <= proj.numel() => &proj.data()[i * e..][..e],
-                Want::Row(i) => return Verdict::fail(format!("row {r} should copy projector row {i}, which is past its {} rows", proj.numel() / e)),
-                Want::Newline => &newline,
+                Some(i) if (i + 1) * e <= proj.numel() => &proj.data()[i * e..][..e],
+                Some(i) => return Verdict::fail(format!("row {r} should copy projector row {i}, which is past its {} rows", proj.numel() / e)),
+                None => &newline,
             };
             let got = &merger.data()[r * e..][..e];
             if got.iter().zip(expect).any(|(a, b)| a.to_bits() != b.to_bits()) {

@@ -14,9 +14,9 @@
 //! base image, the unpadded tile grid with `image_newline` after each row).
 
 use crate::error::Result;
-use crate::model::llava::{packed_rows, LlavaConfig, Packed, Select};
+use crate::model::llava::{packed_rows, LlavaConfig, Select};
 use crate::model::Weights;
-use crate::stage::{Stage, VisionStage};
+use crate::stage::{Stage, VBlock, VisionStage};
 use crate::tensor::{DType, Tensor};
 
 use super::attention::{attend, AttnShape};
@@ -161,10 +161,9 @@ pub(super) fn encode_tapped(
     tap: &mut super::forward::Tap,
 ) -> std::result::Result<super::vision::ImageFeatures, String> {
     let mx = tap.mutants;
-    let mut stages = encode(cfg, w, &img.pixels, tap.dtype, mx);
+    let stages = encode(cfg, w, &img.pixels, tap.dtype, mx);
     let projector = stages.last().map(|(_, _, d)| d.clone()).unwrap_or_default();
-    for (name, shape, data) in stages.drain(..) {
-        let stage = Stage::parse(&name).ok_or_else(|| format!("clip::encode named a stage `{name}` touchstone lacks"))?;
+    for (stage, shape, data) in stages {
         tap.keep(stage, &shape, data);
     }
     let (merger, rows) = pack(cfg, w, &projector, img.size, mx)?;
@@ -176,8 +175,8 @@ pub(super) fn encode_tapped(
     })
 }
 
-/// A stage's name, shape and values.
-pub type Named = (String, Vec<usize>, Vec<f32>);
+/// A stage, its shape and values.
+pub type Named = (Stage, Vec<usize>, Vec<f32>);
 
 /// The convolution's input as rows: patch (py, px) of each `[3, S, S]`
 /// image is its (C, P, P) block flattened, `[P·N, 3·P·P]` (a permutation of
@@ -215,23 +214,23 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx
         y
     };
     let mut out: Vec<Named> = Vec::new();
-    let mut put = |name: String, shape: Vec<usize>, v: &[f32]| out.push((name, shape, v.to_vec()));
-    put("vision.pixels".into(), pixels.shape().to_vec(), pixels.data());
+    let mut put = |stage: VisionStage, shape: Vec<usize>, v: &[f32]| out.push((Stage::Vision(stage), shape, v.to_vec()));
+    put(VisionStage::Pixels, pixels.shape().to_vec(), pixels.data());
 
     let flat = patchify(cfg, pixels.data());
     let patches = w.patch.forward(&flat, p_n * n, sd);
-    put("vision.patch_embed".into(), vec![p_n * n, ev], &patches);
+    put(VisionStage::PatchEmbed, vec![p_n * n, ev], &patches);
     // cat(CLS, patches) + position embeddings, per image.
     let mut x = Vec::with_capacity(total * ev);
     for img in patches.chunks_exact(n * ev) {
         let with_cls: Vec<f32> = w.class.iter().chain(img).copied().collect();
         x.extend(stored(add(&with_cls, &w.pos)));
     }
-    put("vision.pos_embed".into(), vec![total, ev], &x);
+    put(VisionStage::PosEmbed, vec![total, ev], &x);
     if !mx.is(Mutant::LlavaPreNormSkipped) {
         x = stored(w.pre_norm.forward(&x, ev, t.ln_eps));
     }
-    put("vision.pre_norm".into(), vec![total, ev], &x);
+    put(VisionStage::PreNorm, vec![total, ev], &x);
 
     let shape = AttnShape {
         heads: hv,
@@ -246,12 +245,12 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx
     };
     let mut hidden = vec![x.clone()];
     for (i, b) in w.blocks.iter().enumerate() {
-        let st = |s: &str| format!("vision.blk.{i}.{s}");
+        let st = |b: VBlock| VisionStage::Block(i, b);
         let h1 = stored(b.norm1.forward(&x, ev, t.ln_eps));
-        put(st("norm1"), vec![total, ev], &h1);
+        put(st(VBlock::Norm1), vec![total, ev], &h1);
         let [q, k, v] = Linear::forward_many([&b.q, &b.k, &b.v], &h1, total, sd, true);
-        for (name, y) in [("q", &q), ("k", &k), ("v", &v)] {
-            put(st(name), vec![total, hv, dv], y);
+        for (b, y) in [(VBlock::Q, &q), (VBlock::K, &k), (VBlock::V, &v)] {
+            put(st(b), vec![total, hv, dv], y);
         }
         // Each image attends over its own rows.
         let (mut probs, mut ctx) = (Vec::with_capacity(p_n * hv * rows * rows), Vec::with_capacity(total * ev));
@@ -261,27 +260,27 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx
             probs.extend(a.probs);
             ctx.extend(a.ctx);
         }
-        put(st("attn_probs"), vec![p_n * hv, rows, rows], &probs);
+        put(st(VBlock::AttnProbs), vec![p_n * hv, rows, rows], &probs);
         let ctx = stored(ctx);
-        put(st("attn_ctx"), vec![total, ev], &ctx);
+        put(st(VBlock::AttnCtx), vec![total, ev], &ctx);
         let attn_out = b.o.forward(&ctx, total, sd);
-        put(st("attn_out"), vec![total, ev], &attn_out);
+        put(st(VBlock::AttnOut), vec![total, ev], &attn_out);
         let mid = stored(add(&x, &attn_out));
-        put(st("mlp_inp"), vec![total, ev], &mid);
+        put(st(VBlock::MlpInp), vec![total, ev], &mid);
         let h2 = stored(b.norm2.forward(&mid, ev, t.ln_eps));
-        put(st("norm2"), vec![total, ev], &h2);
+        put(st(VBlock::Norm2), vec![total, ev], &h2);
         let f1 = b.fc1.forward(&h2, total, sd);
-        put(st("mlp_fc1"), vec![total, fv], &f1);
+        put(st(VBlock::MlpFc1), vec![total, fv], &f1);
         let act = if mx.is(Mutant::LlavaTowerErfGelu) {
             stored(f1.iter().map(|&v| gelu_erf(v)).collect())
         } else {
             stored(f1.iter().map(|&v| quick_gelu(v)).collect())
         };
-        put(st("mlp_act"), vec![total, fv], &act);
+        put(st(VBlock::MlpAct), vec![total, fv], &act);
         let y = b.fc2.forward(&act, total, sd);
-        put(st("mlp_out"), vec![total, ev], &y);
+        put(st(VBlock::MlpOut), vec![total, ev], &y);
         x = stored(add(&mid, &y));
-        put(st("out"), vec![total, ev], &x);
+        put(st(VBlock::Out), vec![total, ev], &x);
         hidden.push(x.clone());
     }
     // The chosen hidden state, CLS dropped per image by the default strategy.
@@ -295,14 +294,14 @@ pub fn encode(cfg: &LlavaConfig, w: &ClipWeights, pixels: &Tensor, sd: DType, mx
         .flat_map(|img| img[skip * ev..].iter().copied())
         .collect();
     let f_rows = p_n * (rows - skip);
-    put("vision.features".into(), vec![f_rows, ev], &feats);
+    put(VisionStage::Features, vec![f_rows, ev], &feats);
     let e = w.proj1.out_f;
     let h = w.proj1.forward(&feats, f_rows, sd);
-    put("vision.proj_fc1".into(), vec![f_rows, e], &h);
+    put(VisionStage::ProjFc1, vec![f_rows, e], &h);
     let a = stored(h.iter().map(|&v| gelu_erf(v)).collect());
-    put("vision.proj_act".into(), vec![f_rows, e], &a);
+    put(VisionStage::ProjAct, vec![f_rows, e], &a);
     let y = w.proj2.forward(&a, f_rows, sd);
-    put("vision.projector".into(), vec![f_rows, e], &y);
+    put(VisionStage::Projector, vec![f_rows, e], &y);
     out
 }
 
@@ -326,21 +325,12 @@ pub fn pack(
                 true => super::mutants::next_rows_padding_rounded_up(cfg, h, w_),
                 false => packed_rows(cfg, h, w_)?,
             };
-            let (n, side) = (cfg.tower.patches(), cfg.tower.side());
-            let tiles_w = crate::model::llava::best_resolution(h, w_, cfg.pinpoints.as_deref().unwrap_or(&[])).1
-                / cfg.tower.image_size;
             let mut out = Vec::with_capacity(order.len() * e);
             for p in order {
-                match p {
-                    Packed::Base(i) => out.extend_from_slice(&projector[i * e..][..e]),
-                    // Tile (r / side, c / side) is tower image 1 + its row-major index.
-                    Packed::Grid(r, c) => {
-                        let tile = 1 + (r / side) * tiles_w + c / side;
-                        let row = tile * n + (r % side) * side + c % side;
-                        out.extend_from_slice(&projector[row * e..][..e]);
-                    }
-                    Packed::Newline if mx.is(Mutant::NextNewlineMissing) => {}
-                    Packed::Newline => out.extend_from_slice(newline),
+                match p.projector_row() {
+                    Some(row) => out.extend_from_slice(&projector[row * e..][..e]),
+                    None if mx.is(Mutant::NextNewlineMissing) => {}
+                    None => out.extend_from_slice(newline),
                 }
             }
             out
@@ -378,7 +368,8 @@ mod tests {
         let hf = crate::tensor::io::read_safetensors(&dir.join("stages.safetensors")).unwrap().floats;
         let px = hf["vision.pixels"].clone().reshaped(vec![2, 3, 56, 56]);
         let mut compared = 0;
-        for (name, shape, data) in encode(&cfg, &w, &px, DType::F32, Mutants::default()) {
+        for (stage, shape, data) in encode(&cfg, &w, &px, DType::F32, Mutants::default()) {
+            let name = stage.to_string();
             let Some(g) = hf.get(&name) else { continue };
             assert_eq!(g.numel(), data.len(), "{name} {shape:?}");
             let m = g.data().iter().fold(0f32, |a, b| a.max(b.abs()));

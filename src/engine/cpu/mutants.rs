@@ -339,10 +339,9 @@ pub fn next_rows_padding_rounded_up(
     h: usize,
     w: usize,
 ) -> Vec<crate::model::llava::Packed> {
-    use crate::model::llava::{best_resolution, Packed};
-    let side = cfg.tower.side();
-    let (bh, bw) = best_resolution(h, w, cfg.pinpoints.as_deref().unwrap_or(&[]));
-    let (ch, cw) = (bh / cfg.tower.image_size * side, bw / cfg.tower.image_size * side);
+    use crate::model::llava::{best_resolution, pack_order, patch_grid};
+    let best = best_resolution(h, w, cfg.pinpoints.as_deref().unwrap_or(&[]));
+    let (ch, cw) = patch_grid(cfg, best);
     let (oh, ow) = (h as f64, w as f64);
     let (rows, cols) = if ow / oh > cw as f64 / ch as f64 {
         let pad = (ch - (oh * (cw as f64 / ow)).round() as usize).div_ceil(2);
@@ -351,10 +350,5 @@ pub fn next_rows_padding_rounded_up(
         let pad = (cw - (ow * (ch as f64 / oh)).round() as usize).div_ceil(2);
         (0..ch, pad..cw - pad)
     };
-    let mut out: Vec<Packed> = (0..cfg.tower.patches()).map(Packed::Base).collect();
-    for r in rows {
-        out.extend(cols.clone().map(|c| Packed::Grid(r, c)));
-        out.push(Packed::Newline);
-    }
-    out
+    pack_order(cfg, best, rows, cols)
 }

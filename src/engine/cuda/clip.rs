@@ -17,7 +17,7 @@ use cudarc::cublas::{CudaBlas, Gemm};
 use crate::engine::cpu::clip::patchify;
 use crate::engine::ImageInput;
 use crate::error::{Error, Result};
-use crate::model::llava::{best_resolution, packed_rows, LlavaConfig, Packed, Select};
+use crate::model::llava::{packed_rows, LlavaConfig, Select};
 use crate::stage::{Stage, VBlock, VisionStage as VS};
 
 use super::device::{CudaEngine, GBuf, TapCtx};
@@ -165,7 +165,7 @@ where
         self.linear(a.view(), f_rows, &w.proj2, &mut y.view_mut())?;
         self.tap(tc, vs(VS::Projector), &[f_rows, e], &y)?;
         let merger = match (&lc.pinpoints, &w.newline) {
-            (Some(pins), Some(newline)) => self.pack_next(lc, pins, newline, &y, img.size)?,
+            (Some(_), Some(newline)) => self.pack_next(lc, newline, &y, img.size)?,
             _ => y,
         };
         let rows = merger.g.len / e;
@@ -189,7 +189,6 @@ where
     fn pack_next(
         &self,
         lc: &LlavaConfig,
-        pins: &[(usize, usize)],
         newline: &DBuf<T>,
         proj: &GBuf<T>,
         size: Option<(usize, usize)>,
@@ -197,19 +196,14 @@ where
         let bad = |m: String| Error::engine(self.dev.engine_name(), m);
         let (h, w) = size.ok_or_else(|| bad("LLaVA-NeXT needs the image's size (H, W) to pack its rows".into()))?;
         let order = packed_rows(lc, h, w).map_err(bad)?;
-        let (e, n, side) = (self.cfg.hidden, lc.tower.patches(), lc.tower.side());
-        let tiles_w = best_resolution(h, w, pins).1 / lc.tower.image_size;
+        let e = self.cfg.hidden;
         let mut out = self.gbuf::<T>("merger", order.len() * e)?;
         for (k, p) in order.into_iter().enumerate() {
-            let row = match p {
-                Packed::Base(i) => i,
-                Packed::Grid(r, c) => (1 + (r / side) * tiles_w + c / side) * n + (r % side) * side + c % side,
-                Packed::Newline => {
-                    self.dev.copy(newline.view(..), &mut rows_mut(&mut out, k, k + 1, e))?;
-                    continue;
-                }
+            let src = match p.projector_row() {
+                Some(row) => proj.view().slice(row * e..(row + 1) * e),
+                None => newline.view(..),
             };
-            self.dev.copy(proj.view().slice(row * e..(row + 1) * e), &mut rows_mut(&mut out, k, k + 1, e))?;
+            self.dev.copy(src, &mut rows_mut(&mut out, k, k + 1, e))?;
         }
         Ok(out)
     }
